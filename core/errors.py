@@ -1,0 +1,19 @@
+"""Errors that carry one clear line for the user; the CLI prints them without a traceback."""
+
+from __future__ import annotations
+
+
+class RecapError(Exception):
+    """Base of every error Recap reports to a user as one line."""
+
+
+class InputError(RecapError, ValueError):
+    """The input is malformed or inconsistent; nothing was written."""
+
+
+class NotFoundError(RecapError, LookupError):
+    """An unknown conversation or message."""
+
+
+class BudgetError(RecapError, ValueError):
+    """The part of a request that must be sent does not fit the window."""

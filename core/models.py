@@ -1,0 +1,147 @@
+"""The schema: conversations, an append-only message tree, and what compression records beside it.
+
+Messages are never updated or deleted by compression. Summaries, clearings and the compaction log
+are rows of their own, and the request view is derived from all of them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+# SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
+ID_TYPE = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now, the only clock the schema uses."""
+    return datetime.now(UTC)
+
+
+class Conversation(SQLModel, table=True):
+    """One chat or agent run; the lease fields give one compression run at a time."""
+
+    __tablename__ = "conversations"
+
+    id: str = Field(primary_key=True, max_length=255)
+    model: str = Field(max_length=255)
+    max_input_tokens: int | None = None
+    meta: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    last_activity_at: datetime = Field(
+        sa_column=Column(DateTime(timezone=True), nullable=False, index=True)
+    )
+    lease_owner: str | None = Field(default=None, max_length=64)
+    lease_expires_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+    dirty: bool = Field(default=False)
+    last_compacted_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+
+
+class Message(SQLModel, table=True):
+    """One message; ``parent_id`` makes the tree, a branch is the path from a leaf to the root."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        Index("ix_messages_conversation_id_id", "conversation_id", "id"),
+        Index("ix_messages_conversation_tool_call", "conversation_id", "tool_call_id"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
+    conversation_id: str = Field(foreign_key="conversations.id", max_length=255)
+    parent_id: int | None = Field(
+        default=None, sa_column=Column(ID_TYPE, nullable=True, index=True)
+    )
+    role: str = Field(max_length=32)
+    content: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    content_parts: list[Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    tool_calls: list[Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    tool_call_id: str | None = Field(default=None, max_length=255)
+    name: str | None = Field(default=None, max_length=255)
+    extra: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    tokens: int = 0
+    encoding: str = Field(max_length=32)
+    output_path: str | None = Field(default=None, max_length=1024)
+    original_bytes: int | None = None
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class Summary(SQLModel, table=True):
+    """A progressive summary covering a branch up to and including ``cutoff_message_id``."""
+
+    __tablename__ = "summaries"
+    __table_args__ = (
+        UniqueConstraint("conversation_id", "cutoff_message_id", name="uq_summaries_cutoff"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
+    conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
+    cutoff_message_id: int = Field(sa_column=Column(ID_TYPE, nullable=False))
+    previous_summary_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
+    text: str = Field(sa_column=Column(Text, nullable=False))
+    tokens: int
+    encoding: str = Field(max_length=32)
+    model: str = Field(max_length=255)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    identifier_retention: float = 1.0
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class Clearing(SQLModel, table=True):
+    """A tool result rendered as its placeholder from now on; one-way, one per message."""
+
+    __tablename__ = "clearings"
+    __table_args__ = (UniqueConstraint("message_id", name="uq_clearings_message"),)
+
+    id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
+    conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
+    message_id: int = Field(sa_column=Column(ID_TYPE, nullable=False))
+    reason: str = Field(max_length=32)
+    tokens_reclaimed: int = 0
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class CompactionLog(SQLModel, table=True):
+    """One row per ``compress_session`` run: what triggered it, what it did, what it cost."""
+
+    __tablename__ = "compaction_log"
+
+    id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
+    conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
+    task_id: str | None = Field(default=None, max_length=255)
+    trigger: str = Field(max_length=32)
+    leaf_message_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
+    action: str = Field(max_length=32)
+    reason: str = Field(default="", sa_column=Column(Text, nullable=False))
+    tokens_before: int = 0
+    tokens_after: int = 0
+    summary_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
+    model: str | None = Field(default=None, max_length=255)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+    duration_ms: int = 0
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class Usage(SQLModel, table=True):
+    """Provider-reported usage of one request, against Recap's estimate of the same request."""
+
+    __tablename__ = "usage"
+
+    id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
+    conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
+    leaf_message_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
+    estimated_tokens: int
+    prompt_tokens: int
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

@@ -1,0 +1,124 @@
+"""One typed, validated settings object, read from ``RECAP_*`` variables and ``.env``."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from core.prompts import DEFAULT_SUMMARY_PROMPT, PREVIOUS_SUMMARY_PLACEHOLDER
+
+DEFAULT_BROKER_URL = "filesystem://"  # kombu's file transport: works across processes, no server
+DEFAULT_PROTECTED_TOOLS = ("todo_write", "todowrite", "todo", "update_plan", "plan", "think")
+
+
+class SettingsError(ValueError):
+    """A setting has an invalid value; the message names the variable and the problem."""
+
+
+class Settings(BaseSettings):
+    """Every knob of Recap; see the README's configuration table."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RECAP_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    database_url: str = "sqlite:///./recap.db"
+    broker_url: str = DEFAULT_BROKER_URL
+    broker_folder: Path = Path("./.recap/broker")
+    result_backend: str | None = None
+    default_model: str = "gpt-4o-mini"
+    summary_model: str | None = None
+    summary_api_base: str | None = None
+    summary_api_key: SecretStr | None = None
+    summary_max_output_tokens: int = Field(default=2_000, ge=64)
+    output_dir: Path = Path("./.recap/outputs")
+
+    trigger_ratio: float = Field(default=0.75, gt=0, lt=1)
+    recent_ratio: float = Field(default=0.2, gt=0, lt=1)
+    recent_min_tokens: int = Field(default=2_000, ge=0)
+    recent_max_tokens: int = Field(default=8_000, ge=1)
+    keep_turns: int = Field(default=2, ge=0)
+    safety_margin: float = Field(default=0.05, ge=0, lt=0.5)
+
+    idle_minutes: float = Field(default=60, gt=0)
+    keep_tool_results: int = Field(default=3, ge=0)
+    protected_tools: Annotated[tuple[str, ...], NoDecode] = DEFAULT_PROTECTED_TOOLS
+    clear_at_least_tokens: int = Field(default=2_000, ge=0)
+    max_output_lines: int = Field(default=2_000, ge=10)
+    max_output_bytes: int = Field(default=50_000, ge=1_000)
+    max_argument_chars: int = Field(default=2_000, ge=200)
+    output_retention_days: float = Field(default=7, gt=0)
+    sweep_batch_size: int = Field(default=1_000, ge=1)
+
+    task_time_limit: int = Field(default=300, ge=5)
+    reconcile_seconds: int = Field(default=300, ge=1)
+    sweep_seconds: int = Field(default=300, ge=1)
+    cleanup_seconds: int = Field(default=3_600, ge=1)
+    llm_timeout: float = Field(default=60, gt=0)
+    max_attempts: int = Field(default=5, ge=1, le=20)
+    retry_backoff_max: int = Field(default=60, ge=1)
+    summary_prompt: str = DEFAULT_SUMMARY_PROMPT
+    identifier_retention_floor: float = Field(default=0.5, ge=0, le=1)
+
+    @field_validator("protected_tools", mode="before")
+    @classmethod
+    def _split_tools(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("summary_prompt")
+    @classmethod
+    def _prompt_has_placeholder(cls, value: str) -> str:
+        if PREVIOUS_SUMMARY_PLACEHOLDER not in value:
+            raise ValueError(f"must contain the placeholder {PREVIOUS_SUMMARY_PLACEHOLDER}")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _url_has_scheme(cls, value: str) -> str:
+        if "://" not in value:
+            raise ValueError("must be an SQLAlchemy URL such as sqlite:///./recap.db")
+        return value
+
+    @model_validator(mode="after")
+    def _recent_bounds(self) -> Settings:
+        if self.recent_min_tokens > self.recent_max_tokens:
+            raise ValueError("RECAP_RECENT_MIN_TOKENS must not exceed RECAP_RECENT_MAX_TOKENS")
+        return self
+
+    @property
+    def lease_seconds(self) -> int:
+        """A lease outlives the hard time limit, so a live run never loses it."""
+        return self.task_time_limit + LEASE_GRACE_SECONDS
+
+    @property
+    def visibility_timeout(self) -> int:
+        """Redis redelivers only after the hard limit plus the longest retry delay have passed."""
+        return self.task_time_limit + self.retry_backoff_max + LEASE_GRACE_SECONDS
+
+
+LEASE_GRACE_SECONDS = 30  # room for the worker to notice its time limit and let go
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the settings, turning a validation failure into one readable ``SettingsError``."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"]) or "settings"
+            name = f"RECAP_{field.upper()}" if error["loc"] else field
+            problems.append(f"{name}: {error['msg']}")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return load_settings()
