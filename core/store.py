@@ -232,9 +232,9 @@ def load_messages(session: Session, conversation_id: str) -> dict[int, Msg]:
 def load_branch(session: Session, conversation_id: str, leaf: int | None = None) -> list[Msg]:
     """The messages from the root to ``leaf`` (default: the latest message)."""
     messages = load_messages(session, conversation_id)
-    if not messages:
-        return []
     if leaf is None:
+        if not messages:
+            return []
         leaf = max(messages)
     if leaf not in messages:
         raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")

@@ -1,0 +1,194 @@
+"""Engine-level operations for hosts and the CLI: each opens its own short session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from core import store, tokens
+from core.branch import effective_history_tokens
+from core.db import session_scope
+from core.errors import InputError, RecapError
+from core.settings import Settings
+from core.validate import parse_json_line
+
+Prepare = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class SchemaMissingError(RecapError):
+    """The database has no Recap schema yet."""
+
+
+def _guard_schema(exc: Exception) -> None:
+    text = str(exc).lower()
+    if "no such table" in text or "does not exist" in text:
+        raise SchemaMissingError(
+            "the database has no Recap schema; run `recap init` first"
+        ) from None
+
+
+def read_import_file(path: Path) -> list[dict[str, Any]]:
+    """Every record of an import file (JSON lines), or an ``InputError`` naming the bad line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    records = [
+        parse_json_line(line, f"{path.name} line {number}")
+        for number, line in enumerate(text.splitlines(), start=1)
+        if line.strip()
+    ]
+    if not records:
+        raise InputError(f"{path.name}: no conversations in the file")
+    return records
+
+
+def import_conversations(
+    engine: Engine,
+    records: Iterable[Mapping[str, Any]],
+    settings: Settings,
+    *,
+    model: str | None = None,
+    max_input_tokens: int | None = None,
+    prepare: Prepare | None = None,
+) -> list[tuple[str, int]]:
+    """Import records in one transaction: all of them, or none."""
+    try:
+        with session_scope(engine) as session:
+            return store.import_records(
+                session,
+                list(records),
+                default_model=settings.default_model,
+                model=model,
+                max_input_tokens=max_input_tokens,
+                prepare=prepare,
+            )
+    except (OperationalError, ProgrammingError) as exc:
+        _guard_schema(exc)
+        raise
+
+
+def new_conversation(
+    engine: Engine,
+    settings: Settings,
+    conversation_id: str | None = None,
+    *,
+    model: str | None = None,
+    max_input_tokens: int | None = None,
+) -> str:
+    """Create an empty conversation; returns its id."""
+    with session_scope(engine) as session:
+        conversation = store.create_conversation(
+            session, conversation_id, model or settings.default_model, max_input_tokens
+        )
+        return conversation.id
+
+
+def add_message(
+    engine: Engine,
+    conversation_id: str,
+    message: Mapping[str, Any],
+    *,
+    parent_id: int | None = None,
+    prepare: Prepare | None = None,
+) -> int:
+    """Append one message (or branch from ``parent_id``); returns its id."""
+    try:
+        with session_scope(engine) as session:
+            return store.add_message(session, conversation_id, message, parent_id, prepare)
+    except (OperationalError, ProgrammingError) as exc:
+        _guard_schema(exc)
+        raise
+
+
+def export_conversation(
+    engine: Engine, conversation_id: str, leaf: int | None = None
+) -> dict[str, Any]:
+    """The branch as stored, in the import format, each message with its ``id``."""
+    with session_scope(engine) as session:
+        conversation = store.get_conversation(session, conversation_id)
+        branch = store.load_branch(session, conversation_id, leaf)
+        meta = dict(conversation.meta or {})
+    out: dict[str, Any] = {"id": conversation_id, **meta}
+    out["messages"] = [{"id": m.id, **m.to_openai()} for m in branch]
+    return out
+
+
+def list_summaries(engine: Engine, conversation_id: str) -> list[dict[str, Any]]:
+    """The conversation's summaries, oldest first, as the CLI prints them."""
+    with session_scope(engine) as session:
+        store.get_conversation(session, conversation_id)
+        summaries = store.load_summaries(session, conversation_id)
+    return [
+        {
+            "id": s.id,
+            "cutoff_message_id": s.cutoff_message_id,
+            "previous_summary_id": s.previous_summary_id,
+            "tokens": s.tokens,
+            "model": s.model,
+            "identifier_retention": round(s.identifier_retention, 4),
+            "created_at": s.created_at.isoformat() if s.created_at else "",
+        }
+        for s in summaries
+    ]
+
+
+def record_usage(
+    engine: Engine,
+    conversation_id: str,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int = 0,
+    cached_tokens: int = 0,
+    leaf: int | None = None,
+) -> dict[str, Any]:
+    """Record the provider's usage for the request sent at ``leaf`` (default: the latest)."""
+    with session_scope(engine) as session:
+        state = store.load_state(session, conversation_id, leaf)
+        estimated = _estimate(state)
+        store.record_usage(
+            session,
+            conversation_id,
+            estimated_tokens=estimated,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+            leaf_message_id=state.leaf_id,
+        )
+    factor = tokens.Calibration(estimated, prompt_tokens).factor
+    return {"estimated": estimated, "measured": prompt_tokens, "calibration": round(factor, 4)}
+
+
+def _estimate(state: store.BranchState) -> int:
+    history = effective_history_tokens(state.branch, state.summary, state.clearings)
+    return tokens.TOKENS_REPLY_PRIMING + history
+
+
+def conversation_stats(
+    engine: Engine, conversation_id: str, settings: Settings, leaf: int | None = None
+) -> dict[str, Any]:
+    """Context pressure from stored counts (and the latest provider reading), no model call."""
+    with session_scope(engine) as session:
+        state = store.load_state(session, conversation_id, leaf)
+        usage = store.latest_usage(session, conversation_id)
+    window = tokens.context_window(state.model, state.max_input_tokens)
+    estimated = _estimate(state)
+    used, basis = estimated, "estimated"
+    if usage is not None and usage.leaf_message_id == state.leaf_id:
+        used, basis = usage.prompt_tokens, "measured"
+    elif usage is not None:
+        factor = tokens.Calibration(usage.estimated_tokens, usage.prompt_tokens).factor
+        used = round(estimated * factor)
+    available = tokens.available_tokens(window, settings.safety_margin)
+    pressure = used / available if available > 0 else float("inf")
+    return {
+        "window": window,
+        "used": used,
+        "basis": basis,
+        "pressure": round(pressure, 4),
+        "suggest_compress": used > settings.trigger_ratio * available,
+    }

@@ -1,0 +1,142 @@
+"""Shared fixtures: databases (SQLite, PostgreSQL), Redis, settings, the test data.
+
+Services that are absent make their tests skip with a reason, except under ``CI=true`` where an
+absent service is a failure: CI must not go green without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from core.db import dispose_engines, make_engine
+from core.migrate import upgrade
+from core.settings import Settings, get_settings
+
+DATA_DIR = Path(__file__).parent / "data"
+DATA_FILES = (
+    "swe_agent.jsonl",
+    "openhands.jsonl",
+    "tau_bench_airline.jsonl",
+    "toolbench_examples.jsonl",
+)
+POSTGRES_ADMIN_URL = os.environ.get(
+    "RECAP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("RECAP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def need_service(name: str, reason: str) -> None:
+    """Skip for a missing service, or fail under CI=true."""
+    message = f"{name} is not available ({reason})"
+    if IN_CI:
+        pytest.fail(f"{message}; under CI=true this is a failure, not a skip")
+    pytest.skip(message)
+
+
+def load_data(name: str) -> list[dict[str, Any]]:
+    """Every conversation of one test-data file."""
+    with (DATA_DIR / name).open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """Each test reads settings anew, with outputs under its own folder and no .env."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RECAP_OUTPUT_DIR", str(tmp_path / "outputs"))
+    monkeypatch.setenv("RECAP_BROKER_FOLDER", str(tmp_path / "broker"))
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+    dispose_engines()
+
+
+@pytest.fixture
+def settings() -> Settings:
+    """The settings as the environment gives them."""
+    return get_settings()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh SQLite file, not yet migrated."""
+    return f"sqlite:///{tmp_path / 'recap.db'}"
+
+
+def _postgres_available() -> str | None:
+    try:
+        engine = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with engine.connect() as connection:
+            connection.execute(text("select 1"))
+        engine.dispose()
+    except Exception as exc:  # any failure to connect means the server is not usable here
+        return str(exc).splitlines()[0]
+    return None
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database, dropped afterwards."""
+    problem = _postgres_available()
+    if problem is not None:
+        need_service("PostgreSQL", problem)
+    name = f"recap_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    url = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        dispose_engines()
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A fresh database of each kind, not yet migrated."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "postgres_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture
+def engine(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    """A migrated engine of each kind, also set as RECAP_DATABASE_URL."""
+    monkeypatch.setenv("RECAP_DATABASE_URL", db_url)
+    get_settings.cache_clear()
+    engine = make_engine(db_url)
+    upgrade(engine)
+    return engine
+
+
+@pytest.fixture
+def sqlite_engine(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    """A migrated SQLite engine, also set as RECAP_DATABASE_URL."""
+    monkeypatch.setenv("RECAP_DATABASE_URL", sqlite_url)
+    get_settings.cache_clear()
+    engine = make_engine(sqlite_url)
+    upgrade(engine)
+    return engine
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """The Redis server's URL, after checking that it answers."""
+    try:
+        import redis
+
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except Exception as exc:  # any failure to reach Redis means it is not usable here
+        need_service("Redis", str(exc).splitlines()[0])
+    return REDIS_URL

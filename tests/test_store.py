@@ -1,0 +1,209 @@
+"""The schema on SQLite and PostgreSQL: migrations, import/export, branches, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, inspect, select, text
+from sqlmodel import Session
+
+from core import service, tokens
+from core.db import session_scope
+from core.migrate import current_revision
+from core.models import Message, Summary, utcnow
+from core.settings import Settings
+from tests.cli_helpers import assert_one_line_error, recap
+from tests.conftest import DATA_FILES, load_data
+
+TABLES = {"conversations", "messages", "summaries", "clearings", "compaction_log", "usage"}
+
+
+def test_migrations_create_every_table(engine: Engine) -> None:
+    """`upgrade` creates the whole schema and records its revision, on both databases."""
+    assert set(inspect(engine).get_table_names()) >= TABLES
+    assert current_revision(engine) == "0001"
+
+
+def test_sqlite_uses_wal_and_busy_timeout(sqlite_engine: Engine) -> None:
+    """SQLite connections run in WAL mode with a busy timeout."""
+    with sqlite_engine.connect() as connection:
+        assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert connection.execute(text("PRAGMA busy_timeout")).scalar() >= 1000
+
+
+def test_summary_unique_per_cutoff(engine: Engine, settings: Settings) -> None:
+    """The database itself refuses a second summary for the same (conversation, cutoff)."""
+    records = [{"id": "c", "messages": [{"role": "user", "content": "hi"}]}]
+    service.import_conversations(engine, records, settings)
+    row = dict(
+        conversation_id="c",
+        cutoff_message_id=1,
+        text="s",
+        tokens=1,
+        encoding="o200k_base",
+        model="m",
+        created_at=utcnow(),
+    )
+    with session_scope(engine) as session:
+        session.add(Summary(**row))
+    with pytest.raises(Exception, match="(?i)unique"), session_scope(engine) as session:
+        session.add(Summary(**row))
+
+
+def _roundtrip(engine: Engine, settings: Settings, records: list[dict[str, Any]]) -> None:
+    imported = service.import_conversations(engine, records, settings)
+    assert [n for _, n in imported] == [len(r["messages"]) for r in records]
+    for record in records:
+        exported = service.export_conversation(engine, record["id"])
+        messages = [{k: v for k, v in m.items() if k != "id"} for m in exported["messages"]]
+        assert messages == record["messages"]
+        assert exported["source"] == record["source"]
+        ids = [m["id"] for m in exported["messages"]]
+        assert ids == sorted(ids)
+
+
+def test_every_shared_conversation_roundtrips(sqlite_engine: Engine, settings: Settings) -> None:
+    """All 244 conversations import with every message, and export gives them back."""
+    total = 0
+    for name in DATA_FILES:
+        records = load_data(name)
+        total += len(records)
+        _roundtrip(sqlite_engine, settings, records)
+    assert total == 244
+
+
+def test_roundtrip_on_postgres(postgres_url: str, settings: Settings) -> None:
+    """The same round trip holds on PostgreSQL (one file of each source)."""
+    from core.db import make_engine
+    from core.migrate import upgrade
+
+    engine = make_engine(postgres_url)
+    upgrade(engine)
+    for name in DATA_FILES:
+        _roundtrip(engine, settings, load_data(name)[:3])
+
+
+def test_stored_counts_match_tokenizer(sqlite_engine: Engine, settings: Settings) -> None:
+    """Each message's stored count is its count at insert, with the encoding named."""
+    record = load_data("openhands.jsonl")[0]
+    service.import_conversations(sqlite_engine, [record], settings)
+    with Session(sqlite_engine) as session:
+        rows = session.exec(select(Message).order_by(Message.id)).all()  # type: ignore[call-overload]
+    for (row,), message in zip(rows, record["messages"], strict=True):
+        assert row.encoding == "o200k_base"
+        assert row.tokens == tokens.count_message(message, "o200k_base")
+
+
+def test_branches(engine: Engine, settings: Settings) -> None:
+    """An edit is a sibling: each leaf has its own branch, the default is the latest message."""
+    service.import_conversations(
+        engine,
+        [
+            {
+                "id": "b",
+                "messages": [
+                    {"role": "user", "content": "q1"},
+                    {"role": "assistant", "content": "a1"},
+                ],
+            }
+        ],
+        settings,
+    )
+    first_leaf = service.add_message(engine, "b", {"role": "user", "content": "q2"})
+    edit = service.add_message(engine, "b", {"role": "user", "content": "q2 edited"}, parent_id=2)
+    reply = service.add_message(engine, "b", {"role": "assistant", "content": "a2"})
+    latest = service.export_conversation(engine, "b")
+    assert [m["content"] for m in latest["messages"]] == ["q1", "a1", "q2 edited", "a2"]
+    assert latest["messages"][-1]["id"] == reply
+    old = service.export_conversation(engine, "b", leaf=first_leaf)
+    assert [m["content"] for m in old["messages"]] == ["q1", "a1", "q2"]
+    assert edit > first_leaf
+
+
+def _count_rows(engine: Engine) -> int:
+    with engine.connect() as connection:
+        return sum(
+            connection.execute(select(func.count()).select_from(text(t))).scalar_one()
+            for t in ("conversations", "messages")
+        )
+
+
+BAD_FILES = [
+    ('{"messages": [{"role": "user", "content": "hi"}]}\n{not json}\n', "malformed JSON"),
+    (
+        '{"id": "x", "messages": [{"role": "tool", "content": "r", "tool_call_id": "c9"}]}\n',
+        "answers no earlier call",
+    ),
+    ('{"id": "x", "messages": [{"role": "wizard", "content": "r"}]}\n', "unknown role"),
+    ('{"id": "x", "messages": "nope"}\n', "messages"),
+    ('{"id": "x", "messages": [{"role": "user", "content": 5}]}\n', "content"),
+    (
+        '{"id": "x", "messages": [{"role": "assistant", "content": null,'
+        ' "tool_calls": [{"function": {"name": "f"}}]}]}\n',
+        "string id",
+    ),
+    ('{"id": "d", "messages": []}\n{"id": "d", "messages": []}\n', "duplicate"),
+]
+
+
+@pytest.mark.parametrize(("content", "fragment"), BAD_FILES)
+def test_bad_import_changes_nothing(
+    sqlite_engine: Engine, tmp_path: Path, content: str, fragment: str
+) -> None:
+    """A bad file is one clear error and nothing of it is written (all or nothing)."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "ok", "messages": [{"role": "user", "content": "fine"}]}\n' + content)
+    before = _count_rows(sqlite_engine)
+    assert_one_line_error(recap("import", str(path), "--json"), fragment)
+    assert _count_rows(sqlite_engine) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["add", "nope", "--role", "user", "--content", "x"], "unknown conversation"),
+        (
+            ["add", "c", "--role", "tool", "--content", "x", "--tool-call-id", "zz"],
+            "answers no earlier call",
+        ),
+        (["add", "c", "--role", "user", "--content", "x", "--parent", "999"], "999"),
+        (["add", "c", "--role", "assistant", "--tool-calls", "[oops"], "not valid JSON"),
+        (["add", "c", "--role", "user", "--content", "x", "--content-file", "f"], "not both"),
+        (["add", "c", "--role", "user", "--content-file", "missing.txt"], "cannot read"),
+        (["export", "nope"], "unknown conversation"),
+        (["export", "c", "--leaf", "999"], "999"),
+        (["stats", "nope"], "unknown conversation"),
+        (["summaries", "nope"], "unknown conversation"),
+        (["import", "missing.jsonl"], "cannot read"),
+        (["import", "empty.jsonl"], "no conversations"),
+        (["import", "ok.jsonl", "--model", "no-such-model"], "unknown model"),
+        (["new", "--id", "c"], "already exists"),
+    ],
+)
+def test_bad_commands_change_nothing(
+    sqlite_engine: Engine, tmp_path: Path, args: list[str], fragment: str
+) -> None:
+    """Each kind of bad input: non-zero exit, one line on stderr, nothing written."""
+    (tmp_path / "ok.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "a"}]}))
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    assert recap("new", "--id", "c", "--json").code == 0
+    before = _count_rows(sqlite_engine)
+    assert_one_line_error(recap(*args), fragment)
+    assert _count_rows(sqlite_engine) == before
+
+
+def test_commands_before_init_say_so(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Using an empty database asks for `recap init` in one line."""
+    monkeypatch.setenv("RECAP_DATABASE_URL", sqlite_url)
+    assert_one_line_error(recap("add", "c", "--role", "user", "--content", "x"), "recap init")
+
+
+def test_invalid_setting_is_one_line(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An invalid setting stops the command with one line naming the variable."""
+    monkeypatch.setenv("RECAP_TRIGGER_RATIO", "7")
+    assert_one_line_error(recap("stats", "c"), "RECAP_TRIGGER_RATIO")

@@ -1,0 +1,1 @@
+"""Recap's workers: the Celery app, its tasks, logging, and the ``recap`` command line."""

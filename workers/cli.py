@@ -1,0 +1,289 @@
+"""The ``recap`` command line. Commands that call no model never import litellm or Celery."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from sqlalchemy.exc import OperationalError
+
+from core import service
+from core.errors import RecapError
+from core.settings import Settings, SettingsError, get_settings
+from core.tokens import UnknownModelError
+
+app = typer.Typer(
+    name="recap",
+    help="Keep LLM conversations inside their context window, compressed in the background.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+USER_ERRORS = (RecapError, SettingsError, UnknownModelError)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+LeafOption = Annotated[
+    int | None, typer.Option("--leaf", help="Leaf message id of the branch (default: latest).")
+]
+
+
+def fail(message: str, code: int = 1) -> None:
+    """One clear line on stderr, then exit non-zero."""
+    typer.echo(f"recap: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def handles_errors(func: F) -> F:
+    """Turn Recap's user errors into one line on stderr and a non-zero exit, no traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except USER_ERRORS as exc:
+            fail(str(exc))
+        except OperationalError as exc:
+            fail(f"database error: {str(exc.orig).strip().splitlines()[0]}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def settings() -> Settings:
+    """The settings, read once; an invalid value is one clear error."""
+    return get_settings()
+
+
+def engine() -> Any:
+    """The engine for ``RECAP_DATABASE_URL``."""
+    from core.db import get_engine
+
+    return get_engine(settings().database_url)
+
+
+def emit(payload: dict[str, Any], as_json: bool, human: Callable[[], None] | None = None) -> None:
+    """Print the JSON object, or the human rendering when ``--json`` is not given."""
+    if as_json or human is None:
+        sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
+    else:
+        human()
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    """A rich table on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    view = Table(title=title)
+    for column in columns:
+        view.add_column(column)
+    for row in rows:
+        view.add_row(*(str(cell) for cell in row))
+    Console().print(view)
+
+
+@app.command()
+@handles_errors
+def init(as_json: JsonFlag = False) -> None:
+    """Create or migrate the database schema."""
+    from core.migrate import upgrade
+
+    revision = upgrade(engine())
+    url = engine().url.render_as_string(hide_password=True)
+    emit(
+        {"database": url, "revision": revision},
+        as_json,
+        lambda: typer.echo(f"database {url} at revision {revision}"),
+    )
+
+
+@app.command("import")
+@handles_errors
+def import_(
+    file: Annotated[Path, typer.Argument(help="JSON lines: {id?, messages: [...]} per line.")],
+    model: Annotated[str | None, typer.Option(help="Host model of these conversations.")] = None,
+    max_input_tokens: Annotated[
+        int | None, typer.Option(help="Window override (tokens) for these conversations.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Import OpenAI-format conversations, all or nothing."""
+    records = service.read_import_file(file)
+    imported = service.import_conversations(
+        engine(),
+        records,
+        settings(),
+        model=model,
+        max_input_tokens=max_input_tokens,
+        prepare=_ingest(),
+    )
+    payload = {"conversations": [{"id": cid, "messages": n} for cid, n in imported]}
+    emit(
+        payload,
+        as_json,
+        lambda: table("imported", ["conversation", "messages"], [list(x) for x in imported]),
+    )
+
+
+def _ingest() -> service.Prepare | None:
+    """The ingest step applied to every new message (tool-output truncation)."""
+    return None
+
+
+@app.command()
+@handles_errors
+def new(
+    conversation_id: Annotated[
+        str | None, typer.Option("--id", help="Id (default: a UUID).")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Host model.")] = None,
+    max_input_tokens: Annotated[int | None, typer.Option(help="Window override.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create an empty conversation."""
+    cid = service.new_conversation(
+        engine(), settings(), conversation_id, model=model, max_input_tokens=max_input_tokens
+    )
+    emit({"id": cid}, as_json, lambda: typer.echo(cid))
+
+
+@app.command()
+@handles_errors
+def add(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    role: Annotated[str, typer.Option(help="system, user, assistant or tool.")],
+    content: Annotated[str | None, typer.Option(help="Message text.")] = None,
+    content_file: Annotated[Path | None, typer.Option(help="Read the text from a file.")] = None,
+    tool_call_id: Annotated[
+        str | None, typer.Option(help="The call a tool result answers.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Tool name of a tool result.")] = None,
+    tool_calls: Annotated[str | None, typer.Option(help="Assistant tool calls as JSON.")] = None,
+    parent: Annotated[int | None, typer.Option(help="Branch from this message id.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Append one message, or branch from --parent."""
+    message = _message_from_options(role, content, content_file, tool_call_id, name, tool_calls)
+    message_id = service.add_message(
+        engine(), conversation, message, parent_id=parent, prepare=_ingest()
+    )
+    emit({"message_id": message_id}, as_json, lambda: typer.echo(str(message_id)))
+
+
+def _message_from_options(
+    role: str,
+    content: str | None,
+    content_file: Path | None,
+    tool_call_id: str | None,
+    name: str | None,
+    tool_calls: str | None,
+) -> dict[str, Any]:
+    from core.errors import InputError
+
+    if content is not None and content_file is not None:
+        raise InputError("give --content or --content-file, not both")
+    if content_file is not None:
+        try:
+            content = content_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read {content_file}: {exc}") from None
+    message: dict[str, Any] = {"role": role, "content": content}
+    if tool_calls is not None:
+        try:
+            message["tool_calls"] = json.loads(tool_calls)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--tool-calls is not valid JSON ({exc.msg})") from None
+    if tool_call_id is not None:
+        message["tool_call_id"] = tool_call_id
+    if name is not None:
+        message["name"] = name
+    return message
+
+
+@app.command()
+@handles_errors
+def export(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    leaf: LeafOption = None,
+    full: Annotated[bool, typer.Option(help="Put back truncated tool outputs.")] = False,
+) -> None:
+    """Print the branch as stored, in the import format (always JSON)."""
+    payload = service.export_conversation(engine(), conversation, leaf)
+    sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
+
+
+@app.command()
+@handles_errors
+def stats(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    leaf: LeafOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Context pressure, without calling any model."""
+    payload = service.conversation_stats(engine(), conversation, settings(), leaf)
+    emit(
+        payload,
+        as_json,
+        lambda: table("stats", list(payload), [list(payload.values())]),
+    )
+
+
+@app.command()
+@handles_errors
+def summaries(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """List the conversation's summaries, oldest first."""
+    rows = service.list_summaries(engine(), conversation)
+    columns = [
+        "id",
+        "cutoff_message_id",
+        "previous_summary_id",
+        "tokens",
+        "model",
+        "identifier_retention",
+        "created_at",
+    ]
+    emit(
+        {"summaries": rows},
+        as_json,
+        lambda: table("summaries", columns, [[r[c] for c in columns] for r in rows]),
+    )
+
+
+@app.command()
+@handles_errors
+def usage(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    prompt_tokens: Annotated[int, typer.Option(help="Input tokens the provider reported.")],
+    completion_tokens: Annotated[int, typer.Option(help="Output tokens reported.")] = 0,
+    cached_tokens: Annotated[int, typer.Option(help="Cached input tokens reported.")] = 0,
+    leaf: LeafOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Record the provider-reported usage of the request sent at --leaf."""
+    payload = service.record_usage(
+        engine(),
+        conversation,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cached_tokens=cached_tokens,
+        leaf=leaf,
+    )
+    emit(payload, as_json, lambda: table("usage", list(payload), [list(payload.values())]))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
