@@ -9,7 +9,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    Table,
+    Text,
+    UniqueConstraint,
+)
 from sqlmodel import Field, SQLModel
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
@@ -145,3 +155,16 @@ class Usage(SQLModel, table=True):
     completion_tokens: int = 0
     cached_tokens: int = 0
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+def table_of(model: type[SQLModel]) -> Table:
+    """The Core table of a model, for hot-path reads that skip the ORM's per-row work."""
+    table = model.__table__  # type: ignore[attr-defined]
+    assert isinstance(table, Table)
+    return table
+
+
+CONVERSATIONS = table_of(Conversation)
+MESSAGES = table_of(Message)
+SUMMARIES = table_of(Summary)
+CLEARINGS = table_of(Clearing)

@@ -148,7 +148,7 @@ def record_usage(
 ) -> dict[str, Any]:
     """Record the provider's usage for the request sent at ``leaf`` (default: the latest)."""
     with session_scope(engine) as session:
-        state = store.load_state(session, conversation_id, leaf)
+        state = store.load_token_index(session, conversation_id, leaf)
         estimated = _estimate(state)
         store.record_usage(
             session,
@@ -163,7 +163,7 @@ def record_usage(
     return {"estimated": estimated, "measured": prompt_tokens, "calibration": round(factor, 4)}
 
 
-def _estimate(state: store.BranchState) -> int:
+def _estimate(state: store.TokenIndex) -> int:
     history = effective_history_tokens(state.branch, state.summary, state.clearings)
     return tokens.TOKENS_REPLY_PRIMING + history
 
@@ -173,7 +173,7 @@ def conversation_stats(
 ) -> dict[str, Any]:
     """Context pressure from stored counts (and the latest provider reading), no model call."""
     with session_scope(engine) as session:
-        state = store.load_state(session, conversation_id, leaf)
+        state = store.load_token_index(session, conversation_id, leaf)
         usage = store.latest_usage(session, conversation_id)
     window = tokens.context_window(state.model, state.max_input_tokens)
     estimated = _estimate(state)

@@ -16,23 +16,35 @@ from sqlmodel import Session, col, select
 from core import tokens
 from core.branch import applicable_summary, branch_ids
 from core.errors import InputError, NotFoundError
-from core.models import Clearing, Conversation, Message, Summary, Usage, utcnow
+from core.models import (
+    CLEARINGS,
+    CONVERSATIONS,
+    MESSAGES,
+    SUMMARIES,
+    Conversation,
+    Message,
+    Usage,
+    utcnow,
+)
 from core.records import ClearingRec, Msg, SummaryRec
 from core.validate import KNOWN_KEYS, check_message, check_tool_pairing
 
-MESSAGE_COLUMNS = (
-    col(Message.id),
-    col(Message.parent_id),
-    col(Message.role),
-    col(Message.content),
-    col(Message.tokens),
-    col(Message.tool_calls),
-    col(Message.tool_call_id),
-    col(Message.name),
-    col(Message.content_parts),
-    col(Message.extra),
-    col(Message.output_path),
-    col(Message.original_bytes),
+MESSAGE_COLUMNS = tuple(
+    MESSAGES.c[name]
+    for name in (
+        "id",
+        "parent_id",
+        "role",
+        "content",
+        "tokens",
+        "tool_calls",
+        "tool_call_id",
+        "name",
+        "content_parts",
+        "extra",
+        "output_path",
+        "original_bytes",
+    )
 )
 
 
@@ -223,10 +235,61 @@ def load_messages(session: Session, conversation_id: str) -> dict[int, Msg]:
     """Every message of the conversation by id, as plain values."""
     statement = (
         sa_select(*MESSAGE_COLUMNS)
-        .where(col(Message.conversation_id) == conversation_id)
-        .order_by(col(Message.id))
+        .where(MESSAGES.c.conversation_id == conversation_id)
+        .order_by(MESSAGES.c.id)
     )
-    return {int(row[0]): _to_msg(row) for row in session.execute(statement)}
+    return {int(row[0]): _to_msg(row) for row in session.connection().execute(statement)}
+
+
+@dataclass(frozen=True)
+class TokenIndex:
+    """The token counts of one branch, without any text: what pressure checks need."""
+
+    conversation_id: str
+    model: str
+    max_input_tokens: int | None
+    leaf_id: int | None
+    branch: list[Msg]
+    summary: SummaryRec | None
+    clearings: dict[int, ClearingRec]
+
+
+def load_token_index(session: Session, conversation_id: str, leaf: int | None = None) -> TokenIndex:
+    """Ids, parents and stored counts of a branch (no content is read)."""
+    connection = session.connection()
+    head = connection.execute(
+        sa_select(CONVERSATIONS.c.model, CONVERSATIONS.c.max_input_tokens).where(
+            CONVERSATIONS.c.id == conversation_id
+        )
+    ).first()
+    if head is None:
+        raise NotFoundError(f"unknown conversation {conversation_id!r}")
+    statement = sa_select(MESSAGES.c.id, MESSAGES.c.parent_id, MESSAGES.c.tokens).where(
+        MESSAGES.c.conversation_id == conversation_id
+    )
+    rows = {int(r[0]): (r[1], int(r[2])) for r in connection.execute(statement)}
+    path: list[int] = []
+    if rows:
+        leaf = max(rows) if leaf is None else leaf
+        if leaf not in rows:
+            raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
+        path = branch_ids({mid: parent for mid, (parent, _) in rows.items()}, leaf)
+    elif leaf is not None:
+        raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
+    branch = [
+        Msg(id=mid, parent_id=rows[mid][0], role="", content=None, tokens=rows[mid][1])
+        for mid in path
+    ]
+    summary = applicable_summary(load_summaries(session, conversation_id), set(path))
+    return TokenIndex(
+        conversation_id=conversation_id,
+        model=head[0],
+        max_input_tokens=head[1],
+        leaf_id=path[-1] if path else None,
+        branch=branch,
+        summary=summary,
+        clearings=load_clearings(session, conversation_id),
+    )
 
 
 def load_branch(session: Session, conversation_id: str, leaf: int | None = None) -> list[Msg]:
@@ -244,32 +307,45 @@ def load_branch(session: Session, conversation_id: str, leaf: int | None = None)
 
 def load_summaries(session: Session, conversation_id: str) -> list[SummaryRec]:
     """The conversation's summaries, oldest first."""
+    c = SUMMARIES.c
     statement = (
-        select(Summary).where(Summary.conversation_id == conversation_id).order_by(col(Summary.id))
+        sa_select(
+            c.id,
+            c.cutoff_message_id,
+            c.previous_summary_id,
+            c.text,
+            c.tokens,
+            c.model,
+            c.identifier_retention,
+            c.created_at,
+        )
+        .where(c.conversation_id == conversation_id)
+        .order_by(c.id)
     )
     return [
         SummaryRec(
-            id=int(s.id or 0),
-            cutoff_message_id=s.cutoff_message_id,
-            previous_summary_id=s.previous_summary_id,
-            text=s.text,
-            tokens=s.tokens,
-            model=s.model,
-            identifier_retention=s.identifier_retention,
-            created_at=as_utc(s.created_at),
+            id=int(row[0]),
+            cutoff_message_id=int(row[1]),
+            previous_summary_id=row[2],
+            text=row[3],
+            tokens=int(row[4]),
+            model=row[5],
+            identifier_retention=float(row[6]),
+            created_at=as_utc(row[7]),
         )
-        for s in session.exec(statement)
+        for row in session.connection().execute(statement)
     ]
 
 
 def load_clearings(session: Session, conversation_id: str) -> dict[int, ClearingRec]:
     """The cleared tool results of the conversation, by message id."""
-    statement = sa_select(
-        col(Clearing.message_id), col(Clearing.reason), col(Clearing.tokens_reclaimed)
-    ).where(col(Clearing.conversation_id) == conversation_id)
+    c = CLEARINGS.c
+    statement = sa_select(c.message_id, c.reason, c.tokens_reclaimed).where(
+        c.conversation_id == conversation_id
+    )
     return {
         int(row[0]): ClearingRec(int(row[0]), row[1], int(row[2]))
-        for row in session.execute(statement)
+        for row in session.connection().execute(statement)
     }
 
 

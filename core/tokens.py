@@ -79,6 +79,12 @@ def count_text(text: str, encoding: str) -> int:
     return len(get_encoding(encoding).encode_ordinary(text))
 
 
+@lru_cache(maxsize=4096)
+def count_short(text: str, encoding: str) -> int:
+    """Tokens of a short, often repeated string (a role, a tool name, a call id), cached."""
+    return count_text(text, encoding)
+
+
 def content_text(content: Any) -> str:
     """The text of a message's content: a string, or the text parts of a list of parts."""
     if content is None:
@@ -92,11 +98,11 @@ def content_text(content: Any) -> str:
 
 def count_message(message: Mapping[str, Any], encoding: str) -> int:
     """Tokens one OpenAI-format message costs in a request, overheads included."""
-    total = TOKENS_PER_MESSAGE + count_text(str(message.get("role", "")), encoding)
+    total = TOKENS_PER_MESSAGE + count_short(str(message.get("role", "")), encoding)
     total += count_text(content_text(message.get("content")), encoding)
     name = message.get("name")
     if name:
-        total += TOKENS_PER_NAME + count_text(str(name), encoding)
+        total += TOKENS_PER_NAME + count_short(str(name), encoding)
     tool_call_id = message.get("tool_call_id")
     if tool_call_id:
         total += count_text(str(tool_call_id), encoding)
@@ -111,7 +117,7 @@ def count_tool_call(call: Mapping[str, Any], encoding: str) -> int:
     return (
         TOKENS_PER_TOOL_CALL
         + count_text(str(call.get("id", "")), encoding)
-        + count_text(str(function.get("name", "")), encoding)
+        + count_short(str(function.get("name", "")), encoding)
         + count_text(str(function.get("arguments", "")), encoding)
     )
 

@@ -49,7 +49,7 @@ def test_summary_unique_per_cutoff(engine: Engine, settings: Settings) -> None:
     )
     with session_scope(engine) as session:
         session.add(Summary(**row))
-    with pytest.raises(Exception, match="(?i)unique"), session_scope(engine) as session:
+    with pytest.raises(Exception, match=r"(?i)unique"), session_scope(engine) as session:
         session.add(Summary(**row))
 
 

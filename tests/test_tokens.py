@@ -109,7 +109,7 @@ def test_context_window(model: str, override: int | None, expected: int) -> None
 @pytest.mark.parametrize(("model", "override"), [("my-local-model", None), ("gpt-4o", 0)])
 def test_context_window_errors(model: str, override: int | None) -> None:
     """An unknown model without an override, or a non-positive override, is a clear error."""
-    with pytest.raises(ValueError, match="unknown model|positive"):
+    with pytest.raises(ValueError, match=r"unknown model|positive"):
         tokens.context_window(model, override)
 
 

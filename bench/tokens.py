@@ -1,0 +1,112 @@
+"""Token accounting: counting from scratch against tiktoken, stored counts against litellm."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import Figure
+from bench.data import load_all
+
+MODEL = "gpt-4o-mini"
+REPEATS = 3  # best of three: the least disturbed run of each side
+
+
+def best_of(func: Callable[[], Any], repeats: int = REPEATS) -> float:
+    """The fastest of ``repeats`` timed calls, in seconds."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        func()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def texts_of(message: dict[str, Any]) -> list[str]:
+    """The strings a message's count is made of, for the plain-tiktoken baseline."""
+    from core.tokens import content_text
+
+    parts = [message["role"], content_text(message.get("content"))]
+    parts += [message[k] for k in ("name", "tool_call_id") if message.get(k)]
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        parts += [call.get("id", ""), fn.get("name", ""), fn.get("arguments", "")]
+    return [p for p in parts if p]
+
+
+def cold(messages: list[dict[str, Any]]) -> Figure:
+    from core import tokens
+
+    encoding = tokens.encoding_name_for(MODEL)
+    enc = tokens.get_encoding(encoding)
+    texts = [t for m in messages for t in texts_of(m)]
+    baseline = best_of(lambda: [len(enc.encode_ordinary(t)) for t in texts])
+    ours = best_of(lambda: [tokens.count_message(m, encoding) for m in messages])
+    return Figure(
+        "tokens_cold_vs_tiktoken",
+        round(ours / baseline, 3),
+        "<= 1.3",
+        f"count_message over all {len(messages)} messages of the shared data, against "
+        "tiktoken encode_ordinary over the same strings",
+    )
+
+
+def warm(records: list[dict[str, Any]]) -> list[Figure]:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    from core import service, store
+    from core.branch import effective_history_tokens
+    from core.db import make_engine, session_scope
+    from core.migrate import upgrade
+    from core.settings import load_settings
+
+    with tempfile.TemporaryDirectory() as folder:
+        engine = make_engine(f"sqlite:///{Path(folder) / 'bench.db'}")
+        upgrade(engine)
+        service.import_conversations(engine, records, load_settings())
+        ids = [r["id"] for r in records]
+        with session_scope(engine) as session:
+            states = [store.load_state(session, cid) for cid in ids]
+
+        def in_memory() -> None:
+            for s in states:
+                effective_history_tokens(s.branch, s.summary, s.clearings)
+
+        def from_db() -> None:
+            for cid in ids:
+                with session_scope(engine) as session:
+                    s = store.load_token_index(session, cid)
+                effective_history_tokens(s.branch, s.summary, s.clearings)
+
+        def naive() -> None:
+            for r in records:
+                litellm.token_counter(model=MODEL, messages=r["messages"])
+
+        naive()  # warm litellm's own caches so it is not charged for loading its encodings
+        theirs = best_of(naive)
+        ours = best_of(in_memory)
+        ours_db = best_of(from_db)
+        engine.dispose()
+    return [
+        Figure(
+            "tokens_warm_vs_litellm", round(theirs / ours, 1), ">= 20",
+            f"litellm.token_counter over all {len(records)} conversations divided by Recap's "
+            "count of the same loaded branches from their stored per-message counts",
+        ),
+        Figure(
+            "tokens_warm_from_db_vs_litellm", round(theirs / ours_db, 1), "",
+            "the same, with Recap reading each branch's ids and counts from SQLite in its own "
+            "session (per-query overhead dominates small conversations)",
+        ),
+    ]
+
+
+def run() -> list[Figure]:
+    records = load_all()
+    messages = [m for r in records for m in r["messages"]]
+    return [cold(messages), *warm(records)]

@@ -1,0 +1,105 @@
+"""The Celery app: ``celery -A workers.app worker``.
+
+JSON only, late acks with prefetch 1, time limits from ``RECAP_TASK_TIME_LIMIT``, events on for
+Flower, a ``compress`` queue (model calls: a threads pool with high concurrency) and a
+``maintenance`` queue (sweeps, cleanup, reconcile: a small pool).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from core.settings import Settings, get_settings
+
+COMPRESS_QUEUE = "compress"
+MAINTENANCE_QUEUE = "maintenance"
+SOFT_LIMIT_MARGIN = 10  # seconds between the soft limit (clean failure) and the hard kill
+
+TASK_ROUTES = {
+    "recap.compress_session": {"queue": COMPRESS_QUEUE},
+    "recap.sweep_idle_tool_results": {"queue": MAINTENANCE_QUEUE},
+    "recap.cleanup_truncated_outputs": {"queue": MAINTENANCE_QUEUE},
+    "recap.reconcile": {"queue": MAINTENANCE_QUEUE},
+}
+
+
+def transport_options(settings: Settings) -> dict[str, Any]:
+    """Broker options: folders for the embedded file broker, a visibility timeout for Redis."""
+    if settings.broker_url.startswith("filesystem://"):
+        folder = Path(settings.broker_folder).resolve()
+        queue, control = folder / "queue", folder / "control"
+        for path in (queue, control):
+            path.mkdir(parents=True, exist_ok=True)
+        return {
+            "data_folder_in": str(queue),
+            "data_folder_out": str(queue),
+            "control_folder": str(control),
+        }
+    return {"visibility_timeout": settings.visibility_timeout}
+
+
+def beat_schedule(settings: Settings) -> dict[str, Any]:
+    """Periodic tasks, each expiring after its interval so a backlog never piles up."""
+    entries = {
+        "sweep-idle-tool-results": ("recap.sweep_idle_tool_results", settings.sweep_seconds),
+        "cleanup-truncated-outputs": ("recap.cleanup_truncated_outputs", settings.cleanup_seconds),
+        "reconcile": ("recap.reconcile", settings.reconcile_seconds),
+    }
+    return {
+        key: {"task": task, "schedule": float(every), "options": {"expires": float(every)}}
+        for key, (task, every) in entries.items()
+    }
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The whole Celery configuration derived from Recap's settings."""
+    options = transport_options(settings)
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.result_backend,
+        "broker_transport_options": options,
+        "result_backend_transport_options": (
+            options if str(settings.result_backend or "").startswith("redis") else {}
+        ),
+        "broker_connection_retry_on_startup": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "event_serializer": "json",
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_time_limit": settings.task_time_limit,
+        "task_soft_time_limit": max(1, settings.task_time_limit - SOFT_LIMIT_MARGIN),
+        "task_ignore_result": settings.result_backend is None,
+        "result_expires": 24 * 3600,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_hijack_root_logger": False,
+        "task_queues": (Queue(COMPRESS_QUEUE), Queue(MAINTENANCE_QUEUE)),
+        "task_default_queue": COMPRESS_QUEUE,
+        "task_routes": TASK_ROUTES,
+        "beat_schedule": beat_schedule(settings),
+        "timezone": "UTC",
+        "enable_utc": True,
+    }
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    """A configured Celery app with Recap's tasks registered."""
+    celery = Celery("recap")
+    celery.conf.update(celery_config(settings or get_settings()))
+    celery.conf.imports = ("workers.tasks",)
+    return celery
+
+
+def configure(celery: Celery, settings: Settings) -> None:
+    """Re-apply settings to an existing app (tests and the CLI use this)."""
+    celery.conf.update(celery_config(settings))
+
+
+app = create_app()
