@@ -93,7 +93,7 @@ def create_app(settings: Settings | None = None) -> Celery:
     """A configured Celery app with Recap's tasks registered."""
     celery = Celery("recap")
     celery.conf.update(celery_config(settings or get_settings()))
-    celery.conf.imports = ("workers.tasks",)
+    celery.conf.imports = ("workers.tasks", "workers.maintenance")
     return celery
 
 
