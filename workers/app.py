@@ -7,13 +7,17 @@ Flower, a ``compress`` queue (model calls: a threads pool with high concurrency)
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from celery import Celery
+import structlog
+from celery import Celery, Task
+from celery.signals import setup_logging, task_postrun, task_prerun
 from kombu import Queue
 
 from core.settings import Settings, get_settings
+from workers.logs import configure_logging, register_secrets
 
 COMPRESS_QUEUE = "compress"
 MAINTENANCE_QUEUE = "maintenance"
@@ -89,6 +93,22 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def secrets_of(settings: Settings) -> list[str | None]:
+    """Values that must never be logged: the summarizer key and any password in a URL."""
+    from sqlalchemy.engine import make_url
+
+    values: list[str | None] = []
+    if settings.summary_api_key is not None:
+        values.append(settings.summary_api_key.get_secret_value())
+    for url in (settings.database_url, settings.broker_url, settings.result_backend):
+        if url and "@" in url:
+            try:
+                values.append(make_url(url).password)  # type: ignore[arg-type]
+            except Exception:  # not an SQLAlchemy URL (a broker URL): masked by pattern instead
+                continue
+    return values
+
+
 def create_app(settings: Settings | None = None) -> Celery:
     """A configured Celery app with Recap's tasks registered."""
     celery = Celery("recap")
@@ -103,3 +123,47 @@ def configure(celery: Celery, settings: Settings) -> None:
 
 
 app = create_app()
+log = structlog.get_logger("recap.tasks")
+_started: dict[str, float] = {}
+
+
+@setup_logging.connect
+def _setup_logging(loglevel: str | None = None, **_: Any) -> None:
+    """Workers log JSON through structlog; Celery's own records included."""
+    register_secrets(secrets_of(get_settings()))
+    configure_logging(json_output=True, level=loglevel or "INFO")
+
+
+def conversation_of(args: Any, kwargs: Any) -> str | None:
+    """The conversation a task run is about, when its first argument names one."""
+    if isinstance(kwargs, dict) and kwargs.get("conversation_id"):
+        return str(kwargs["conversation_id"])
+    if isinstance(args, list | tuple) and args and isinstance(args[0], str):
+        return args[0]
+    return None
+
+
+@task_prerun.connect
+def _bind_task(task_id: str, task: Task, args: Any = None, kwargs: Any = None, **_: Any) -> None:
+    """Every log line of a task run carries its id, its name and its conversation."""
+    structlog.contextvars.clear_contextvars()
+    context: dict[str, Any] = {"task_id": task_id, "task_name": task.name}
+    conversation = conversation_of(args, kwargs)
+    if conversation is not None:
+        context["conversation_id"] = conversation
+    structlog.contextvars.bind_contextvars(**context)
+    _started[task_id] = time.monotonic()
+
+
+@task_postrun.connect
+def _task_done(task_id: str, task: Task, retval: Any = None, state: str = "", **_: Any) -> None:
+    """One canonical line per task run, with its outcome and figures, then unbind."""
+    started = _started.pop(task_id, None)
+    figures = (
+        {k: v for k, v in cast(dict[str, Any], retval).items() if isinstance(v, int | float | str)}
+        if isinstance(retval, dict)
+        else {}
+    )
+    duration = round((time.monotonic() - started) * 1000) if started is not None else None
+    log.info("task_done", state=state, duration_ms=duration, **figures)
+    structlog.contextvars.clear_contextvars()

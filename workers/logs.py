@@ -1,0 +1,101 @@
+"""Logging: structlog configured once, JSON for workers and readable for the CLI.
+
+Celery's own records go through the same processors, so every line of a task run, Celery's
+included, carries ``task_id``, ``task_name`` and ``conversation_id``. Secrets never reach a line:
+passwords in URLs and the values of secret-named keys are masked, and so is every configured
+secret value wherever it appears.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Iterable, MutableMapping
+from typing import Any
+
+import structlog
+
+MASK = "***"
+SECRET_KEY = re.compile(r"(api[_-]?key|password|passwd|secret|authorization|token)$", re.I)
+URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@")
+_secrets: set[str] = set()
+
+
+def register_secrets(values: Iterable[str | None]) -> None:
+    """Values that must never appear in a log line (API keys, passwords)."""
+    _secrets.update(v for v in values if v and len(v) >= 4)
+
+
+def mask_text(text: str) -> str:
+    """The text with URL passwords and registered secret values masked."""
+    text = URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def _mask(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask_text(value)
+    if isinstance(value, dict):
+        return {k: MASK if SECRET_KEY.search(str(k)) and v else _mask(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_mask(v) for v in value)
+    return value
+
+
+def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: mask secrets in every value of the event."""
+    for key, value in list(event.items()):
+        if SECRET_KEY.search(key) and value:
+            event[key] = MASK
+        else:
+            event[key] = _mask(value)
+    return event
+
+
+def _shared_processors() -> list[Any]:
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.stdlib.ExtraAdder(),
+        structlog.processors.format_exc_info,
+        redact,
+    ]
+
+
+_configured: str | None = None
+
+
+def configure_logging(*, json_output: bool, level: str = "INFO", force: bool = False) -> None:
+    """Configure structlog and the standard library once (again only with ``force``)."""
+    global _configured
+    mode = "json" if json_output else "console"
+    if _configured == mode and not force:
+        return
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if json_output
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[*_shared_processors(), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=_shared_processors(),
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    _configured = mode
