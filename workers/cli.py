@@ -280,6 +280,30 @@ def usage(
     emit(payload, as_json, lambda: table("usage", list(payload), [list(payload.values())]))
 
 
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+@handles_errors
+def worker(
+    ctx: typer.Context,
+    queues: Annotated[
+        str, typer.Option(help="compress, maintenance, or both (two worker processes).")
+    ] = "compress,maintenance",
+    beat: Annotated[bool, typer.Option(help="Embed beat (single-machine setups).")] = False,
+) -> None:
+    """Start workers: threads for `compress`, a small pool for `maintenance`. Other Celery
+    worker arguments are passed through (for example --concurrency 32)."""
+    from workers import runner
+
+    settings()  # an invalid setting stops here, in one line
+    names = [q.strip() for q in queues.split(",") if q.strip()]
+    if sorted(names) == ["compress", "maintenance"]:
+        raise typer.Exit(runner.run_both(beat=beat, extra=ctx.args))
+    if len(names) != 1:
+        fail("--queues takes compress, maintenance, or compress,maintenance")
+    raise typer.Exit(runner.run_one(names[0], beat=beat, extra=ctx.args))
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
