@@ -56,6 +56,18 @@ SUMMARY_REMINDER = (
     "sections, keeping identifiers, paths, commands and error strings verbatim."
 )
 
+NO_PREVIOUS_SUMMARY = "(none yet: this is the first summary of the conversation)"
+
+RETENTION_REMINDER = (
+    "Your previous attempt left out these identifiers from the messages before the cutoff. Keep "
+    "each one verbatim in the summary where it still matters:"
+)
+
+EXTRACTIVE_NOTE = (
+    "(Extractive summary: assembled offline from the messages themselves, without a model. "
+    "Quotes are verbatim and may be cut.)"
+)
+
 SUMMARY_MESSAGE_PREFIX = (
     "Summary of the earlier conversation (it replaces the messages it covers):\n\n"
 )

@@ -1,0 +1,428 @@
+"""Compression planning (pure): whether to compress, where to cut, what the summarizer is sent,
+and whether what came back may be stored.
+
+The worker reads plain values, asks these functions what to do, calls the model with no database
+session held, and writes the result. Nothing here does I/O; token counts come from the stored rows
+or from a counter passed in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from core.prompts import (
+    CUTOFF_MARKER,
+    NO_PREVIOUS_SUMMARY,
+    PREVIOUS_SUMMARY_PLACEHOLDER,
+    RETENTION_REMINDER,
+    SUMMARY_REMINDER,
+)
+from core.records import ClearingRec, Msg
+
+Counter = Callable[[Mapping[str, Any]], int]
+Rendered = dict[str, str]
+
+RECENT_SHARE_OF_TRIGGER_MAX = 0.5  # the recent part never takes more than half the trigger
+OLDER_RESULT_CHARS = 2_000  # a tool result being summarized is shown up to this size
+RECENT_RESULT_CHARS = 600  # a tool result shown only as context is cut harder
+ARGUMENT_CHARS = 500  # tool-call arguments shown to the summarizer are cut here
+SUMMARIZER_MARGIN = 0.05  # the summarizer's window keeps the same safety margin as the host's
+RECENT_CONTEXT_SHARE = 0.25  # at most this share of the summarizer's input is recent context
+RETENTION_LIST_TOKENS = 400  # room kept for the list of missing identifiers on a second ask
+MIN_CHUNK_TOKENS = 500  # a chunk smaller than this summarizes nothing worth the call
+REQUEST_PRIMING_TOKENS = 3  # every request is primed with the assistant's reply header
+TRIM_SAFETY = 0.9  # characters per token vary: trim a little below the computed share
+
+ERROR_TEXT_RE = re.compile(
+    r"^\s*(?:error\b|exception\b|traceback\b|internal server error|rate limit|"
+    r"i'm sorry|i am sorry|sorry,|i cannot\b|i can't\b|i can not\b|as an ai\b|"
+    r"<!doctype html|<html|\{\s*\"error\")",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionParams:
+    """The numbers one compression decision is made from, all in tokens."""
+
+    window: int
+    available: int
+    trigger_tokens: int
+    effective_tokens: int
+    recent_budget: int
+    recent_cap: int
+    keep_turns: int
+
+    @property
+    def over_trigger(self) -> bool:
+        """Whether the request would exceed the trigger share of the available window."""
+        return self.effective_tokens > self.trigger_tokens
+
+
+def get_compression_params(
+    *,
+    window: int,
+    history_tokens: int,
+    reserve_tokens: int = 0,
+    safety_margin: float,
+    trigger_ratio: float,
+    recent_ratio: float,
+    recent_min_tokens: int,
+    recent_max_tokens: int,
+    keep_turns: int,
+) -> CompressionParams:
+    """Effective tokens (summary + messages after its cutoff + system/tools reserve) against the
+    trigger, and the budget of the recent part a summary leaves in full.
+
+    ``history_tokens`` is the applicable summary plus the messages after its cutoff, cleared tool
+    results counted at their placeholder size. The recent budget is ``recent_ratio`` of the
+    available window clamped to ``recent_min_tokens..recent_max_tokens``, and never more than half
+    the trigger, so a summary plus the recent part lands under the trigger.
+    """
+    if window <= 0:
+        raise ValueError(f"window must be positive, got {window}")
+    available = int(window * (1 - safety_margin))
+    trigger = int(trigger_ratio * available)
+    cap = min(recent_max_tokens, int(trigger * RECENT_SHARE_OF_TRIGGER_MAX))
+    budget = min(max(int(recent_ratio * available), recent_min_tokens), recent_max_tokens, cap)
+    return CompressionParams(
+        window=window,
+        available=available,
+        trigger_tokens=trigger,
+        effective_tokens=history_tokens + reserve_tokens,
+        recent_budget=max(budget, 0),
+        recent_cap=max(cap, 0),
+        keep_turns=keep_turns,
+    )
+
+
+# --- the split ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """Where a summary cuts: ``older`` is summarized, ``recent`` stays in full."""
+
+    older: tuple[Msg, ...]
+    recent: tuple[Msg, ...]
+    at_user: bool
+
+    @property
+    def cutoff_message_id(self) -> int:
+        """The last message the summary covers."""
+        return self.older[-1].id
+
+
+def message_tokens(message: Msg, clearings: Mapping[int, ClearingRec]) -> int:
+    """A message's stored tokens, a cleared result counted at its placeholder size."""
+    cleared = clearings.get(message.id)
+    return message.tokens - (cleared.tokens_reclaimed if cleared is not None else 0)
+
+
+def _boundaries(messages: Sequence[Msg]) -> tuple[list[int], list[int]]:
+    """Indices a cut may fall before: user messages, and assistant steps with no open call."""
+    users: list[int] = []
+    steps: list[int] = []
+    open_calls: set[str] = set()
+    substantive = False
+    for index, message in enumerate(messages):
+        if index > 0 and substantive:
+            if message.role == "user":
+                users.append(index)
+            elif message.role == "assistant" and not open_calls:
+                steps.append(index)
+        if message.role == "assistant":
+            open_calls.update(message.tool_call_ids)
+        elif message.role == "tool" and message.tool_call_id is not None:
+            open_calls.discard(message.tool_call_id)
+        elif message.role == "user":
+            open_calls.clear()  # a call left unanswered before a new request stays unanswered
+        substantive = substantive or message.role not in ("system", "developer")
+    return users, steps
+
+
+def plan_split(
+    messages: Sequence[Msg],
+    *,
+    recent_budget: int,
+    recent_cap: int,
+    keep_turns: int = 0,
+    clearings: Mapping[int, ClearingRec] | None = None,
+) -> Split | None:
+    """Cut the unsummarized messages into an older part and a recent part, or None when there is
+    no older part to summarize.
+
+    The cut falls just before a user message: the earliest whose suffix fits the recent budget
+    (raised to hold the last ``keep_turns`` turns when they fit the cap), else the latest one
+    within the cap. An agent run can be one user turn with a hundred tool calls, so when no user
+    message qualifies the cut falls before an assistant step whose calls are all answered.
+    """
+    cleared = clearings or {}
+    sizes = [message_tokens(m, cleared) for m in messages]
+    suffix = [0] * (len(messages) + 1)
+    for index in range(len(messages) - 1, -1, -1):
+        suffix[index] = suffix[index + 1] + sizes[index]
+    users, steps = _boundaries(messages)
+    if not users and not steps:
+        return None
+    budget = recent_budget
+    user_starts = [i for i, m in enumerate(messages) if m.role == "user"]
+    if keep_turns > 0 and len(user_starts) >= keep_turns:
+        turns = suffix[user_starts[-keep_turns]]
+        if turns <= recent_cap:
+            budget = max(budget, turns)
+    cut = _choose_cut(users, steps, suffix, budget, recent_cap)
+    return Split(tuple(messages[:cut]), tuple(messages[cut:]), messages[cut].role == "user")
+
+
+def _choose_cut(
+    users: list[int], steps: list[int], suffix: list[int], budget: int, cap: int
+) -> int:
+    fitting = [i for i in users if suffix[i] <= budget]
+    if fitting:
+        return min(fitting)
+    within_cap = [i for i in users if suffix[i] <= cap]
+    if within_cap:
+        return max(within_cap)
+    fitting_steps = [i for i in steps if suffix[i] <= budget]
+    if fitting_steps:
+        return min(fitting_steps)
+    return max(users + steps)
+
+
+# --- the summarizer's input --------------------------------------------------------------------
+
+
+def trim_text(text: str, limit: int) -> str:
+    """Head and tail of a long text with the middle replaced by a note of how much was cut."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 60, 20)
+    head, tail = text[: keep * 2 // 3], text[-(keep // 3) :] if keep // 3 else ""
+    return f"{head}\n[... {len(text) - len(head) - len(tail)} characters trimmed ...]\n{tail}"
+
+
+def tool_names(messages: Sequence[Msg]) -> dict[str, str]:
+    """The tool name of every call id made in ``messages``."""
+    names: dict[str, str] = {}
+    for message in messages:
+        for call in message.tool_calls:
+            function = call.get("function") or {}
+            names[str(call.get("id", ""))] = str(function.get("name") or "tool")
+    return names
+
+
+def describe_calls(message: Msg, argument_chars: int = ARGUMENT_CHARS) -> str:
+    """An assistant's tool calls as ``[Used tools: name(args), ...]``."""
+    parts = []
+    for call in message.tool_calls:
+        function = call.get("function") or {}
+        arguments = trim_text(str(function.get("arguments") or ""), argument_chars)
+        parts.append(f"{function.get('name') or 'tool'}({arguments})")
+    return f"[Used tools: {', '.join(parts)}]" if parts else ""
+
+
+def render_message(
+    message: Msg,
+    *,
+    names: Mapping[str, str],
+    result_chars: int,
+    cleared: bool = False,
+) -> Rendered:
+    """One stored message as plain text the summarizer reads (no tool roles: any provider takes it).
+
+    Tool calls appear as ``[Used tools: name(args)]``, tool results as trimmed text under the
+    tool's name, a cleared result as a note that it was cleared.
+    """
+    text = message.content or ""
+    if message.content_parts:
+        text = "\n".join(
+            str(part.get("text", "[non-text part]")) if isinstance(part, dict) else str(part)
+            for part in message.content_parts
+        )
+    if message.role == "tool":
+        name = message.name or names.get(message.tool_call_id or "", "tool")
+        body = "(output cleared earlier)" if cleared else trim_text(text, result_chars)
+        return {"role": "user", "content": f"[Tool result of {name}]\n{body}"}
+    if message.role == "assistant":
+        calls = describe_calls(message)
+        content = "\n".join(part for part in (text, calls) if part) or "(no text)"
+        return {"role": "assistant", "content": content}
+    if message.role in ("system", "developer"):
+        return {"role": "user", "content": f"[System instructions]\n{text}"}
+    return {"role": "user", "content": text or "(empty message)"}
+
+
+def render_messages(
+    messages: Sequence[Msg],
+    *,
+    names: Mapping[str, str],
+    result_chars: int,
+    clearings: Mapping[int, ClearingRec] | None = None,
+) -> list[Rendered]:
+    """``render_message`` over a run of messages."""
+    cleared = clearings or {}
+    return [
+        render_message(m, names=names, result_chars=result_chars, cleared=m.id in cleared)
+        for m in messages
+    ]
+
+
+def system_prompt(prompt: str, previous_summary: str | None) -> str:
+    """The summary prompt with the previous summary (or a note that there is none) filled in."""
+    if PREVIOUS_SUMMARY_PLACEHOLDER not in prompt:
+        raise ValueError(f"the summary prompt must contain {PREVIOUS_SUMMARY_PLACEHOLDER}")
+    return prompt.replace(PREVIOUS_SUMMARY_PLACEHOLDER, previous_summary or NO_PREVIOUS_SUMMARY)
+
+
+def missing_within(missing: Sequence[str], limit: int, count: Counter) -> list[str]:
+    """As many of the missing identifiers as fit in ``limit`` tokens, in order."""
+    kept: list[str] = []
+    used = 0
+    for token in missing:
+        size = count({"role": "", "content": f"- {token}"})
+        if used + size > limit:
+            break
+        kept.append(token)
+        used += size
+    return kept
+
+
+def build_summary_messages(
+    *,
+    prompt: str,
+    previous_summary: str | None,
+    older: Sequence[Rendered],
+    recent: Sequence[Rendered],
+    missing: Sequence[str] = (),
+) -> list[Rendered]:
+    """System prompt (with the previous summary), the older messages, the cutoff marker as its
+    own user message, the recent messages as context only, and the reminder last."""
+    reminder = SUMMARY_REMINDER
+    if missing:
+        reminder += "\n\n" + RETENTION_REMINDER + "\n" + "\n".join(f"- {m}" for m in missing)
+    return [
+        {"role": "system", "content": system_prompt(prompt, previous_summary)},
+        *older,
+        {"role": "user", "content": CUTOFF_MARKER},
+        *recent,
+        {"role": "user", "content": reminder},
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryPlan:
+    """The summarizer calls one summary takes: one chunk, or several each seeding the next."""
+
+    chunks: tuple[tuple[Rendered, ...], ...]
+    recent: tuple[Rendered, ...]
+    input_budget: int
+
+    @property
+    def chunked(self) -> bool:
+        return len(self.chunks) > 1
+
+
+class SummarizerWindowError(ValueError):
+    """The summarizer's window cannot hold even one minimal chunk."""
+
+
+def plan_summary(
+    *,
+    older: Sequence[Rendered],
+    recent: Sequence[Rendered],
+    prompt: str,
+    previous_summary_tokens: int,
+    window: int,
+    max_output_tokens: int,
+    count: Counter,
+) -> SummaryPlan:
+    """Fit the summarizer's input into its window: one request when it fits, else chunks.
+
+    Each request holds the system prompt (with a previous summary of at most
+    ``max(previous_summary_tokens, max_output_tokens)`` tokens), its chunk of older messages, the
+    marker, the recent context (newest messages kept, at most a quarter of the input) and the
+    reminder with room for a list of missing identifiers; the reply's ``max_output_tokens`` are
+    kept free.
+    """
+    budget = int(window * (1 - SUMMARIZER_MARGIN)) - max_output_tokens
+    fixed = (
+        REQUEST_PRIMING_TOKENS
+        + count({"role": "system", "content": system_prompt(prompt, "")})
+        + max(previous_summary_tokens, max_output_tokens)
+        + count({"role": "user", "content": CUTOFF_MARKER})
+        + count({"role": "user", "content": SUMMARY_REMINDER + RETENTION_REMINDER})
+        + RETENTION_LIST_TOKENS
+    )
+    room = budget - fixed
+    if room < MIN_CHUNK_TOKENS:
+        raise SummarizerWindowError(
+            f"the summarizer's window ({window} tokens) cannot hold a request of its prompt, "
+            f"the previous summary and {max_output_tokens} output tokens"
+        )
+    kept_recent = _newest_within(recent, int(room * RECENT_CONTEXT_SHARE), count)
+    room -= sum(count(m) for m in kept_recent)
+    chunks = _pack(older, room, count)
+    return SummaryPlan(tuple(tuple(c) for c in chunks), tuple(kept_recent), budget)
+
+
+def _newest_within(messages: Sequence[Rendered], limit: int, count: Counter) -> list[Rendered]:
+    kept: list[Rendered] = []
+    used = 0
+    for message in reversed(messages):
+        size = count(message)
+        if used + size > limit:
+            break
+        kept.append(message)
+        used += size
+    kept.reverse()
+    return kept
+
+
+def _fit(message: Rendered, limit: int, count: Counter) -> Rendered:
+    """A message cut to about ``limit`` tokens (it alone is bigger than a chunk)."""
+    size = count(message)
+    if size <= limit:
+        return message
+    chars = int(len(message["content"]) * limit / size * TRIM_SAFETY)
+    fitted = {**message, "content": trim_text(message["content"], max(chars, 100))}
+    while count(fitted) > limit and len(fitted["content"]) > 200:
+        fitted = {**fitted, "content": trim_text(fitted["content"], len(fitted["content"]) // 2)}
+    return fitted
+
+
+def _pack(messages: Sequence[Rendered], room: int, count: Counter) -> list[list[Rendered]]:
+    """Greedy chunks of consecutive messages, each within ``room`` tokens."""
+    chunks: list[list[Rendered]] = [[]]
+    used = 0
+    for message in messages:
+        fitted = _fit(message, room, count)
+        size = count(fitted)
+        if chunks[-1] and used + size > room:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(fitted)
+        used += size
+    return chunks if chunks[-1] else [[]]
+
+
+# --- validation --------------------------------------------------------------------------------
+
+
+def rejection_reason(text: str | None, *, summary_tokens: int, replaced_tokens: int) -> str | None:
+    """Why a summary must not be stored (empty, error text, not smaller than what it replaces),
+    or None when it may be."""
+    if text is None or not text.strip():
+        return "the summary is empty"
+    if ERROR_TEXT_RE.search(text):
+        first = text.strip().splitlines()[0][:80]
+        return f"the summary reads as an error message ({first!r})"
+    if summary_tokens >= replaced_tokens:
+        return (
+            f"the summary ({summary_tokens} tokens) does not reduce the {replaced_tokens} "
+            "tokens it would replace"
+        )
+    return None
