@@ -1,0 +1,471 @@
+"""The request view (pure): from a stored branch to the request the host sends its model.
+
+``assemble`` takes plain values (the branch, the summary that applies to it, the clearings, the
+host's system prompt, tools, reminder and context files) and returns OpenAI-format messages with
+their token breakdown. Nothing here reads a database or a file: ``core.service.assemble`` loads the
+branch in one short session and calls it.
+
+Order of the request::
+
+    system, [summary], older history, [context files, forgotten-file note],
+    last user message, the tool calls and results after it, [reminder]
+
+Tokens: the history uses the per-message counts stored at ingest (a cleared result counts as
+``tokens - tokens_reclaimed``, as in ``core.branch.effective_history_tokens``); only the parts built
+now (system prompt, summary message, tools, reminder, context files, stub results, text-only turns)
+are counted, and those counts are cached by text.
+
+Budget: ``budget = window x (1 - safety_margin)``. The fixed parts (system, tools, reminder, summary
+and the reply priming) and the tail (the last user message and everything after it) must fit, else
+``BudgetError``: the tail is never cut silently. Context files then take what they need, each one
+kept or forgotten whole. Older history is added newest first and stops at the first unit that does
+not fit, so what is kept is one contiguous newest run (a stable prefix keeps the prompt cache
+useful). A unit is a message, or an assistant tool call with all its results: a call and its
+results are kept or dropped together.
+
+Tool pairs: every call gets exactly one result, placed right after the call's message (a result
+stored later, after another message, is moved up to it); a call with no recorded result gets a
+stub saying so; a result that answers no call on the sent branch (its call was summarized away, or
+it repeats an answered call) is dropped and listed in ``dropped_message_ids``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from core import render, tokens
+from core.errors import BudgetError, InputError
+from core.placeholders import cleared_placeholder
+from core.prompts import SUMMARY_MESSAGE_PREFIX
+from core.records import ClearingRec, Msg, SummaryRec
+
+SYSTEM_ROLES = ("system", "developer")
+# The summary, context files, forgotten-file note and reminder are user messages: every provider
+# accepts a user message anywhere, while a system message after the first is rejected by several
+# chat templates and folded into the system prompt by others (which would move it out of order).
+ADDED_ROLE = "user"
+GAP_NOTE = "[Earlier messages of this conversation are left out here to fit the context window.]"
+COUNT_CACHE_SIZE = 512  # distinct system prompts, summaries, reminders and files kept counted
+
+
+@dataclass(frozen=True, slots=True)
+class ContextFile:
+    """A file (or the agent prompt) the model should see just before the last user message."""
+
+    name: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBreakdown:
+    """Tokens of each part of a request; ``total`` adds the reply priming to their sum."""
+
+    system: int
+    summary: int
+    history: int
+    context: int
+    tools: int
+    reminder: int
+    total: int
+
+    def as_dict(self) -> dict[str, int]:
+        """The breakdown as the CLI prints it."""
+        return {
+            "system": self.system,
+            "summary": self.summary,
+            "history": self.history,
+            "context": self.context,
+            "tools": self.tools,
+            "reminder": self.reminder,
+            "total": self.total,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AssembledRequest:
+    """The request to send now, and what was left out of it."""
+
+    messages: list[dict[str, Any]]
+    tokens: TokenBreakdown
+    budget: int
+    window: int
+    summary_id: int | None
+    dropped_message_ids: list[int]
+    forgotten_files: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON object of ``recap assemble --json``."""
+        return {
+            "messages": self.messages,
+            "tokens": self.tokens.as_dict(),
+            "budget": self.budget,
+            "window": self.window,
+            "summary_id": self.summary_id,
+            "dropped_message_ids": self.dropped_message_ids,
+            "forgotten_files": self.forgotten_files,
+        }
+
+
+@dataclass(slots=True)
+class _Unit:
+    """One indivisible piece of history: a message, or a tool call with all its results."""
+
+    items: list[Msg | dict[str, Any]]  # stored messages are rendered only if the unit is kept
+    ids: list[int]
+    tokens: int
+    is_user: bool
+
+
+@lru_cache(maxsize=COUNT_CACHE_SIZE)
+def _count(role: str, text: str, encoding: str) -> int:
+    return tokens.count_message({"role": role, "content": text}, encoding)
+
+
+@lru_cache(maxsize=COUNT_CACHE_SIZE)
+def _count_tools(schema_text: str, encoding: str) -> int:
+    return tokens.count_tools(json.loads(schema_text), encoding)
+
+
+def assemble(
+    branch: Sequence[Msg],
+    *,
+    model: str,
+    window: int,
+    safety_margin: float,
+    summary: SummaryRec | None = None,
+    clearings: Mapping[int, ClearingRec] | None = None,
+    system: str | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    reminder: str | None = None,
+    context_files: Sequence[ContextFile] = (),
+    text_only: bool = False,
+    cache_breakpoints: bool = False,
+    missing_outputs: Collection[str] = frozenset(),
+) -> AssembledRequest:
+    """The request for ``branch`` (root first) within ``window`` tokens of ``model``.
+
+    The system prompt is ``system`` when given; otherwise the branch's root message when it is a
+    stored ``system`` (or ``developer``) message, sent even when a summary covers it, since the
+    summary replaces the conversation, not its instructions. A given ``system`` replaces the stored
+    root prompt. Any other stored system message stays in place as history.
+
+    The summary is sent as a user message right after the system prompt: it is a record of the
+    conversation rather than an operator instruction, it keeps the system prompt byte-stable
+    across summaries, and it gives providers that require the first turn to be a user turn one.
+
+    ``missing_outputs`` lists the saved output files that no longer exist, so the placeholder of a
+    cleared result can say so; ``text_only`` renders tool turns as plain text;
+    ``cache_breakpoints`` marks the end of the stable prefix (system, and the summary when sent).
+    """
+    _check_knobs(window, safety_margin)
+    encoding = tokens.encoding_name_for(model)
+    cleared = clearings or {}
+    system_message, system_tokens, rest = _system_part(branch, system, encoding)
+    after = _after_cutoff(rest, summary)
+    if not after and summary is None:
+        raise InputError("nothing to send: the branch has no message besides a system prompt")
+
+    units, orphans = _units(after, cleared, missing_outputs, encoding, text_only=text_only)
+    split = _last_user_unit(units)
+    older, tail = units[:split], units[split:]
+
+    summary_message, summary_tokens = _summary_part(summary, encoding)
+    reminder_message = {"role": ADDED_ROLE, "content": reminder} if reminder else None
+    reminder_tokens = _count(ADDED_ROLE, reminder, encoding) if reminder else 0
+    tools_tokens = _tools_tokens(tools, encoding)
+    fixed = system_tokens + summary_tokens + reminder_tokens + tools_tokens
+    fixed += tokens.TOKENS_REPLY_PRIMING
+    budget = tokens.available_tokens(window, safety_margin)
+    tail_tokens = sum(unit.tokens for unit in tail)
+    if fixed + tail_tokens > budget:
+        raise BudgetError(
+            f"the last user message and what follows need {tail_tokens} tokens, but only "
+            f"{max(budget - fixed, 0)} of the {budget}-token budget (window {window}, safety "
+            f"margin {safety_margin:g}) are left after the system prompt, tools, reminder and "
+            f"summary ({fixed} tokens); compress the conversation or allow a larger window"
+        )
+    room = budget - fixed - tail_tokens
+    context, context_tokens, forgotten = _fit_context(context_files, room, encoding)
+    room -= context_tokens
+    kept_from, gap_tokens = _fit_older(older, room, encoding)
+
+    kept_older = older[kept_from:]
+    history_tokens = tail_tokens + gap_tokens + sum(unit.tokens for unit in kept_older)
+    messages: list[dict[str, Any]] = []
+    if system_message is not None:
+        messages.append(system_message)
+    if summary_message is not None:
+        messages.append(summary_message)
+    if gap_tokens:
+        messages.append({"role": ADDED_ROLE, "content": GAP_NOTE})
+    _extend(messages, kept_older, cleared, missing_outputs)
+    messages.extend(context)
+    _extend(messages, tail, cleared, missing_outputs)
+    if reminder_message is not None:
+        messages.append(reminder_message)
+    if cache_breakpoints:
+        _mark_prefix(messages, system_message is not None, summary_message is not None)
+
+    dropped = sorted([*orphans, *(mid for unit in older[:kept_from] for mid in unit.ids)])
+    breakdown = TokenBreakdown(
+        system=system_tokens,
+        summary=summary_tokens,
+        history=history_tokens,
+        context=context_tokens,
+        tools=tools_tokens,
+        reminder=reminder_tokens,
+        total=fixed + history_tokens + context_tokens,
+    )
+    return AssembledRequest(
+        messages=messages,
+        tokens=breakdown,
+        budget=budget,
+        window=window,
+        summary_id=summary.id if summary is not None else None,
+        dropped_message_ids=dropped,
+        forgotten_files=forgotten,
+    )
+
+
+def _check_knobs(window: int, safety_margin: float) -> None:
+    if window <= 0:
+        raise InputError(f"the window must be a positive number of tokens, got {window}")
+    if not 0 <= safety_margin < 1:
+        raise InputError(f"the safety margin must be in [0, 1), got {safety_margin}")
+
+
+def _system_part(
+    branch: Sequence[Msg], system: str | None, encoding: str
+) -> tuple[dict[str, Any] | None, int, Sequence[Msg]]:
+    """The system message, its tokens, and the branch without a stored root prompt."""
+    root = branch[0] if branch and branch[0].role in SYSTEM_ROLES else None
+    rest = branch[1:] if root is not None else branch
+    if system:
+        return {"role": "system", "content": system}, _count("system", system, encoding), rest
+    if root is not None:
+        return root.to_openai(), root.tokens, rest
+    return None, 0, rest
+
+
+def _after_cutoff(messages: Sequence[Msg], summary: SummaryRec | None) -> Sequence[Msg]:
+    """The messages a summary does not cover (all of them without one)."""
+    if summary is None:
+        return messages
+    for index, message in enumerate(messages):
+        if message.id == summary.cutoff_message_id:
+            return messages[index + 1 :]
+    if messages and messages[0].parent_id == summary.cutoff_message_id:
+        return messages  # the cutoff is the stored root prompt, which is sent as the system
+    raise InputError(
+        f"summary {summary.id} covers message {summary.cutoff_message_id}, "
+        "which is not on this branch"
+    )
+
+
+def _summary_part(summary: SummaryRec | None, encoding: str) -> tuple[dict[str, Any] | None, int]:
+    if summary is None:
+        return None, 0
+    text = SUMMARY_MESSAGE_PREFIX + summary.text
+    return {"role": ADDED_ROLE, "content": text}, _count(ADDED_ROLE, text, encoding)
+
+
+def _tools_tokens(tools: Sequence[Mapping[str, Any]] | None, encoding: str) -> int:
+    if not tools:
+        return 0
+    schema_text = json.dumps(list(tools), sort_keys=True, separators=(",", ":"))
+    return _count_tools(schema_text, encoding)
+
+
+def _units(
+    messages: Sequence[Msg],
+    clearings: Mapping[int, ClearingRec],
+    missing_outputs: Collection[str],
+    encoding: str,
+    *,
+    text_only: bool,
+) -> tuple[list[_Unit], list[int]]:
+    """The history as units with valid tool pairs, and the ids of orphan results dropped."""
+    results: dict[str, list[int]] = {}
+    for index, message in enumerate(messages):
+        if message.role == "tool":
+            results.setdefault(message.tool_call_id or "", []).append(index)
+    used: set[int] = set()
+    units: list[_Unit] = []
+    orphans: list[int] = []
+    for index, message in enumerate(messages):
+        if message.role == "tool":
+            if index not in used:
+                orphans.append(message.id)
+        elif message.tool_calls and message.role == "assistant":
+            group = _tool_group(index, messages, results, used)
+            units.append(_group_unit(group, clearings, missing_outputs, encoding, text_only))
+        else:
+            units.append(_Unit([message], [message.id], message.tokens, message.role == "user"))
+    return units, orphans
+
+
+def _tool_group(
+    index: int, messages: Sequence[Msg], results: dict[str, list[int]], used: set[int]
+) -> tuple[Msg, list[Msg], list[dict[str, Any]]]:
+    """An assistant tool call with one result per call: the first stored one after it, or a stub."""
+    call_message = messages[index]
+    found: list[int] = []
+    stubs: list[dict[str, Any]] = []
+    for call in call_message.tool_calls:
+        answer = next(
+            (j for j in results.get(str(call.get("id", "")), ()) if j > index and j not in used),
+            None,
+        )
+        if answer is None:
+            stubs.append(render.stub_result(call))
+        else:
+            used.add(answer)
+            found.append(answer)
+    found.sort()
+    return call_message, [messages[j] for j in found], stubs
+
+
+def _group_unit(
+    group: tuple[Msg, list[Msg], list[dict[str, Any]]],
+    clearings: Mapping[int, ClearingRec],
+    missing_outputs: Collection[str],
+    encoding: str,
+    text_only: bool,
+) -> _Unit:
+    """The unit of a call group: stored counts plus counted stubs, or counted text-only turns."""
+    call_message, stored, stubs = group
+    items: list[Msg | dict[str, Any]] = [call_message, *stored, *stubs]
+    ids = [call_message.id, *(m.id for m in stored)]
+    if text_only:
+        rendered = [_render(item, clearings, missing_outputs) for item in items]
+        turns = [render.text_only_call(rendered[0]), render.text_only_results(rendered[1:])]
+        count = sum(tokens.count_message(turn, encoding) for turn in turns)
+        return _Unit(list(turns), ids, count, False)
+    count = call_message.tokens + sum(_stored_tokens(m, clearings) for m in stored)
+    count += sum(tokens.count_message(stub, encoding) for stub in stubs)
+    return _Unit(items, ids, count, False)
+
+
+def _stored_tokens(message: Msg, clearings: Mapping[int, ClearingRec]) -> int:
+    cleared = clearings.get(message.id)
+    return message.tokens - cleared.tokens_reclaimed if cleared is not None else message.tokens
+
+
+def _last_user_unit(units: Sequence[_Unit]) -> int:
+    """Where the tail starts: the last user message (the whole history when there is none)."""
+    for position in range(len(units) - 1, -1, -1):
+        if units[position].is_user:
+            return position
+    return 0
+
+
+def _fit_older(older: Sequence[_Unit], room: int, encoding: str) -> tuple[int, int]:
+    """Where the kept older history starts, and the tokens of the gap note (0 when none).
+
+    When older messages are left out, a short note says so where they were: the model learns
+    that the history has a gap, and the first turn after the system prompt is a user turn.
+    """
+    start = _kept_from(older, room)
+    if start == 0:
+        return 0, 0
+    gap_tokens = _count(ADDED_ROLE, GAP_NOTE, encoding)
+    if gap_tokens > room:
+        return len(older), 0
+    return _kept_from(older, room - gap_tokens), gap_tokens
+
+
+def _kept_from(older: Sequence[_Unit], room: int) -> int:
+    """The start of the newest contiguous run of units that fits in ``room`` tokens."""
+    start = len(older)
+    while start > 0 and older[start - 1].tokens <= room:
+        start -= 1
+        room -= older[start].tokens
+    return start
+
+
+def _fit_context(
+    files: Sequence[ContextFile], room: int, encoding: str
+) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """The context-file messages that fit, their tokens, and the names of the files left out.
+
+    Files are tried in the given order, each kept or forgotten whole; when any is forgotten, a
+    note naming them follows the kept files (if the note itself fits).
+    """
+    if not files:
+        return [], 0, []
+    messages = [_context_message(f) for f in files]
+    costs = [_count(ADDED_ROLE, m["content"], encoding) for m in messages]
+    if sum(costs) <= room:
+        return messages, sum(costs), []
+    reserve = _count(ADDED_ROLE, _forgotten_note([f.name for f in files]), encoding)
+    left = room - reserve
+    kept: list[dict[str, Any]] = []
+    forgotten: list[str] = []
+    for file, message, cost in zip(files, messages, costs, strict=True):
+        if cost <= left:
+            kept.append(message)
+            left -= cost
+        else:
+            forgotten.append(file.name)
+    used = room - reserve - left
+    note = _forgotten_note(forgotten)
+    note_cost = _count(ADDED_ROLE, note, encoding)
+    if used + note_cost <= room:
+        kept.append({"role": ADDED_ROLE, "content": note})
+        used += note_cost
+    return kept, used, forgotten
+
+
+def _context_message(file: ContextFile) -> dict[str, Any]:
+    return {"role": ADDED_ROLE, "content": f"[Context file: {file.name}]\n{file.text}"}
+
+
+def _forgotten_note(names: Sequence[str]) -> str:
+    return (
+        "[Context files left out to fit the context window: "
+        f"{', '.join(names)}. Read them again if you need them.]"
+    )
+
+
+def _render(
+    item: Msg | dict[str, Any],
+    clearings: Mapping[int, ClearingRec],
+    missing_outputs: Collection[str],
+) -> dict[str, Any]:
+    """One OpenAI-format message; a cleared tool result says its fixed placeholder instead."""
+    if isinstance(item, dict):
+        return item
+    out = item.to_openai()
+    if item.role == "tool" and item.id in clearings:
+        out["content"] = cleared_placeholder(
+            tool_name=item.name,
+            call_id=item.tool_call_id or "",
+            tokens=item.tokens,
+            output_path=item.output_path,
+            file_exists=item.output_path not in missing_outputs,
+        )
+    return out
+
+
+def _extend(
+    messages: list[dict[str, Any]],
+    units: Sequence[_Unit],
+    clearings: Mapping[int, ClearingRec],
+    missing_outputs: Collection[str],
+) -> None:
+    for unit in units:
+        for item in unit.items:
+            messages.append(_render(item, clearings, missing_outputs))
+
+
+def _mark_prefix(messages: list[dict[str, Any]], has_system: bool, has_summary: bool) -> None:
+    """Cache breakpoints after the system prompt (tools come before it) and after the summary."""
+    if has_system:
+        messages[0] = render.with_cache_mark(messages[0])
+    if has_summary:
+        position = 1 if has_system else 0
+        messages[position] = render.with_cache_mark(messages[position])
