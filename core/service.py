@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from core import store, tokens
+from core import assembly, store, tokens
 from core.branch import effective_history_tokens
 from core.db import session_scope
 from core.errors import InputError, RecapError
@@ -192,3 +192,65 @@ def conversation_stats(
         "pressure": round(pressure, 4),
         "suggest_compress": used > settings.trigger_ratio * available,
     }
+
+
+def assemble(
+    engine: Engine,
+    conversation_id: str,
+    settings: Settings,
+    *,
+    leaf: int | None = None,
+    system: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    reminder: str | None = None,
+    context_files: Iterable[assembly.ContextFile] = (),
+    model: str | None = None,
+    max_input_tokens: int | None = None,
+    text_only: bool = False,
+    cache_breakpoints: bool = False,
+) -> assembly.AssembledRequest:
+    """The request the host should send now for the branch ending at ``leaf``.
+
+    One short read session copies the branch out; the rest is ``core.assembly.assemble``. The
+    window is ``max_input_tokens`` when given, else the conversation's override (unless another
+    ``model`` is named), else the model's window from litellm's map.
+    """
+    if max_input_tokens is not None and max_input_tokens <= 0:
+        raise InputError(f"--max-input-tokens must be positive, got {max_input_tokens}")
+    try:
+        with session_scope(engine) as session:
+            state = store.load_state(session, conversation_id, leaf)
+    except (OperationalError, ProgrammingError) as exc:
+        _guard_schema(exc)
+        raise
+    override = max_input_tokens
+    if override is None and model is None:
+        override = state.max_input_tokens
+    target = model or state.model
+    return assembly.assemble(
+        state.branch,
+        model=target,
+        window=tokens.context_window(target, override),
+        safety_margin=settings.safety_margin,
+        summary=state.summary,
+        clearings=state.clearings,
+        system=system,
+        tools=tools,
+        reminder=reminder,
+        context_files=tuple(context_files),
+        text_only=text_only,
+        cache_breakpoints=cache_breakpoints,
+        missing_outputs=_missing_outputs(state, settings.output_dir),
+    )
+
+
+def _missing_outputs(state: store.BranchState, output_dir: Path) -> frozenset[str]:
+    """Saved outputs of cleared results on the branch whose files are gone (placeholders say so)."""
+    missing = set()
+    for message in state.branch:
+        path = message.output_path
+        if path and message.id in state.clearings:
+            saved = Path(path)
+            if not saved.exists() and not (output_dir / saved).exists():
+                missing.add(path)
+    return frozenset(missing)

@@ -220,6 +220,85 @@ def export(
 
 @app.command()
 @handles_errors
+def assemble(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    leaf: LeafOption = None,
+    system: Annotated[
+        str | None, typer.Option(help="System prompt (default: the stored one).")
+    ] = None,
+    reminder: Annotated[str | None, typer.Option(help="Reminder sent as the last message.")] = None,
+    tools: Annotated[
+        Path | None, typer.Option(help="JSON file with the tool schemas (a list, or {tools}).")
+    ] = None,
+    context_file: Annotated[
+        list[Path] | None,
+        typer.Option(help="File shown just before the last user message (repeatable)."),
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Model the request is for.")] = None,
+    max_input_tokens: Annotated[int | None, typer.Option(help="Window override (tokens).")] = None,
+    text_only: Annotated[bool, typer.Option(help="Render tool turns as plain text.")] = False,
+    cache: Annotated[
+        bool, typer.Option(help="Add Anthropic-style cache breakpoints after the prefix.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print the request the host would send now."""
+    from core.assembly import ContextFile
+
+    files = [ContextFile(str(path), _read_text(path)) for path in context_file or ()]
+    request = service.assemble(
+        engine(),
+        conversation,
+        settings(),
+        leaf=leaf,
+        system=system,
+        tools=_read_tools(tools) if tools is not None else None,
+        reminder=reminder,
+        context_files=files,
+        model=model,
+        max_input_tokens=max_input_tokens,
+        text_only=text_only,
+        cache_breakpoints=cache,
+    )
+    payload = request.as_dict()
+    rows = [
+        [i, m["role"], str(m.get("content") or "")[:60].replace("\n", " ")]
+        for i, m in enumerate(request.messages)
+    ]
+
+    def human() -> None:
+        table(f"request for {conversation}", ["#", "role", "content"], rows)
+        typer.echo(f"tokens {payload['tokens']} of budget {request.budget}")
+
+    emit(payload, as_json, human)
+
+
+def _read_text(path: Path) -> str:
+    from core.errors import InputError
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+
+
+def _read_tools(path: Path) -> list[dict[str, Any]]:
+    """Tool schemas from a JSON file: a list of objects, or an object with a ``tools`` list."""
+    from core.errors import InputError
+
+    try:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+    if isinstance(data, dict):
+        data = data.get("tools")
+    if not isinstance(data, list) or not all(isinstance(tool, dict) for tool in data):
+        raise InputError(f"{path}: expected a list of tool schemas (JSON objects)")
+    return data
+
+
+@app.command()
+@handles_errors
 def stats(
     conversation: Annotated[str, typer.Argument(help="Conversation id.")],
     leaf: LeafOption = None,
