@@ -3,22 +3,40 @@
 from __future__ import annotations
 
 EXPORT_HINT = "recap export {conversation_id} --full"
+DEFAULT_TOOL_NAME = "tool"  # what a result without a tool name is called
+
+_HEAD = (
+    "[Cleared: the output of {tool} (call {call_id}, {tokens} tokens) was removed to save context."
+)
+_SAVED = " The full output is saved at {path}; read that file if you need it.]"
+_EXPIRED = " Its saved full output ({path}) has expired; run the tool again if you need it.]"
+_NOT_SAVED = " Run the tool again if you need its output.]"
 
 
 def cleared_placeholder(
     *,
     tool_name: str | None,
     call_id: str,
-    tokens: int,
+    tokens: int | str,
     output_path: str | None = None,
     file_exists: bool = True,
 ) -> str:
     """What a cleared tool result says instead of its output: the tool, the call, the size that
     was there, and how to get it back (the saved file, or that it has expired)."""
-    tool = tool_name or "tool"
-    head = f"[Cleared: the output of {tool} (call {call_id}, {tokens} tokens) was removed to save context."
+    head = _HEAD.format(tool=tool_name or DEFAULT_TOOL_NAME, call_id=call_id, tokens=tokens)
     if output_path and file_exists:
-        return f"{head} The full output is saved at {output_path}; read that file if you need it.]"
+        return head + _SAVED.format(path=output_path)
     if output_path:
-        return f"{head} Its saved full output has expired; run the tool again if you need it.]"
-    return f"{head} Run the tool again if you need its output.]"
+        return head + _EXPIRED.format(path=output_path)
+    return head + _NOT_SAVED
+
+
+def placeholder_frames() -> tuple[str, ...]:
+    """Every wording of the placeholder with its variable parts left empty: what the token bound
+    of a placeholder is computed from (``core.toolresults.placeholder_tokens_bound``)."""
+    head = _HEAD.format(tool="", call_id="", tokens="")
+    return (
+        head + _NOT_SAVED,
+        head + _SAVED.format(path=""),
+        head + _EXPIRED.format(path=""),
+    )
