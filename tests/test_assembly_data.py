@@ -1,0 +1,206 @@
+"""Every conversation of the test data, assembled from SQLite at three windows: a valid request
+or one clear budget error, never a traceback."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from core import service, store, tokens
+from core.assembly import AssembledRequest
+from core.db import make_engine, session_scope
+from core.errors import BudgetError
+from core.migrate import upgrade
+from core.models import Clearing, Summary, utcnow
+from core.placeholders import cleared_placeholder
+from core.prompts import SUMMARY_MESSAGE_PREFIX
+from core.settings import Settings, load_settings
+from tests.conftest import DATA_FILES, load_data
+from tests.test_assembly import check_request
+
+WINDOWS = (3_000, 12_000, 60_000)
+REMINDER = "Reminder: keep the changes minimal and run the tests."
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
+# Share of conversations that must assemble (not raise) at each window: a floor that catches a
+# regression that turns valid requests into errors. Agent runs with one long user turn cannot fit
+# a small window without a summary, which is what compression is for.
+MIN_VALID_SHARE = {3_000: 0.85, 12_000: 0.95, 60_000: 1.0}
+KEEP_UNCLEARED = 3  # the newest tool results keep their output in the summarized copy
+
+
+@pytest.fixture(scope="module")
+def data_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A SQLite file holding every conversation of the test data, imported once."""
+    path = tmp_path_factory.mktemp("assembly") / "data.db"
+    engine = make_engine(f"sqlite:///{path}")
+    upgrade(engine)
+    records = [record for name in DATA_FILES for record in load_data(name)]
+    service.import_conversations(engine, records, load_settings())
+    engine.dispose()
+    yield path
+
+
+def _engine(path: Path) -> Engine:
+    return make_engine(f"sqlite:///{path}")
+
+
+def _ids(engine: Engine) -> list[str]:
+    with session_scope(engine) as session:
+        return [
+            str(row[0])
+            for row in session.connection().exec_driver_sql(
+                "SELECT id FROM conversations ORDER BY id"
+            )
+        ]
+
+
+def _check_against_branch(request: AssembledRequest, state: store.BranchState) -> None:
+    """System first, reminder last, and the last user message with everything after it sent."""
+    check_request(request)
+    branch = state.branch
+    if branch and branch[0].role == "system":
+        assert request.messages[0] == branch[0].to_openai()
+    assert request.messages[-1] == {"role": "user", "content": REMINDER}
+    cutoff_ids = {m.id for m in branch}
+    if state.summary is not None:
+        position = [m.id for m in branch].index(state.summary.cutoff_message_id)
+        cutoff_ids = {m.id for m in branch[position + 1 :]}
+    users = [m for m in branch if m.role == "user" and m.id in cutoff_ids]
+    if users:
+        assert users[-1].to_openai() in request.messages
+    sent_after = [m for m in branch if m.id in cutoff_ids and m.id > (users[-1].id if users else 0)]
+    dropped = set(request.dropped_message_ids)
+    assert not any(m.id in dropped for m in sent_after if m.role != "tool")
+
+
+def _assemble_all(engine: Engine, settings: Settings, window: int, **knobs: Any) -> int:
+    """Assemble every conversation; returns how many gave a request (the rest a budget error)."""
+    valid = 0
+    for cid in _ids(engine):
+        with session_scope(engine) as session:
+            state = store.load_state(session, cid)
+        try:
+            request = service.assemble(
+                engine, cid, settings, max_input_tokens=window, reminder=REMINDER, **knobs
+            )
+        except BudgetError as exc:
+            text = str(exc)
+            assert "\n" not in text and "last user message" in text
+            assert f"window {window}" in text
+            continue
+        assert request.tokens.total <= request.budget <= window
+        _check_against_branch(request, state)
+        valid += 1
+    return valid
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_every_conversation_at_window(data_db: Path, settings: Settings, window: int) -> None:
+    """Each conversation gives a valid request or a clear budget error at this window."""
+    engine = _engine(data_db)
+    valid = _assemble_all(engine, settings, window, tools=TOOLS)
+    engine.dispose()
+    assert valid >= MIN_VALID_SHARE[window] * 244, f"only {valid} of 244 fit {window} tokens"
+
+
+def test_every_conversation_text_only_with_cache_marks(data_db: Path, settings: Settings) -> None:
+    """The text-only rendering with cache marks holds the same rules and has no tool roles."""
+    engine = _engine(data_db)
+    for cid in _ids(engine):
+        try:
+            request = service.assemble(
+                engine, cid, settings, max_input_tokens=60_000, reminder=REMINDER,
+                text_only=True, cache_breakpoints=True,
+            )  # fmt: skip
+        except BudgetError:
+            continue
+        assert all(m["role"] != "tool" and "tool_calls" not in m for m in request.messages)
+        assert request.tokens.total <= request.budget
+    engine.dispose()
+
+
+def _summarize_and_clear(engine: Engine) -> int:
+    """Give each longer conversation a summary at its middle message and clear the tool results
+    after it but the newest few, as compression would; returns how many were summarized."""
+    done = 0
+    for cid in _ids(engine):
+        with session_scope(engine) as session:
+            state = store.load_state(session, cid)
+            branch = state.branch
+            if len(branch) < 6:
+                continue
+            cutoff = branch[len(branch) // 2]
+            encoding = tokens.encoding_name_for(state.model)
+            session.add(
+                Summary(
+                    conversation_id=cid,
+                    cutoff_message_id=cutoff.id,
+                    text=f"## Goal\nFinish the task of {cid}.",
+                    tokens=20,
+                    encoding=encoding,
+                    model="test",
+                    created_at=utcnow(),
+                )
+            )
+            results = [m for m in branch[len(branch) // 2 + 1 :] if m.role == "tool"]
+            for message in results[:-KEEP_UNCLEARED]:
+                placeholder = {
+                    **message.to_openai(),
+                    "content": cleared_placeholder(
+                        tool_name=message.name,
+                        call_id=message.tool_call_id or "",
+                        tokens=message.tokens,
+                    ),
+                }
+                saved = message.tokens - tokens.count_message(placeholder, encoding)
+                session.add(
+                    Clearing(
+                        conversation_id=cid,
+                        message_id=message.id,
+                        reason="post_summary",
+                        tokens_reclaimed=saved,
+                        created_at=utcnow(),
+                    )
+                )
+            done += 1
+    return done
+
+
+def test_summarized_and_cleared_copy(data_db: Path, tmp_path: Path, settings: Settings) -> None:
+    """With a summary mid-branch and cleared results, requests stay valid and show both."""
+    copy = tmp_path / "summarized.db"
+    shutil.copy(data_db, copy)
+    engine = _engine(copy)
+    summarized = _summarize_and_clear(engine)
+    assert summarized > 200
+    valid = _assemble_all(engine, settings, 12_000)
+    assert valid >= 0.95 * 244
+    for cid in _ids(engine):
+        try:
+            request = service.assemble(engine, cid, settings, max_input_tokens=60_000)
+        except BudgetError:
+            continue
+        with session_scope(engine) as session:
+            state = store.load_state(session, cid)
+        if state.summary is None:
+            continue
+        texts = [m["content"] for m in request.messages if isinstance(m["content"], str)]
+        assert request.summary_id == state.summary.id
+        assert sum(t.startswith(SUMMARY_MESSAGE_PREFIX) for t in texts) == 1
+        sent_cleared = set(state.clearings) - set(request.dropped_message_ids)
+        assert sum(t.startswith("[Cleared:") for t in texts) == len(sent_cleared)
+    engine.dispose()
