@@ -9,10 +9,11 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from core import assembly, store, tokens
+from core import assembly, outputs, store, tokens
 from core.branch import effective_history_tokens
 from core.db import session_scope
 from core.errors import InputError, RecapError
+from core.records import Msg
 from core.settings import Settings
 from core.validate import parse_json_line
 
@@ -106,15 +107,17 @@ def add_message(
 
 
 def export_conversation(
-    engine: Engine, conversation_id: str, leaf: int | None = None
+    engine: Engine, conversation_id: str, leaf: int | None = None, *, full: bool = False
 ) -> dict[str, Any]:
-    """The branch as stored, in the import format, each message with its ``id``."""
+    """The branch as stored, in the import format, each message with its ``id``; with ``full``,
+    tool outputs and arguments truncated on the way in are put back while their files exist."""
     with session_scope(engine) as session:
         conversation = store.get_conversation(session, conversation_id)
         branch = store.load_branch(session, conversation_id, leaf)
         meta = dict(conversation.meta or {})
     out: dict[str, Any] = {"id": conversation_id, **meta}
-    out["messages"] = [{"id": m.id, **m.to_openai()} for m in branch]
+    render = outputs.restore if full else Msg.to_openai
+    out["messages"] = [{"id": m.id, **render(m)} for m in branch]
     return out
 
 

@@ -48,6 +48,10 @@ MESSAGE_COLUMNS = tuple(
 )
 
 
+# Keys the ingest step (core.outputs.Ingest) adds for the output_path/original_bytes columns.
+INGEST_KEYS = ("_output_path", "_original_bytes")
+
+
 @dataclass(frozen=True)
 class BranchState:
     """Plain values copied out of one read: everything the request view is derived from."""
@@ -76,7 +80,7 @@ def as_utc(moment: datetime | None) -> datetime | None:
 def row_values(message: Mapping[str, Any], encoding: str) -> dict[str, Any]:
     """The column values of a validated OpenAI-format message, its tokens counted once."""
     content = message.get("content")
-    extra = {k: v for k, v in message.items() if k not in KNOWN_KEYS}
+    extra = {k: v for k, v in message.items() if k not in KNOWN_KEYS and k not in INGEST_KEYS}
     return {
         "role": message["role"],
         "content": content if isinstance(content, str) or content is None else None,

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     DateTime,
+    Engine,
     Integer,
     String,
     and_,
@@ -30,8 +31,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session
 
+from core.db import session_scope
 from core.models import CLEARINGS, CONVERSATIONS, MESSAGES, SUMMARIES, utcnow
 from core.placeholders import DEFAULT_TOOL_NAME
+from core.settings import Settings
 from core.tokens import TOKENS_PER_NAME
 from core.toolresults import IDLE, ClearingPlan, placeholder_base_tokens
 
@@ -204,3 +207,60 @@ def sweep_batch(
         batch.last_message_id = max(batch.last_message_id, int(message_id))
     batch.more = batch.cleared >= batch_size
     return batch
+
+
+@dataclass
+class SweepResult:
+    """A whole sweep (or one task run of it), as ``recap sweep --json`` prints it."""
+
+    cleared: int = 0
+    tokens_reclaimed: int = 0
+    conversations: int = 0
+    batches: int = 0
+    last_message_id: int = 0
+    more: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cleared": self.cleared,
+            "tokens_reclaimed": self.tokens_reclaimed,
+            "conversations": self.conversations,
+            "batches": self.batches,
+            "more": self.more,
+        }
+
+
+def sweep_idle(
+    engine: Engine,
+    settings: Settings,
+    *,
+    now: datetime,
+    idle_minutes: float | None = None,
+    after_id: int = 0,
+    max_batches: int | None = None,
+) -> SweepResult:
+    """Run sweep batches, each in its own short transaction, until nothing is left (or after
+    ``max_batches``: a task run does one and re-enqueues itself with ``last_message_id``)."""
+    result = SweepResult(last_message_id=after_id)
+    seen: set[str] = set()
+    while max_batches is None or result.batches < max_batches:
+        with session_scope(engine) as session:
+            batch = sweep_batch(
+                session,
+                now=now,
+                idle_minutes=settings.idle_minutes if idle_minutes is None else idle_minutes,
+                keep_last=settings.keep_tool_results,
+                protected=settings.protected_tools,
+                batch_size=settings.sweep_batch_size,
+                after_id=result.last_message_id,
+            )
+        result.batches += 1
+        result.cleared += batch.cleared
+        result.tokens_reclaimed += batch.tokens_reclaimed
+        result.last_message_id = batch.last_message_id
+        seen |= batch.conversation_ids
+        result.more = batch.more
+        if not batch.more:
+            break
+    result.conversations = len(seen)
+    return result

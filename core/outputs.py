@@ -1,0 +1,244 @@
+"""Full tool outputs on disk: written on ingest, read back by ``export --full``, expired by cleanup.
+
+Files live under ``RECAP_OUTPUT_DIR`` as ``<2 hex>/<32 hex>.txt``, named by the SHA-256 of their
+content (the same output is stored once), mode 0600 in 0700 folders. A file is written to a
+temporary name and renamed into place, so a reader never sees half of one. The cleanup deletes
+regular files older than the retention and nothing else: it never follows a symbolic link, and a
+file that vanished meanwhile (another cleanup) is simply skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from core.records import Msg
+from core.settings import Settings
+from core.store import INGEST_KEYS
+from core.toolresults import Limits, byte_size, is_oversized, output_preview, trim_arguments
+
+DIGEST_CHARS = 32  # 128 bits of SHA-256: collisions are out of reach, and names stay short
+SUFFIX = ".txt"
+TEMP_PREFIX = ".tmp-"
+FOLDER_MODE = 0o700
+FILE_MODE = 0o600
+# The keys ingest adds to a message for its output_path and original_bytes columns.
+OUTPUT_PATH_KEY, ORIGINAL_BYTES_KEY = INGEST_KEYS
+
+log = structlog.get_logger(__name__)
+
+
+def digest_of(data: bytes) -> str:
+    """The content name of a file."""
+    return hashlib.sha256(data).hexdigest()[:DIGEST_CHARS]
+
+
+def _private_folder(folder: Path) -> None:
+    if not folder.is_dir():
+        folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+        os.chmod(folder, FOLDER_MODE)
+
+
+def save_output(root: Path, text: str) -> Path:
+    """Write a full output under ``root`` by its content hash; returns its absolute path.
+
+    Writing the same text again only refreshes the file's time, so the retention counts from the
+    latest use. Raises ``OSError`` when the folder cannot be written.
+    """
+    data = text.encode("utf-8")
+    name = digest_of(data)
+    base = Path(os.path.abspath(root))
+    folder = base / name[:2]
+    _private_folder(base)
+    _private_folder(folder)
+    path = folder / f"{name}{SUFFIX}"
+    try:
+        info = os.stat(path, follow_symlinks=False)
+        if stat.S_ISREG(info.st_mode) and info.st_size == len(data):
+            os.utime(path)
+            return path
+    except FileNotFoundError:
+        pass
+    handle, temporary = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)  # created 0600
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_output(path: str | None) -> str | None:
+    """The saved text at ``path``, or None when it is gone or does not match its content name."""
+    if not path:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return None
+    if digest_of(data) != Path(path).stem:
+        log.warning("saved_output_mismatch", path=path)
+        return None
+    return data.decode("utf-8", errors="replace")
+
+
+def output_exists(path: str | None) -> bool:
+    """Whether a saved output is still there (a cleared result's placeholder says so)."""
+    return bool(path) and os.path.isfile(str(path))
+
+
+# --- ingest ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ingest:
+    """The ingest step: oversized tool outputs and call arguments become previews plus a file."""
+
+    root: Path
+    limits: Limits
+    max_argument_chars: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Ingest:
+        return cls(
+            root=settings.output_dir,
+            limits=Limits(settings.max_output_lines, settings.max_output_bytes),
+            max_argument_chars=settings.max_argument_chars,
+        )
+
+    def __call__(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The message as it should be stored (a copy; the input is left as it is)."""
+        if message.get("role") == "tool" and isinstance(message.get("content"), str):
+            return self._truncate_output(message)
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            return self._trim_calls(message)
+        return message
+
+    def _save(self, text: str, message: Mapping[str, Any]) -> str | None:
+        try:
+            return str(save_output(self.root, text))
+        except OSError as exc:
+            log.error(
+                "tool_output_not_saved",
+                output_dir=str(self.root),
+                role=message.get("role"),
+                tool_call_id=message.get("tool_call_id"),
+                bytes=byte_size(text),
+                error=str(exc),
+                kept="the full message",
+            )
+            return None
+
+    def _truncate_output(self, message: dict[str, Any]) -> dict[str, Any]:
+        text: str = message["content"]
+        if not is_oversized(text, self.limits):
+            return message
+        path = self._save(text, message)
+        if path is None:
+            return message
+        out = dict(message)
+        out["content"] = output_preview(text, path, self.limits)
+        out[OUTPUT_PATH_KEY] = path
+        out[ORIGINAL_BYTES_KEY] = byte_size(text)
+        return out
+
+    def _trim_calls(self, message: dict[str, Any]) -> dict[str, Any]:
+        calls = message["tool_calls"]
+        oversized = [
+            call
+            for call in calls
+            if len(str((call.get("function") or {}).get("arguments", ""))) > self.max_argument_chars
+        ]
+        if not oversized:
+            return message
+        original = json.dumps(calls, ensure_ascii=False)
+        path = self._save(original, message)
+        if path is None:
+            return message
+        trimmed = []
+        for call in calls:
+            function = dict(call.get("function") or {})
+            shorter = trim_arguments(
+                str(function.get("arguments", "")), path, self.max_argument_chars
+            )
+            if shorter is not None:
+                function["arguments"] = shorter
+            trimmed.append({**call, "function": function})
+        out = dict(message)
+        out["tool_calls"] = trimmed
+        out[OUTPUT_PATH_KEY] = path
+        out[ORIGINAL_BYTES_KEY] = byte_size(original)
+        return out
+
+
+def restore(message: Msg) -> dict[str, Any]:
+    """A stored message in import format with what ingest cut put back, while its file exists."""
+    out = message.to_openai()
+    saved = read_output(message.output_path)
+    if saved is None:
+        return out
+    if message.role == "tool":
+        out["content"] = saved
+    elif message.role == "assistant":
+        try:
+            calls = json.loads(saved)
+        except ValueError:
+            return out
+        if isinstance(calls, list):
+            out["tool_calls"] = calls
+    return out
+
+
+# --- cleanup -----------------------------------------------------------------------------------
+
+
+@dataclass
+class CleanupResult:
+    """What one cleanup deleted."""
+
+    deleted: int = 0
+    bytes: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"deleted": self.deleted, "bytes": self.bytes}
+
+
+def cleanup_outputs(
+    root: Path, *, now: float, retention_days: float, on_delete: Callable[[str], None] | None = None
+) -> CleanupResult:
+    """Delete regular files under ``root`` last written before ``now - retention_days``.
+
+    Walks with directory descriptors and never follows a link: a link inside the folder, and
+    whatever it points to, is left alone. Files that disappear meanwhile (a concurrent cleanup)
+    are skipped; a file being written has a fresh time and is not expired. ``now`` is a Unix time.
+    """
+    result = CleanupResult()
+    if not os.path.isdir(root):
+        return result
+    expiry = now - retention_days * 86_400
+    top = os.path.realpath(root)  # the configured folder itself may be a link; nothing below it
+    for folder, _dirs, files, folder_fd in os.fwalk(top, follow_symlinks=False):
+        for name in files:
+            try:
+                info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+                if not stat.S_ISREG(info.st_mode) or info.st_mtime >= expiry:
+                    continue
+                os.unlink(name, dir_fd=folder_fd)
+            except FileNotFoundError:
+                continue
+            result.deleted += 1
+            result.bytes += info.st_size
+            if on_delete is not None:
+                on_delete(os.path.join(folder, name))
+    return result
