@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from core.errors import InputError
 from core.records import Msg
 from core.settings import Settings
 from core.store import INGEST_KEYS
@@ -223,6 +224,8 @@ def cleanup_outputs(
     whatever it points to, is left alone. Files that disappear meanwhile (a concurrent cleanup)
     are skipped; a file being written has a fresh time and is not expired. ``now`` is a Unix time.
     """
+    if retention_days < 0:
+        raise InputError(f"--retention-days must not be negative, got {retention_days:g}")
     result = CleanupResult()
     if not os.path.isdir(root):
         return result

@@ -32,6 +32,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session
 
 from core.db import session_scope
+from core.errors import InputError
 from core.models import CLEARINGS, CONVERSATIONS, MESSAGES, SUMMARIES, utcnow
 from core.placeholders import DEFAULT_TOOL_NAME
 from core.settings import Settings
@@ -241,6 +242,8 @@ def sweep_idle(
 ) -> SweepResult:
     """Run sweep batches, each in its own short transaction, until nothing is left (or after
     ``max_batches``: a task run does one and re-enqueues itself with ``last_message_id``)."""
+    if idle_minutes is not None and idle_minutes < 0:
+        raise InputError(f"--idle-minutes must not be negative, got {idle_minutes:g}")
     result = SweepResult(last_message_id=after_id)
     seen: set[str] = set()
     while max_batches is None or result.batches < max_batches:

@@ -133,7 +133,9 @@ def import_(
 
 def _ingest() -> service.Prepare | None:
     """The ingest step applied to every new message (tool-output truncation)."""
-    return None
+    from core.outputs import Ingest
+
+    return Ingest.from_settings(settings())
 
 
 @app.command()
@@ -214,8 +216,45 @@ def export(
     full: Annotated[bool, typer.Option(help="Put back truncated tool outputs.")] = False,
 ) -> None:
     """Print the branch as stored, in the import format (always JSON)."""
-    payload = service.export_conversation(engine(), conversation, leaf)
+    payload = service.export_conversation(engine(), conversation, leaf, full=full)
     sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
+
+
+@app.command()
+@handles_errors
+def sweep(
+    idle_minutes: Annotated[
+        float | None, typer.Option(help="Idle time before clearing (default: RECAP_IDLE_MINUTES).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Clear old tool results of idle conversations now (the beat sweep, all batches)."""
+    from core.models import utcnow
+    from core.sweep import sweep_idle
+
+    result = sweep_idle(engine(), settings(), now=utcnow(), idle_minutes=idle_minutes)
+    payload = result.as_dict()
+    emit(payload, as_json, lambda: table("sweep", list(payload), [list(payload.values())]))
+
+
+@app.command()
+@handles_errors
+def cleanup(
+    retention_days: Annotated[
+        float | None,
+        typer.Option(help="Keep saved outputs this long (default: RECAP_OUTPUT_RETENTION_DAYS)."),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete saved tool outputs older than the retention now (the beat cleanup)."""
+    import time
+
+    from core.outputs import cleanup_outputs
+
+    days = settings().output_retention_days if retention_days is None else retention_days
+    result = cleanup_outputs(settings().output_dir, now=time.time(), retention_days=days)
+    payload = result.as_dict()
+    emit(payload, as_json, lambda: table("cleanup", list(payload), [list(payload.values())]))
 
 
 @app.command()
