@@ -40,7 +40,7 @@ ERROR_RE = re.compile(r"\b[A-Z][A-Za-z0-9]*(?:Error|Exception|Warning|Exit|Inter
 UUID_RE = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I)
 HASH_RE = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,64}\b")
 # Upper-case codes mixing letters and digits: booking codes, flight numbers, ticket keys.
-CODE_RE = re.compile(r"\b(?=[A-Z0-9-]*[A-Z])(?=[A-Z0-9-]*[0-9])[A-Z][A-Z0-9]*(?:-?[A-Z0-9]+)*\b")
+CODE_RE = re.compile(r"\b(?=[A-Z0-9-]*[A-Z])(?=[A-Z0-9-]*[0-9])[A-Z0-9]+(?:-[A-Z0-9]+)*\b")
 # snake_case names ending in digits: user ids such as ``mia_li_3668``.
 SNAKE_ID_RE = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)*_[0-9]+\b")
 INLINE_CODE_RE = re.compile(r"`([^`\n]{2,200})`")
@@ -76,13 +76,13 @@ def identifiers_in_text(text: str) -> set[str]:
     found: set[str] = set()
     urls = {_clean(m.group(0)) for m in URL_RE.finditer(text)}
     found |= urls
-    without_urls = URL_RE.sub(" ", text)
+    without_urls = UUID_RE.sub(" ", URL_RE.sub(" ", text))
     for match in PATH_RE.finditer(without_urls):
         token = _clean(match.group(1))
         if _looks_like_path(token):
             found.add(token)
     found.update(m.group(0) for m in ERROR_RE.finditer(text))
-    found.update(m.group(0) for m in UUID_RE.finditer(text))
+    found.update(m.group(0) for m in UUID_RE.finditer(URL_RE.sub(" ", text)))
     found.update(m.group(0) for m in HASH_RE.finditer(without_urls))
     found.update(
         m.group(0) for m in CODE_RE.finditer(without_urls) if len(m.group(0)) >= MIN_ID_CHARS

@@ -398,6 +398,44 @@ def usage(
     emit(payload, as_json, lambda: table("usage", list(payload), [list(payload.values())]))
 
 
+@app.command()
+@handles_errors
+def compress(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    leaf: LeafOption = None,
+    force: Annotated[bool, typer.Option(help="Summarize even under the trigger.")] = False,
+    enqueue: Annotated[bool, typer.Option(help="Send it to the workers instead.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run compress_session now, in this process (or --enqueue it for the workers)."""
+    if enqueue:
+        from workers.app import app as celery_app
+
+        options = {"leaf_message_id": leaf, "force": force}
+        task = celery_app.send_task("recap.compress_session", args=[conversation], kwargs=options)
+        emit({"task_id": str(task.id)}, as_json, lambda: typer.echo(str(task.id)))
+        return
+    from workers.compress import run_with_retries
+    from workers.logs import configure_logging
+
+    configure_logging(json_output=False, level="WARNING")  # stdout keeps only the result
+    payload = run_with_retries(engine(), settings(), conversation, leaf, force)
+    emit(payload, as_json, lambda: table("compress", list(payload), [list(payload.values())]))
+    if payload["action"] == "failed":
+        raise typer.Exit(1)
+
+
+@app.command()
+@handles_errors
+def reconcile(as_json: JsonFlag = False) -> None:
+    """Re-enqueue conversations over their trigger whose last run is missing or died."""
+    from workers.compress import reconcile as reconcile_pass
+    from workers.tasks import enqueue
+
+    payload = reconcile_pass(engine(), settings(), enqueue)
+    emit(payload, as_json, lambda: typer.echo(f"enqueued {payload['enqueued']}"))
+
+
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
 )

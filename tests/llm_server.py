@@ -1,0 +1,199 @@
+"""A small OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1, in a thread.
+
+Tests and benchmarks point litellm at it (``openai/<name>`` with ``api_base``) and script what it
+answers: summaries, 429s, 500s, 401s, blank text, slow replies, or a reply held until released.
+Every request is recorded with its JSON body and, when a probe is given, the probe's reading at
+the moment the request arrived (the tests use it to count checked-out database connections).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+DEFAULT_SUMMARY_WORDS = 120  # the stand-in summary is short, like a real one
+MAX_QUOTED_IDENTIFIERS = 40  # the stand-in summary quotes at most this many backticked names
+
+
+@dataclass
+class Reply:
+    """One scripted answer: a status, a text, a delay, or a hold until ``release()``."""
+
+    text: str | None = None
+    status: int = 200
+    delay: float = 0.0
+    hold: bool = False
+    error: str = "scripted error"
+
+
+@dataclass
+class Recorded:
+    """A request as the server saw it."""
+
+    body: dict[str, Any]
+    headers: dict[str, str]
+    probe: Any
+    at: float
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self.body.get("messages", []))
+
+    @property
+    def text(self) -> str:
+        """Every message's content, joined: what a test greps for."""
+        return "\n".join(str(m.get("content") or "") for m in self.messages)
+
+
+def stand_in_summary(body: dict[str, Any]) -> str:
+    """A plausible summary of a summarizer request: the template, with the backticked names and
+    paths of the messages before the cutoff marker quoted (what a good model would keep)."""
+    messages = body.get("messages", [])
+    before: list[str] = []
+    for message in messages[1:]:
+        content = str(message.get("content") or "")
+        if content.startswith("=== CUTOFF"):
+            break
+        before.append(content)
+    text = "\n".join(before)
+    names = list(dict.fromkeys(re.findall(r"[\w./-]+\.(?:py|js|ts|c|h|md|json|txt)\b", text)))
+    words = " ".join(text.split()[:DEFAULT_SUMMARY_WORDS])
+    quoted = ", ".join(f"`{n}`" for n in names[:MAX_QUOTED_IDENTIFIERS]) or "(none)"
+    return (
+        "## Goal\n- " + (words[:400] or "(none)") + "\n## Constraints and preferences\n- (none)\n"
+        "## Progress\n### Done\n- worked through the earlier steps\n### In progress\n- (none)\n"
+        "### Blocked\n- (none)\n## Key decisions\n- (none)\n## Next steps\n- continue\n"
+        "## Critical context\n- (none)\n## Relevant files\n- " + quoted
+    )
+
+
+@dataclass
+class LLMServer:
+    """The server and its script. ``url`` is the ``api_base`` to give litellm."""
+
+    default: Callable[[dict[str, Any]], str] = stand_in_summary
+    probe: Callable[[], Any] | None = None
+    requests: list[Recorded] = field(default_factory=list)
+    _script: deque[Reply] = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _released: threading.Event = field(default_factory=threading.Event)
+    _arrived: threading.Condition = field(default_factory=threading.Condition)
+    _server: ThreadingHTTPServer | None = None
+
+    def start(self) -> LLMServer:
+        handler = _make_handler(self)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._released.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def script(self, *replies: Reply) -> None:
+        """Answer the next requests with these replies, in order; then the default."""
+        with self._lock:
+            self._script.extend(replies)
+
+    def release(self) -> None:
+        """Let every held reply go (and any later one with ``hold``)."""
+        self._released.set()
+
+    def wait_for(self, count: int, timeout: float = 30.0) -> bool:
+        """Block until at least ``count`` requests have arrived."""
+        deadline = time.monotonic() + timeout
+        with self._arrived:
+            while len(self.requests) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._arrived.wait(left)
+        return True
+
+    def _next(self) -> Reply | None:
+        with self._lock:
+            return self._script.popleft() if self._script else None
+
+    def _record(self, body: dict[str, Any], headers: dict[str, str]) -> None:
+        reading = self.probe() if self.probe is not None else None
+        with self._arrived:
+            self.requests.append(Recorded(body, headers, reading, time.monotonic()))
+            self._arrived.notify_all()
+
+
+def _completion(text: str, body: dict[str, Any]) -> dict[str, Any]:
+    prompt_chars = sum(len(str(m.get("content") or "")) for m in body.get("messages", []))
+    return {
+        "id": f"chatcmpl-{time.monotonic_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "stand-in"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_chars // 4,
+            "completion_tokens": len(text) // 4,
+            "total_tokens": prompt_chars // 4 + len(text) // 4,
+        },
+    }
+
+
+def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            return
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except json.JSONDecodeError:
+                body = {}
+            server._record(body, dict(self.headers.items()))
+            reply = server._next() or Reply()
+            if reply.hold:
+                server._released.wait()
+            if reply.delay:
+                time.sleep(reply.delay)
+            if reply.status != 200:
+                error = {"error": {"message": reply.error, "type": "scripted", "code": None}}
+                self._send(reply.status, error)
+                return
+            text = reply.text if reply.text is not None else server.default(body)
+            self._send(200, _completion(text, body))
+
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (a timeout, a killed worker)
+
+    return Handler

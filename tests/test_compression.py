@@ -1,0 +1,322 @@
+"""Compression planning as tables of plain values: params, the split, the summarizer's input,
+chunking and the validation of a summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core import compression, tokens
+from core.compression import (
+    build_summary_messages,
+    get_compression_params,
+    plan_split,
+    plan_summary,
+    rejection_reason,
+    render_message,
+)
+from core.prompts import CUTOFF_MARKER, DEFAULT_SUMMARY_PROMPT, NO_PREVIOUS_SUMMARY
+from core.records import ClearingRec, Msg
+
+KNOBS: dict[str, Any] = dict(
+    safety_margin=0.05,
+    trigger_ratio=0.75,
+    recent_ratio=0.2,
+    recent_min_tokens=2_000,
+    recent_max_tokens=8_000,
+    keep_turns=0,
+)
+
+
+@pytest.mark.parametrize(
+    ("window", "history", "reserve", "over", "trigger", "budget"),
+    [
+        (12_000, 8_000, 0, False, 8_550, 2_280),  # 0.2 x 11,400 = 2,280 lies inside 2k..8k
+        (12_000, 8_551, 0, True, 8_550, 2_280),  # one token over the trigger
+        (12_000, 8_500, 51, True, 8_550, 2_280),  # the system/tools reserve counts
+        (128_000, 50_000, 0, False, 91_200, 8_000),  # clamped to the maximum
+        (4_000, 3_000, 0, True, 2_850, 1_425),  # the minimum is capped at half the trigger
+        (100_000, 0, 0, False, 71_250, 8_000),  # an empty conversation is never over
+    ],
+)
+def test_params(
+    window: int, history: int, reserve: int, over: bool, trigger: int, budget: int
+) -> None:
+    """Effective tokens against trigger x available, and the clamped recent budget."""
+    params = get_compression_params(
+        window=window, history_tokens=history, reserve_tokens=reserve, **KNOBS
+    )
+    assert params.over_trigger is over
+    assert params.trigger_tokens == trigger
+    assert params.recent_budget == budget
+    assert params.effective_tokens == history + reserve
+
+
+def test_params_reject_a_zero_window() -> None:
+    """A window of zero tokens is an error, not a division."""
+    with pytest.raises(ValueError, match="window"):
+        get_compression_params(window=0, history_tokens=1, **KNOBS)
+
+
+def msg(i: int, role: str, size: int, **extra: Any) -> Msg:
+    return Msg(
+        id=i, parent_id=i - 1 if i > 1 else None, role=role, content=f"m{i}", tokens=size, **extra
+    )
+
+
+def call(i: int, size: int, *ids: str) -> Msg:
+    calls = tuple(
+        {"id": c, "type": "function", "function": {"name": "bash", "arguments": "{}"}} for c in ids
+    )
+    return msg(i, "assistant", size, tool_calls=calls)
+
+
+def result(i: int, size: int, call_id: str) -> Msg:
+    return msg(i, "tool", size, tool_call_id=call_id)
+
+
+CHAT = [
+    msg(1, "system", 100),
+    msg(2, "user", 500),
+    msg(3, "assistant", 500),
+    msg(4, "user", 500),
+    msg(5, "assistant", 500),
+    msg(6, "user", 500),
+    msg(7, "assistant", 500),
+]
+AGENT = [
+    msg(1, "system", 100),
+    msg(2, "user", 200),
+    call(3, 50, "a"),
+    result(4, 3_000, "a"),
+    call(5, 50, "b"),
+    result(6, 3_000, "b"),
+    call(7, 50, "c"),
+    result(8, 500, "c"),
+    msg(9, "assistant", 100),
+]
+OPEN_CALL = [
+    msg(1, "user", 100),
+    call(2, 50, "a", "b"),
+    result(3, 900, "a"),
+    msg(4, "assistant", 100),
+    result(5, 900, "b"),
+    msg(6, "assistant", 100),
+]
+
+
+@pytest.mark.parametrize(
+    ("messages", "budget", "cap", "keep", "cutoff", "at_user"),
+    [
+        (CHAT, 1_000, 1_500, 0, 5, True),  # the earliest user message whose suffix fits
+        (CHAT, 2_000, 3_000, 0, 3, True),  # a larger budget keeps more
+        (CHAT, 500, 1_500, 0, 5, True),  # nothing fits the budget: the latest within the cap
+        (CHAT, 1_000, 1_500, 2, 5, True),  # keep 2 turns needs 2,000 > cap: budget unchanged
+        (CHAT, 1_000, 2_500, 2, 3, True),  # keep 2 turns fits the cap: the budget grows
+        (AGENT, 1_000, 1_500, 0, 6, False),  # one user turn: cut before an answered step
+        (AGENT, 100, 200, 0, 8, False),  # even the last step is too big: cut before it anyway
+        (OPEN_CALL, 1_000, 1_000, 0, 5, False),  # never between a call and its last result
+        ([msg(1, "system", 10), msg(2, "user", 10)], 1, 1, 0, None, False),  # nothing older
+        ([msg(1, "user", 10)], 1, 1, 0, None, False),  # a single message
+        ([], 1, 1, 0, None, False),  # nothing at all
+    ],
+)
+def test_split(
+    messages: list[Msg], budget: int, cap: int, keep: int, cutoff: int | None, at_user: bool
+) -> None:
+    """The cut falls just before a user message when one qualifies, else before a whole step."""
+    split = plan_split(messages, recent_budget=budget, recent_cap=cap, keep_turns=keep)
+    if cutoff is None:
+        assert split is None
+        return
+    assert split is not None
+    assert split.cutoff_message_id == cutoff
+    assert split.at_user is at_user
+    assert list(split.older) + list(split.recent) == messages
+
+
+def test_split_counts_cleared_results_at_their_placeholder_size() -> None:
+    """A cleared result's reclaimed tokens do not count toward the recent budget."""
+    cleared = {6: ClearingRec(6, "idle", 2_900)}
+    split = plan_split(AGENT, recent_budget=1_000, recent_cap=1_500, clearings=cleared)
+    assert split is not None and split.cutoff_message_id == 4
+
+
+NAMES = {"c1": "bash"}
+CALLING = Msg(
+    1,
+    None,
+    "assistant",
+    "Let me look.",
+    10,
+    tool_calls=(
+        {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "bash", "arguments": '{"command": "ls -la"}'},
+        },
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("message", "cleared", "limit", "role", "expected"),
+    [
+        (
+            CALLING,
+            False,
+            100,
+            "assistant",
+            'Let me look.\n[Used tools: bash({"command": "ls -la"})]',
+        ),
+        (
+            Msg(2, 1, "tool", "x" * 50, 5, tool_call_id="c1"),
+            False,
+            100,
+            "user",
+            "[Tool result of bash]\n" + "x" * 50,
+        ),
+        (
+            Msg(2, 1, "tool", "secret output", 5, tool_call_id="c1"),
+            True,
+            100,
+            "user",
+            "[Tool result of bash]\n(output cleared earlier)",
+        ),
+        (
+            Msg(3, None, "system", "Be brief.", 5),
+            False,
+            100,
+            "user",
+            "[System instructions]\nBe brief.",
+        ),
+        (Msg(4, None, "user", "hello", 5), False, 100, "user", "hello"),
+    ],
+)
+def test_render(message: Msg, cleared: bool, limit: int, role: str, expected: str) -> None:
+    """Tool calls as [Used tools: name(args)], results under their tool's name, no tool roles."""
+    rendered = render_message(message, names=NAMES, result_chars=limit, cleared=cleared)
+    assert rendered == {"role": role, "content": expected}
+
+
+@pytest.mark.parametrize("size", [10_000, 100_000])
+def test_render_trims_long_results(size: int) -> None:
+    """A long tool result keeps its head and tail and says how much was cut."""
+    text = "head " + "y" * size + " tail"
+    rendered = render_message(
+        Msg(2, 1, "tool", text, 5, tool_call_id="c1"), names=NAMES, result_chars=2_000
+    )
+    content = rendered["content"]
+    assert len(content) < 2_200 and "head" in content and "tail" in content
+    assert "characters trimmed" in content
+
+
+@pytest.mark.parametrize(
+    ("previous", "recent", "missing"),
+    [(None, [], []), ("old summary", [{"role": "user", "content": "now"}], ["a.py", "b.py"])],
+)
+def test_summary_messages_order(
+    previous: str | None, recent: list[dict[str, str]], missing: list[str]
+) -> None:
+    """System (with the previous summary), older, the marker alone, recent, the reminder last."""
+    older = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "reply"}]
+    messages = build_summary_messages(
+        prompt=DEFAULT_SUMMARY_PROMPT,
+        previous_summary=previous,
+        older=older,
+        recent=recent,
+        missing=missing,
+    )
+    assert messages[0]["role"] == "system"
+    assert (previous or NO_PREVIOUS_SUMMARY) in messages[0]["content"]
+    assert "{previous_summary}" not in messages[0]["content"]
+    assert messages[1:3] == older
+    assert messages[3] == {"role": "user", "content": CUTOFF_MARKER}
+    assert messages[4:-1] == recent
+    assert messages[-1]["role"] == "user"
+    assert all(f"- {m}" in messages[-1]["content"] for m in missing)
+
+
+def test_prompt_without_placeholder_is_rejected() -> None:
+    """A summary prompt that cannot carry the previous summary is an error."""
+    with pytest.raises(ValueError, match="previous_summary"):
+        compression.system_prompt("Summarize.", "old")
+
+
+def count(message: Any) -> int:
+    return tokens.count_message(message, tokens.O200K)
+
+
+def words(n: int, role: str = "user") -> dict[str, str]:
+    """A message of about ``n`` tokens."""
+    return {"role": role, "content": "x" + " x" * (n - 1)}
+
+
+@pytest.mark.parametrize(
+    ("older_sizes", "window", "chunks"),
+    [
+        ([500] * 4, 16_000, 1),  # everything fits one request
+        ([500] * 40, 16_000, 3),  # 20k tokens of older messages in ~9k of room: three chunks
+        ([30_000], 16_000, 1),  # one huge message is cut to fit, not split
+    ],
+)
+def test_plan_summary_chunks(older_sizes: list[int], window: int, chunks: int) -> None:
+    """The summarizer's input fits its window: one request, or chunks that each fit."""
+    older = [words(n) for n in older_sizes]
+    plan = plan_summary(
+        older=older,
+        recent=[words(3_000), words(1_000)],
+        prompt=DEFAULT_SUMMARY_PROMPT,
+        previous_summary_tokens=500,
+        window=window,
+        max_output_tokens=2_000,
+        count=count,
+    )
+    assert len(plan.chunks) == chunks
+    for chunk in plan.chunks:
+        request = build_summary_messages(
+            prompt=DEFAULT_SUMMARY_PROMPT,
+            previous_summary="s " * 2_000,
+            older=chunk,
+            recent=plan.recent,
+        )
+        assert tokens.count_messages(request, tokens.O200K) <= plan.input_budget
+    assert sum(count(m) for m in plan.recent) <= plan.input_budget * 0.25
+    assert plan.recent == (words(1_000),)  # the newest context that fits a quarter of the input
+
+
+def test_plan_summary_needs_room() -> None:
+    """A summarizer window too small for its own prompt and output is a clear error."""
+    with pytest.raises(compression.SummarizerWindowError, match="cannot hold"):
+        plan_summary(
+            older=[words(100)],
+            recent=[],
+            prompt=DEFAULT_SUMMARY_PROMPT,
+            previous_summary_tokens=0,
+            window=2_000,
+            max_output_tokens=1_500,
+            count=count,
+        )
+
+
+@pytest.mark.parametrize(
+    ("text", "size", "replaced", "fragment"),
+    [
+        ("## Goal\n- ship it", 10, 1_000, None),
+        ("", 0, 1_000, "empty"),
+        ("   \n ", 1, 1_000, "empty"),
+        (None, 0, 1_000, "empty"),
+        ("Error: rate limit exceeded", 5, 1_000, "error"),
+        ("I'm sorry, I can't help with that.", 9, 1_000, "error"),
+        ("<html><body>502 Bad Gateway</body></html>", 12, 1_000, "error"),
+        ("## Goal\n- a long summary", 1_000, 1_000, "does not reduce"),
+    ],
+)
+def test_rejection(text: str | None, size: int, replaced: int, fragment: str | None) -> None:
+    """Empty text, error text, or no saving is rejected; a real summary is not."""
+    reason = rejection_reason(text, summary_tokens=size, replaced_tokens=replaced)
+    if fragment is None:
+        assert reason is None
+    else:
+        assert reason is not None and fragment in reason

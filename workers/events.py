@@ -1,0 +1,57 @@
+"""Compression events: one structlog line each, and the same JSON on a Redis channel when the
+broker is Redis (hosts subscribe to show a "compressing..." toast).
+
+Publishing is best effort: an event that cannot be published is logged, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import structlog
+
+from core.settings import Settings
+
+CHANNEL = "recap:events"  # hosts SUBSCRIBE here; one JSON object per message
+STARTED = "compression_started"
+COMPLETED = "compression_completed"
+FAILED = "compression_failed"
+PUBLISH_TIMEOUT_SECONDS = 2.0  # an unreachable Redis must not hold a compression up
+
+log = structlog.get_logger("recap.compress")
+_clients: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _client(url: str) -> Any:
+    with _lock:
+        client = _clients.get(url)
+        if client is None:
+            import redis
+
+            client = _clients[url] = redis.Redis.from_url(
+                url,
+                socket_timeout=PUBLISH_TIMEOUT_SECONDS,
+                socket_connect_timeout=PUBLISH_TIMEOUT_SECONDS,
+            )
+        return client
+
+
+def publishes(settings: Settings) -> bool:
+    """Whether events also go to Redis (the broker is Redis)."""
+    return settings.broker_url.startswith(("redis://", "rediss://", "redis+socket://"))
+
+
+def emit(settings: Settings, event: str, **fields: Any) -> None:
+    """Log the event, then publish it on ``CHANNEL`` when the broker is Redis."""
+    level = log.warning if event == FAILED else log.info
+    level(event, **fields)
+    if not publishes(settings):
+        return
+    payload = json.dumps({"event": event, **fields}, default=str)
+    try:
+        _client(settings.broker_url).publish(CHANNEL, payload)
+    except Exception as exc:  # best effort: the event is already in the log
+        log.warning("event_publish_failed", event_name=event, error=str(exc))

@@ -1,0 +1,94 @@
+"""Single flight: one compression run per conversation at a time.
+
+The lease is a pair of columns on the conversation row, taken with one conditional ``UPDATE``
+(atomic on SQLite and PostgreSQL alike), so no lock is held across the model call. A run that
+finds the lease held marks the conversation ``dirty`` and returns ``busy``; the holder clears
+``dirty`` when it starts and, before it lets go, re-checks when it finds it set again. A lease
+outlives the task's hard time limit, so only a dead run's lease ever expires.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Engine, and_, or_, update
+
+from core.db import session_scope
+from core.models import CONVERSATIONS
+
+ACQUIRE_TRIES = 3  # the holder may let go between a failed take and marking dirty: try again
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease this run holds on one conversation."""
+
+    conversation_id: str
+    owner: str
+    expires_at: datetime
+
+
+def new_owner() -> str:
+    """A unique owner token for one run."""
+    return uuid.uuid4().hex
+
+
+def _take(engine: Engine, conversation_id: str, owner: str, now: datetime, seconds: int) -> bool:
+    c = CONVERSATIONS.c
+    statement = (
+        update(CONVERSATIONS)
+        .where(
+            c.id == conversation_id,
+            or_(c.lease_owner.is_(None), c.lease_expires_at.is_(None), c.lease_expires_at < now),
+        )
+        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=seconds), dirty=False)
+    )
+    with session_scope(engine) as session:
+        return session.connection().execute(statement).rowcount == 1
+
+
+def _mark_dirty(engine: Engine, conversation_id: str, now: datetime) -> bool:
+    """Set ``dirty`` while someone holds a live lease; False when nobody does any more."""
+    c = CONVERSATIONS.c
+    statement = (
+        update(CONVERSATIONS)
+        .where(c.id == conversation_id, c.lease_owner.is_not(None), c.lease_expires_at >= now)
+        .values(dirty=True)
+    )
+    with session_scope(engine) as session:
+        return session.connection().execute(statement).rowcount == 1
+
+
+def acquire(
+    engine: Engine, conversation_id: str, *, owner: str, now: datetime, seconds: int
+) -> Lease | None:
+    """Take the lease, or mark the conversation dirty for its holder and return None."""
+    for _ in range(ACQUIRE_TRIES):
+        if _take(engine, conversation_id, owner, now, seconds):
+            return Lease(conversation_id, owner, now + timedelta(seconds=seconds))
+        if _mark_dirty(engine, conversation_id, now):
+            return None
+    return None
+
+
+def release(engine: Engine, lease: Lease, *, force: bool = False) -> str:
+    """Let go unless the conversation turned dirty meanwhile.
+
+    Returns ``"released"``, ``"dirty"`` (the lease is kept and ``dirty`` cleared: re-check, then
+    call again) or ``"lost"`` (the lease expired and someone else took it). ``force`` lets go
+    even when dirty, leaving the flag for the reconcile pass.
+    """
+    c = CONVERSATIONS.c
+    mine = and_(c.id == lease.conversation_id, c.lease_owner == lease.owner)
+    with session_scope(engine) as session:
+        connection = session.connection()
+        condition = mine if force else and_(mine, c.dirty.is_(False))
+        freed = connection.execute(
+            update(CONVERSATIONS).where(condition).values(lease_owner=None, lease_expires_at=None)
+        ).rowcount
+        if freed == 1:
+            return "released"
+        kept = connection.execute(update(CONVERSATIONS).where(mine).values(dirty=False)).rowcount
+    return "dirty" if kept == 1 else "lost"

@@ -1,0 +1,138 @@
+"""The one place that calls a model: litellm with an explicit timeout, its own retries off, and
+every failure sorted into retry later, shrink the input, or give up.
+
+Retrying belongs to Celery (``self.retry`` with backoff), not to litellm: a retry inside the call
+would hold the worker thread and hide the attempt from the task's bounded count.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote price map at import
+
+import litellm
+
+from core.settings import Settings
+
+litellm.suppress_debug_info = True
+litellm.telemetry = False
+
+RETRY_BASE_SECONDS = 1.0  # the first retry waits about this long, then doubles
+RETRYABLE_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+
+
+class LLMError(Exception):
+    """The summarizer call failed; ``retryable`` says whether trying again later may help."""
+
+    retryable = False
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RetryableLLMError(LLMError):
+    """A rate limit, a server error, a timeout or a refused connection: try again later."""
+
+    retryable = True
+
+
+class FatalLLMError(LLMError):
+    """Authentication, a bad request, an unknown model: trying again cannot help."""
+
+
+class ContextTooLongError(LLMError):
+    """The input did not fit the model's window: send it in smaller chunks instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The text of one reply and what it cost."""
+
+    text: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cost: float
+
+
+def backoff_seconds(attempt: int, cap: float, *, rng: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter: a random wait up to ``base x 2**attempt``, capped."""
+    ceiling = min(cap, RETRY_BASE_SECONDS * (2**attempt))
+    return (rng or random).uniform(ceiling / 2, ceiling)
+
+
+def classify(exc: Exception) -> LLMError:
+    """One of Recap's three kinds of failure for a litellm (or transport) exception.
+
+    ``ContextWindowExceededError`` subclasses ``BadRequestError``, so it is tested first.
+    """
+    message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+    status = getattr(exc, "status_code", None)
+    status = status if isinstance(status, int) else None
+    if isinstance(exc, litellm.exceptions.ContextWindowExceededError):
+        return ContextTooLongError(message, status)
+    if isinstance(
+        exc, litellm.exceptions.Timeout | litellm.exceptions.APIConnectionError | TimeoutError
+    ):
+        return RetryableLLMError(message, status)
+    if isinstance(exc, litellm.exceptions.RateLimitError | litellm.exceptions.InternalServerError):
+        return RetryableLLMError(message, status)
+    if isinstance(
+        exc, litellm.exceptions.ServiceUnavailableError | litellm.exceptions.BadGatewayError
+    ):
+        return RetryableLLMError(message, status)
+    if status is not None and (status in RETRYABLE_STATUSES or status >= 500):
+        return RetryableLLMError(message, status)
+    return FatalLLMError(message, status)
+
+
+def complete(
+    messages: Sequence[Mapping[str, Any]],
+    settings: Settings,
+    *,
+    model: str | None = None,
+    max_tokens: int | None = None,
+) -> Completion:
+    """One chat completion; raises an ``LLMError`` subclass on any failure."""
+    name = model or settings.summary_model
+    if not name:
+        raise FatalLLMError("no summary model is configured (RECAP_SUMMARY_MODEL)")
+    key = settings.summary_api_key.get_secret_value() if settings.summary_api_key else None
+    try:
+        response = litellm.completion(
+            model=name,
+            messages=[dict(m) for m in messages],
+            timeout=settings.llm_timeout,
+            max_retries=0,
+            num_retries=0,
+            api_base=settings.summary_api_base,
+            api_key=key,
+            max_tokens=max_tokens or settings.summary_max_output_tokens,
+            temperature=0,
+        )
+    except Exception as exc:  # every failure is sorted, none escapes unclassified
+        raise classify(exc) from exc
+    return _completion_of(response, name)
+
+
+def _completion_of(response: Any, model: str) -> Completion:
+    choice = response.choices[0] if getattr(response, "choices", None) else None
+    text = getattr(getattr(choice, "message", None), "content", None) or ""
+    usage = getattr(response, "usage", None)
+    try:
+        cost = float(litellm.completion_cost(completion_response=response) or 0.0)
+    except Exception:  # an unpriced model (a local server, a proxy alias) costs "unknown"
+        cost = 0.0
+    return Completion(
+        text=str(text),
+        model=model,
+        input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        output_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        cost=cost,
+    )
