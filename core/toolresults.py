@@ -111,19 +111,22 @@ def head_tail(text: str, max_lines: int, max_bytes: int) -> tuple[str, int, int]
     head_budget = (int(max_lines * HEAD_SHARE), int(max_bytes * HEAD_SHARE))
     tail_budget = (max_lines - head_budget[0], max_bytes - head_budget[1])
     head = _take(lines, *head_budget)
-    tail = _take(lines[len(head) :][::-1], *tail_budget)[::-1]
-    if not head and lines:
-        head = [_clip_bytes(lines[0], head_budget[1])]
-    if not tail and len(lines) > len(head):
-        tail = [_clip_bytes(lines[-1], tail_budget[1], from_end=True)]
+    rest = lines[len(head) :]
+    tail = _take(rest[::-1], *tail_budget)[::-1]
+    middle = rest[: len(rest) - len(tail)]
+    partial = 0
+    if not head and middle:  # a first line longer than the head budget: its start
+        head, partial = [_clip_bytes(middle[0], head_budget[1])], partial + 1
+    if not tail and middle:  # a last line longer than the tail budget: its end
+        tail, partial = [_clip_bytes(middle[-1], tail_budget[1], from_end=True)], partial + 1
     shown = "".join(head) + "".join(tail)
     omitted_bytes = byte_size(text) - byte_size(shown)
-    omitted_lines = max(len(lines) - len(head) - len(tail), 0)
-    middle = f"[... {omitted_lines} lines ({omitted_bytes} bytes) omitted ...]\n"
+    omitted_lines = max(len(middle) - partial, 0)
+    marker = f"[... {omitted_lines} lines ({omitted_bytes} bytes) omitted ...]\n"
     head_text = "".join(head)
     if head_text and not head_text.endswith("\n"):
         head_text += "\n"
-    return head_text + middle + "".join(tail), len(head), len(tail)
+    return head_text + marker + "".join(tail), len(head), len(tail)
 
 
 def _take(lines: Sequence[str], max_lines: int, max_bytes: int) -> list[str]:
