@@ -71,7 +71,7 @@ def _shared_processors() -> list[Any]:
 _configured: str | None = None
 
 
-def configure_logging(*, json_output: bool, level: str = "INFO", force: bool = False) -> None:
+def configure_logging(*, json_output: bool, level: str | int = "INFO", force: bool = False) -> None:
     """Configure structlog and the standard library once (again only with ``force``)."""
     global _configured
     mode = "json" if json_output else "console"
@@ -97,5 +97,5 @@ def configure_logging(*, json_output: bool, level: str = "INFO", force: bool = F
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.setLevel(level.upper() if isinstance(level, str) else level)  # Celery passes an int
     _configured = mode
