@@ -41,10 +41,16 @@ def sweep_idle_tool_results(
     )
     payload = result.as_dict()
     if result.more:
-        options = {"after_id": result.last_message_id, "idle_minutes": idle_minutes}
-        payload["next_task_id"] = str(self.apply_async(kwargs=options).id)
+        arguments = {"after_id": result.last_message_id, "idle_minutes": idle_minutes}
+        payload["next_task_id"] = str(self.apply_async(kwargs=arguments, **_same_queue(self)).id)
     log.info("sweep_idle_tool_results_done", after_id=after_id, **payload)
     return payload
+
+
+def _same_queue(task: Any) -> dict[str, Any]:
+    """Send the continuation to the queue this run came from (the maintenance queue)."""
+    queue = (task.request.delivery_info or {}).get("routing_key")
+    return {"queue": queue} if queue else {}
 
 
 @app.task(name=CLEANUP_TASK, bind=True)

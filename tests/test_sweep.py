@@ -1,0 +1,273 @@
+"""The idle sweep on SQLite and PostgreSQL, `recap sweep`, and both maintenance tasks on a real
+Celery worker with a Redis broker."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text, update
+
+from core import service, store, tokens
+from core.db import session_scope
+from core.models import CONVERSATIONS, utcnow
+from core.settings import get_settings, load_settings
+from core.sweep import apply_clearings, sweep_idle
+from core.toolresults import IDLE, plan_clearings
+from tests.cli_helpers import assert_one_line_error, recap
+from tests.conftest import load_data
+
+BIG = "result line with some numbers 12345 and words\n" * 120
+
+
+def agent_record(cid: str, tools: list[str]) -> dict[str, Any]:
+    """One user turn followed by one call and one large result per tool name."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug."}]
+    for index, tool in enumerate(tools):
+        call_id = f"{cid}_call_{index}"
+        function = {"name": tool, "arguments": "{}"}
+        messages.append(
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": call_id, "type": "function", "function": function}]}
+        )  # fmt: skip
+        messages.append({"role": "tool", "content": BIG, "tool_call_id": call_id, "name": tool})
+    messages.append({"role": "assistant", "content": "Done."})
+    return {"id": cid, "messages": messages}
+
+
+def make_idle(engine: Engine, *ids: str, minutes: float = 120) -> None:
+    with engine.begin() as connection:
+        connection.execute(
+            update(CONVERSATIONS)
+            .where(CONVERSATIONS.c.id.in_(ids))
+            .values(last_activity_at=utcnow() - timedelta(minutes=minutes))
+        )
+
+
+def cleared_ids(engine: Engine, cid: str) -> list[int]:
+    with session_scope(engine) as session:
+        return sorted(store.load_clearings(session, cid))
+
+
+def tool_ids(engine: Engine, cid: str) -> list[int]:
+    with session_scope(engine) as session:
+        return [m.id for m in store.load_branch(session, cid) if m.role == "tool"]
+
+
+def table_rows(engine: Engine, table: str) -> list[tuple[Any, ...]]:
+    with engine.connect() as connection:
+        return [tuple(r) for r in connection.execute(text(f"SELECT * FROM {table} ORDER BY id"))]
+
+
+@pytest.fixture
+def agents(engine: Engine) -> Engine:
+    """Three agent runs: two idle for two hours, one active now."""
+    records = [
+        agent_record("idle-a", ["bash", "todo_write", "bash", "bash", "bash", "bash", "bash"]),
+        agent_record("idle-b", ["grep", "grep", "grep", "grep"]),
+        agent_record("active", ["bash"] * 6),
+    ]
+    service.import_conversations(engine, records, get_settings())
+    make_idle(engine, "idle-a", "idle-b")
+    return engine
+
+
+def test_sweep_clears_old_results_of_idle_conversations_only(agents: Engine) -> None:
+    """Idle conversations lose all but their last 3 results (protected tools kept); the active
+    one is untouched; messages are not modified; a second sweep finds nothing."""
+    messages_before = table_rows(agents, "messages")
+    activity_before = table_rows(agents, "conversations")
+    result = sweep_idle(agents, get_settings(), now=utcnow())
+    a, b = tool_ids(agents, "idle-a"), tool_ids(agents, "idle-b")
+    assert cleared_ids(agents, "idle-a") == [a[0], a[2], a[3]]  # a[1] is todo_write
+    assert cleared_ids(agents, "idle-b") == [b[0]]
+    assert cleared_ids(agents, "active") == []
+    assert result.as_dict()["cleared"] == 4 and result.conversations == 2
+    assert table_rows(agents, "messages") == messages_before
+    assert table_rows(agents, "conversations") == activity_before
+    again = sweep_idle(agents, get_settings(), now=utcnow())
+    assert (again.cleared, again.tokens_reclaimed) == (0, 0)
+
+
+def test_sweep_matches_the_pure_plan(agents: Engine) -> None:
+    """The set-based sweep records exactly what plan_clearings would: same ids, same tokens."""
+    settings = get_settings()
+    with session_scope(agents) as session:
+        state = store.load_state(session, "idle-a")
+    plan = plan_clearings(
+        state.branch,
+        {},
+        keep_last=settings.keep_tool_results,
+        protected=settings.protected_tools,
+        min_tokens=1,
+        reason=IDLE,
+    )
+    result = sweep_idle(agents, settings, now=utcnow())
+    with session_scope(agents) as session:
+        stored = store.load_clearings(session, "idle-a")
+    assert {mid: c.tokens_reclaimed for mid, c in stored.items()} == {
+        item.message_id: item.tokens_reclaimed for item in plan
+    }
+    assert result.tokens_reclaimed == plan.tokens_reclaimed + sum(
+        c.tokens_reclaimed for c in store_clearings(agents, "idle-b").values()
+    )
+
+
+def store_clearings(engine: Engine, cid: str) -> dict[int, Any]:
+    with session_scope(engine) as session:
+        return store.load_clearings(session, cid)
+
+
+def test_cleared_results_render_as_placeholders(agents: Engine) -> None:
+    """After the sweep every result is still in the request: cleared ones as placeholders naming
+    the tool and call, the last three in full; the request is smaller."""
+    settings = get_settings()
+    before = service.assemble(agents, "idle-a", settings, max_input_tokens=100_000)
+    sweep_idle(agents, settings, now=utcnow())
+    after = service.assemble(agents, "idle-a", settings, max_input_tokens=100_000)
+    results = [m for m in after.messages if m["role"] == "tool"]
+    assert len(results) == 7
+    placeholders = [m for m in results if m["content"].startswith("[Cleared")]
+    assert [m["tool_call_id"] for m in placeholders] == [
+        "idle-a_call_0", "idle-a_call_2", "idle-a_call_3",
+    ]  # fmt: skip
+    assert all(m["tool_call_id"] in m["content"] and "bash" in m["content"] for m in placeholders)
+    assert [m["content"] for m in results[-3:]] == [BIG] * 3
+    assert after.tokens.total < before.tokens.total
+    sent = tokens.count_messages(after.messages, tokens.encoding_name_for("gpt-4o-mini"))
+    assert sent <= after.tokens.total < sent + 100 * len(placeholders)  # never understated
+    recount = service.assemble(agents, "idle-a", settings, max_input_tokens=100_000)
+    assert recount.messages == after.messages  # deterministic: same state, same bytes
+
+
+def test_small_batches_give_the_same_result(agents: Engine) -> None:
+    """Batches of one clear the same results as one big batch, one statement at a time."""
+    settings = load_settings(sweep_batch_size=1)
+    result = sweep_idle(agents, settings, now=utcnow())
+    assert result.cleared == 4 and result.batches == 5 and not result.more
+    assert len(cleared_ids(agents, "idle-a")) == 3
+
+
+def test_active_conversation_swept_only_when_asked(agents: Engine) -> None:
+    """A conversation active now is left alone by default, and cleared with --idle-minutes 0."""
+    assert recap("sweep", "--json").json()["cleared"] == 4
+    assert cleared_ids(agents, "active") == []
+    payload = recap("sweep", "--idle-minutes", "0", "--json").json()
+    assert {"cleared", "tokens_reclaimed", "conversations"} <= set(payload)
+    assert payload["cleared"] == 3 and payload["conversations"] == 1
+    assert len(cleared_ids(agents, "active")) == 3
+
+
+def test_sweep_skips_what_a_summary_covers(agents: Engine) -> None:
+    """Results before the latest summary's cutoff are not sent anyway and are not cleared."""
+    b = tool_ids(agents, "idle-b")
+    with agents.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO summaries (conversation_id, cutoff_message_id, text, tokens, "
+                "encoding, model, input_tokens, output_tokens, identifier_retention, created_at) "
+                "VALUES ('idle-b', :cutoff, 's', 1, 'o200k_base', 'm', 0, 0, 1.0, :now)"
+            ),
+            {"cutoff": b[0], "now": utcnow()},
+        )
+    sweep_idle(agents, get_settings(), now=utcnow())
+    assert cleared_ids(agents, "idle-b") == []
+
+
+def test_apply_clearings_is_idempotent(agents: Engine) -> None:
+    """Applying the same plan twice records each clearing once."""
+    with session_scope(agents) as session:
+        state = store.load_state(session, "active")
+    plan = plan_clearings(
+        state.branch, {}, keep_last=3, protected=(), min_tokens=1, reason="pressure"
+    )
+    with session_scope(agents) as session:
+        first = apply_clearings(session, "active", plan)
+    with session_scope(agents) as session:
+        second = apply_clearings(session, "active", plan)
+    assert first.cleared == 3 and first.tokens_reclaimed == plan.tokens_reclaimed
+    assert tuple(second) == (0, 0)
+
+
+def test_sweep_bad_input(agents: Engine) -> None:
+    """A negative idle time is one clear error and clears nothing."""
+    assert_one_line_error(recap("sweep", "--idle-minutes", "-5"), "idle-minutes")
+    assert table_rows(agents, "clearings") == []
+
+
+def test_real_conversations_sweep(sqlite_engine: Engine) -> None:
+    """Over the shared tau-bench runs the sweep clears, and every cleared result saves tokens."""
+    records = load_data("tau_bench_airline.jsonl")[:40]
+    service.import_conversations(sqlite_engine, records, get_settings())
+    make_idle(sqlite_engine, *[r["id"] for r in records])
+    result = sweep_idle(sqlite_engine, get_settings(), now=utcnow())
+    assert result.cleared > 40 and result.tokens_reclaimed > 0
+    assert all(row[4] > 0 for row in table_rows(sqlite_engine, "clearings"))
+
+
+# --- the Celery tasks on a real worker ---------------------------------------------------------
+
+
+@pytest.fixture
+def worker(redis_url: str, sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A real worker thread consuming a queue of its own on the Redis broker (its name)."""
+    from celery.contrib.testing.worker import start_worker
+
+    from workers.app import app, configure
+
+    monkeypatch.setenv("RECAP_BROKER_URL", redis_url)
+    monkeypatch.setenv("RECAP_RESULT_BACKEND", redis_url)
+    monkeypatch.setenv("RECAP_SWEEP_BATCH_SIZE", "2")
+    get_settings.cache_clear()
+    queue = f"test-maintenance-{uuid.uuid4().hex[:8]}"  # other test runs share the broker
+    configure(app, get_settings())
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
+            yield queue
+    finally:
+        get_settings.cache_clear()
+        configure(app, get_settings())
+
+
+def follow(first: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results of a sweep run and every run it re-enqueued."""
+    from workers.app import app
+
+    runs = [first]
+    while "next_task_id" in runs[-1]:
+        runs.append(app.AsyncResult(runs[-1]["next_task_id"]).get(timeout=30))
+    return runs
+
+
+def test_sweep_task_on_a_worker_reenqueues_until_done(worker: Any, sqlite_engine: Engine) -> None:
+    """The beat task clears one batch per run and re-enqueues itself until nothing is left."""
+    from workers.maintenance import sweep_idle_tool_results
+
+    records = [agent_record(f"w{i}", ["bash"] * 5) for i in range(3)]
+    service.import_conversations(sqlite_engine, records, get_settings())
+    make_idle(sqlite_engine, *[r["id"] for r in records])
+    first = sweep_idle_tool_results.apply_async(queue=worker).get(timeout=30)
+    runs = follow(first)
+    assert first["cleared"] == 2 and first["more"] is True
+    assert sum(run["cleared"] for run in runs) == 6  # 2 of 5 results per conversation
+    assert runs[-1]["more"] is False
+    assert len(table_rows(sqlite_engine, "clearings")) == 6
+
+
+def test_cleanup_task_on_a_worker(worker: Any, tmp_path: Path) -> None:
+    """The beat cleanup deletes expired saved outputs and reports what it deleted."""
+    from core.outputs import save_output
+    from workers.maintenance import cleanup_truncated_outputs
+
+    old = save_output(Path(get_settings().output_dir), "old " * 300)
+    moment = time.time() - 30 * 86_400
+    os.utime(old, (moment, moment))
+    result = cleanup_truncated_outputs.apply_async(queue=worker).get(timeout=30)
+    assert result == {"deleted": 1, "bytes": 1_200}
+    assert not old.exists()
