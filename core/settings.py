@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     retry_backoff_max: int = Field(default=60, ge=1)
     summary_prompt: str = DEFAULT_SUMMARY_PROMPT
     identifier_retention_floor: float = Field(default=0.5, ge=0, le=1)
+    log_json: bool = True  # workers log JSON lines; False gives readable console lines
+    log_level: str = Field(default="INFO", pattern=r"(?i)^(debug|info|warning|error|critical)$")
 
     @field_validator("protected_tools", mode="before")
     @classmethod

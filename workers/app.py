@@ -130,8 +130,9 @@ _started: dict[str, float] = {}
 @setup_logging.connect
 def _setup_logging(loglevel: str | None = None, **_: Any) -> None:
     """Workers log JSON through structlog; Celery's own records included."""
-    register_secrets(secrets_of(get_settings()))
-    configure_logging(json_output=True, level=loglevel or "INFO")
+    settings = get_settings()
+    register_secrets(secrets_of(settings))
+    configure_logging(json_output=settings.log_json, level=loglevel or settings.log_level)
 
 
 def conversation_of(args: Any, kwargs: Any) -> str | None:

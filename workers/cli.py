@@ -436,6 +436,48 @@ def reconcile(as_json: JsonFlag = False) -> None:
     emit(payload, as_json, lambda: typer.echo(f"enqueued {payload['enqueued']}"))
 
 
+@app.command()
+@handles_errors
+def demo(
+    window: Annotated[int, typer.Option(help="Window of the demo conversation (tokens).")] = 6_000,
+    chart: Annotated[Path, typer.Option(help="Where to write the PNG chart.")] = Path(
+        ".recap/demo.png"
+    ),
+) -> None:
+    """Run the whole pipeline end to end on the embedded default, with a result table."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from workers import demo as demo_run
+    from workers.logs import configure_logging
+
+    configure_logging(json_output=False, level="WARNING")
+    console = Console()
+    console.print(
+        "Replaying a real support-agent conversation (tau-bench airline, MIT) through SQLite, "
+        "the file broker, a Celery worker in this process and the "
+        f"{settings().summary_model or 'offline extractive'} summarizer; window {window:,} tokens."
+    )
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("turns", total=None)
+        rows = demo_run.run(
+            window=window, progress=lambda done, total: bar.update(task, completed=done, total=total)
+        )
+    table(
+        "request tokens per turn",
+        ["turn", "messages", "without Recap", "with Recap", "action"],
+        [
+            [r.turn, r.messages, f"{r.without:,}" + (" (over window)" if r.without > window else ""),
+             f"{r.with_recap:,}", r.action]
+            for r in rows
+        ],
+    )
+    if demo_run.write_chart(rows, window, chart):
+        console.print(f"chart written to {chart}")
+    else:
+        console.print("no chart: matplotlib is not installed (pip install 'recap[plot]')")
+
+
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
 )

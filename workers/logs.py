@@ -69,6 +69,12 @@ def _shared_processors() -> list[Any]:
 
 
 _configured: str | None = None
+# kombu warns on every connection to a URL without a host, which the file broker never has.
+NOISE = ("No hostname was supplied",)
+
+
+def _drop_noise(record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.startswith(NOISE))
 
 
 def configure_logging(*, json_output: bool, level: str | int = "INFO", force: bool = False) -> None:
@@ -89,6 +95,7 @@ def configure_logging(*, json_output: bool, level: str | int = "INFO", force: bo
         cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_drop_noise)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=_shared_processors(),
