@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.branch import effective_history_tokens, messages_after_cutoff
 from core.prompts import (
     CUTOFF_MARKER,
     NO_PREVIOUS_SUMMARY,
@@ -20,7 +21,7 @@ from core.prompts import (
     RETENTION_REMINDER,
     SUMMARY_REMINDER,
 )
-from core.records import ClearingRec, Msg
+from core.records import ClearingRec, Msg, SummaryRec
 
 Counter = Callable[[Mapping[str, Any]], int]
 Rendered = dict[str, str]
@@ -97,6 +98,35 @@ def get_compression_params(
         recent_cap=max(cap, 0),
         keep_turns=keep_turns,
     )
+
+
+# --- what is pending ---------------------------------------------------------------------------
+
+SYSTEM_ROLES = ("system", "developer")
+
+
+def split_root(branch: Sequence[Msg]) -> tuple[Msg | None, list[Msg]]:
+    """The stored system prompt at the root (the request always sends it, so it is never
+    summarized) and the rest of the branch."""
+    if branch and branch[0].role in SYSTEM_ROLES:
+        return branch[0], list(branch[1:])
+    return None, list(branch)
+
+
+def pending_messages(branch: Sequence[Msg], summary: SummaryRec | None) -> list[Msg]:
+    """The messages a summary could still cover: after the applicable summary's cutoff, without
+    the root system prompt."""
+    _, rest = split_root(branch)
+    return messages_after_cutoff(rest, summary)
+
+
+def request_history_tokens(
+    branch: Sequence[Msg], summary: SummaryRec | None, clearings: Mapping[int, ClearingRec]
+) -> int:
+    """Stored tokens of what a request carries for this branch: the root system prompt, the
+    summary, and the messages after its cutoff (cleared results at their placeholder size)."""
+    root, rest = split_root(branch)
+    return (root.tokens if root else 0) + effective_history_tokens(rest, summary, clearings)
 
 
 # --- the split ---------------------------------------------------------------------------------

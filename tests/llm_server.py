@@ -53,10 +53,10 @@ class Recorded:
 
 
 def stand_in_summary(body: dict[str, Any]) -> str:
-    """A plausible summary of a summarizer request: the template, with the backticked names and
-    paths of the messages before the cutoff marker quoted (what a good model would keep)."""
+    """A plausible summary of a summarizer request: the template, quoting the file names found in
+    the previous summary and the messages before the cutoff marker (what a good model keeps)."""
     messages = body.get("messages", [])
-    before: list[str] = []
+    before: list[str] = [str(messages[0].get("content") or "")] if messages else []
     for message in messages[1:]:
         content = str(message.get("content") or "")
         if content.startswith("=== CUTOFF"):
@@ -64,7 +64,7 @@ def stand_in_summary(body: dict[str, Any]) -> str:
         before.append(content)
     text = "\n".join(before)
     names = list(dict.fromkeys(re.findall(r"[\w./-]+\.(?:py|js|ts|c|h|md|json|txt)\b", text)))
-    words = " ".join(text.split()[:DEFAULT_SUMMARY_WORDS])
+    words = " ".join(" ".join(before[1:]).split()[:DEFAULT_SUMMARY_WORDS])
     quoted = ", ".join(f"`{n}`" for n in names[:MAX_QUOTED_IDENTIFIERS]) or "(none)"
     return (
         "## Goal\n- " + (words[:400] or "(none)") + "\n## Constraints and preferences\n- (none)\n"

@@ -17,7 +17,7 @@ from core.compression import (
     render_message,
 )
 from core.prompts import CUTOFF_MARKER, DEFAULT_SUMMARY_PROMPT, NO_PREVIOUS_SUMMARY
-from core.records import ClearingRec, Msg
+from core.records import ClearingRec, Msg, SummaryRec
 
 KNOBS: dict[str, Any] = dict(
     safety_margin=0.05,
@@ -320,3 +320,22 @@ def test_rejection(text: str | None, size: int, replaced: int, fragment: str | N
         assert reason is None
     else:
         assert reason is not None and fragment in reason
+
+
+SUMMARY_AT_3 = SummaryRec(id=1, cutoff_message_id=3, previous_summary_id=None, text="s", tokens=40)
+
+
+@pytest.mark.parametrize(
+    ("summary", "cleared", "pending", "history"),
+    [
+        (None, {}, [2, 3, 4, 5, 6, 7], 3_100),  # the root system prompt is never pending
+        (SUMMARY_AT_3, {}, [4, 5, 6, 7], 100 + 40 + 2_000),  # the root is still sent
+        (SUMMARY_AT_3, {5: ClearingRec(5, "idle", 400)}, [4, 5, 6, 7], 100 + 40 + 1_600),
+    ],
+)
+def test_pending_and_request_tokens(
+    summary: SummaryRec | None, cleared: dict[int, ClearingRec], pending: list[int], history: int
+) -> None:
+    """Pending messages follow the summary's cutoff; the request counts root, summary and rest."""
+    assert [m.id for m in compression.pending_messages(CHAT, summary)] == pending
+    assert compression.request_history_tokens(CHAT, summary, cleared) == history

@@ -23,8 +23,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from core import compression, store, tokens
-from core.branch import effective_history_tokens, messages_after_cutoff
+from core import compression, store, sweep, tokens, toolresults
 from core.compression import CompressionParams, Rendered, Split
 from core.db import session_scope
 from core.extractive import extractive_summary
@@ -41,6 +40,9 @@ MAX_PASSES = 3  # the first pass plus up to two re-checks when new turns arrived
 MAX_SHRINKS = 2  # a context-window error halves the summarizer's assumed window, at most twice
 RECONCILE_BATCH = 500  # conversations examined per reconcile pass
 ERROR_CHARS = 500  # an error stored in the log is cut here
+# An unknown summary model (a local model, a proxy alias) is assumed to take 8k tokens, which any
+# current chat model does; a context-window error from it halves the assumption.
+FALLBACK_SUMMARIZER_WINDOW = 8_192
 
 Clock = Callable[[], datetime]
 
@@ -125,7 +127,7 @@ def read_snapshot(
     with session_scope(engine) as session:
         state = store.load_state(session, conversation_id, leaf)
     window = tokens.context_window(state.model, state.max_input_tokens)
-    history = effective_history_tokens(state.branch, state.summary, state.clearings)
+    history = compression.request_history_tokens(state.branch, state.summary, state.clearings)
     params = compression.get_compression_params(
         window=window,
         history_tokens=history,
@@ -153,44 +155,38 @@ def read_snapshot(
 
 
 def clearing_step(
-    engine: Engine, settings: Settings, snapshot: Snapshot, now: datetime
+    engine: Engine,
+    settings: Settings,
+    snapshot: Snapshot,
+    now: datetime,
+    *,
+    reason: str = toolresults.PRESSURE,
 ) -> tuple[int, int]:
-    """Clear eligible old tool results under pressure; returns (results cleared, tokens reclaimed).
-
-    The policy is ``core.toolresults``'s; without it there is nothing to clear.
-    """
-    try:
-        from core import toolresults
-    except ImportError:
-        return 0, 0
-    plan = getattr(toolresults, "plan_clearings", None)
-    apply = getattr(toolresults, "apply_clearings", None)
-    if plan is None or apply is None:
-        return 0, 0
-    planned = plan(
-        snapshot.branch,
-        clearings=snapshot.clearings,
-        reason="pressure",
-        now=now,
-        settings=settings,
-        over_trigger=True,
+    """Clear eligible old tool results of the messages sent now (``core.toolresults`` policy);
+    returns (results cleared, tokens reclaimed). Under pressure only a saving of at least
+    ``clear_at_least_tokens`` is worth a cold cache; right after a summary any saving is."""
+    plan = toolresults.plan_clearings(
+        compression.pending_messages(snapshot.branch, snapshot.summary),
+        snapshot.clearings,
+        keep_last=settings.keep_tool_results,
+        protected=settings.protected_tools,
+        min_tokens=toolresults.min_tokens_for(reason, settings.clear_at_least_tokens),
+        reason=reason,
     )
-    if not planned:
+    if not plan:
         return 0, 0
     with session_scope(engine) as session:
-        cleared, reclaimed = apply(session, snapshot.conversation_id, planned, now=now)
-    return int(cleared), int(reclaimed)
+        applied = sweep.apply_clearings(session, snapshot.conversation_id, plan, now=now)
+    return applied.cleared, applied.tokens_reclaimed
 
 
 # --- phase 2: the summarizer -------------------------------------------------------------------
 
 
-def summarizer_window(settings: Settings, fallback: int) -> int:
-    """The summary model's input window (litellm's map), else the conversation's window."""
-    if not settings.summary_model:
-        return fallback
-    entry = tokens.model_info(settings.summary_model)
-    return int(entry["max_input_tokens"]) if entry else fallback
+def summarizer_window(settings: Settings) -> int:
+    """The summary model's input window from litellm's map, else a conservative guess."""
+    entry = tokens.model_info(settings.summary_model or "")
+    return int(entry["max_input_tokens"]) if entry else FALLBACK_SUMMARIZER_WINDOW
 
 
 def _counter(encoding: str) -> compression.Counter:
@@ -214,7 +210,7 @@ def summarize_with_model(
     """
     from workers import llm
 
-    window = summarizer_window(settings, snapshot.params.window)
+    window = summarizer_window(settings)
     for _shrink in range(MAX_SHRINKS + 1):
         try:
             return _summarize_chunks(settings, snapshot, split, window)
@@ -280,7 +276,8 @@ def _summarize_chunks(
     wanted = identifiers_of_span(split.older)
     score = retention(wanted, result.text)
     result.retention = score.score
-    if score.score < settings.identifier_retention_floor and score.missing:
+    usable = compression.rejection_reason(result.text, summary_tokens=0, replaced_tokens=1) is None
+    if usable and score.score < settings.identifier_retention_floor and score.missing:
         _reask(llm, settings, result, plan, seed, score.missing, wanted, count)
     return result
 
@@ -458,7 +455,7 @@ def one_pass(run: Run) -> tuple[Outcome, dict[str, Any] | None]:
 def summarize(run: Run, snapshot: Snapshot, base: Outcome) -> tuple[Outcome, dict[str, Any] | None]:
     """Plan the split, call the summarizer (no session held), validate; the row to insert."""
     params = snapshot.params
-    pending = messages_after_cutoff(snapshot.branch, snapshot.summary)
+    pending = compression.pending_messages(snapshot.branch, snapshot.summary)
     split = compression.plan_split(
         pending,
         recent_budget=params.recent_budget,
@@ -603,6 +600,8 @@ def _passes(run: Run, held: lease.Lease, started: float) -> Outcome:
                 duration_ms=_ms(started),
                 now=run.clock(),
             )
+        if outcome.action == "summarized":
+            outcome = _clear_after_summary(current, outcome)
         first = _merge(first, outcome)
         if outcome.action == "failed":
             lease.release(run.engine, held, force=True)
@@ -613,6 +612,22 @@ def _passes(run: Run, held: lease.Lease, started: float) -> Outcome:
         current = replace(run, leaf=None, force=False, trigger="recheck")
     assert first is not None
     return first
+
+
+def _clear_after_summary(run: Run, outcome: Outcome) -> Outcome:
+    """A new summary changed the request's prefix, so its prompt cache is cold anyway: clear the
+    old tool results after the cutoff now, when it costs nothing."""
+    snapshot = read_snapshot(run.engine, run.settings, run.conversation_id, run.leaf)
+    cleared, reclaimed = clearing_step(
+        run.engine, run.settings, snapshot, run.clock(), reason=toolresults.POST_SUMMARY
+    )
+    if not cleared:
+        return outcome
+    return replace(
+        outcome,
+        reason=f"{outcome.reason}, then cleared {cleared} old tool results",
+        tokens_after=outcome.tokens_after - reclaimed,
+    )
 
 
 def _merge(first: Outcome | None, later: Outcome) -> Outcome:
@@ -720,25 +735,10 @@ def reconcile(
 
 
 def _over_trigger(engine: Engine, settings: Settings, conversation_id: str) -> bool:
-    with session_scope(engine) as session:
-        index = store.load_token_index(session, conversation_id)
     try:
-        window = tokens.context_window(index.model, index.max_input_tokens)
+        return read_snapshot(engine, settings, conversation_id, None).params.over_trigger
     except tokens.UnknownModelError:
         return False
-    history = effective_history_tokens(index.branch, index.summary, index.clearings)
-    params = compression.get_compression_params(
-        window=window,
-        history_tokens=history,
-        reserve_tokens=tokens.TOKENS_REPLY_PRIMING,
-        safety_margin=settings.safety_margin,
-        trigger_ratio=settings.trigger_ratio,
-        recent_ratio=settings.recent_ratio,
-        recent_min_tokens=settings.recent_min_tokens,
-        recent_max_tokens=settings.recent_max_tokens,
-        keep_turns=settings.keep_turns,
-    )
-    return params.over_trigger
 
 
 def _mark_checked(engine: Engine, conversation_id: str, now: datetime) -> None:
