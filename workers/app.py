@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import structlog
 from celery import Celery, Task
-from celery.signals import setup_logging, task_postrun, task_prerun
-from kombu import Queue
+from celery.signals import celeryd_init, setup_logging, task_postrun, task_prerun
+from kombu import Exchange, Queue
 
 from core.settings import Settings, get_settings
 from workers.logs import configure_logging, register_secrets
@@ -84,8 +84,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
-        "task_queues": (Queue(COMPRESS_QUEUE), Queue(MAINTENANCE_QUEUE)),
+        "task_queues": tuple(
+            Queue(name, Exchange(name, type="direct"), routing_key=name)
+            for name in (COMPRESS_QUEUE, MAINTENANCE_QUEUE)
+        ),
         "task_default_queue": COMPRESS_QUEUE,
+        "task_default_exchange": COMPRESS_QUEUE,
+        "task_default_routing_key": COMPRESS_QUEUE,
         "task_routes": TASK_ROUTES,
         "beat_schedule": beat_schedule(settings),
         "timezone": "UTC",
@@ -127,6 +132,7 @@ log = structlog.get_logger("recap.tasks")
 _started: dict[str, float] = {}
 
 
+@celeryd_init.connect  # before the worker's own start-up warnings
 @setup_logging.connect
 def _setup_logging(loglevel: str | None = None, **_: Any) -> None:
     """Workers log JSON through structlog; Celery's own records included."""

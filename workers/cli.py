@@ -460,15 +460,22 @@ def demo(
     )
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("turns", total=None)
-        rows = demo_run.run(
-            window=window, progress=lambda done, total: bar.update(task, completed=done, total=total)
-        )
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        rows = demo_run.run(window=window, progress=advance)
     table(
         "request tokens per turn",
         ["turn", "messages", "without Recap", "with Recap", "action"],
         [
-            [r.turn, r.messages, f"{r.without:,}" + (" (over window)" if r.without > window else ""),
-             f"{r.with_recap:,}", r.action]
+            [
+                r.turn,
+                r.messages,
+                f"{r.without:,}" + (" (over window)" if r.without > window else ""),
+                f"{r.with_recap:,}",
+                r.action,
+            ]
             for r in rows
         ],
     )

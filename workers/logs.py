@@ -8,6 +8,7 @@ secret value wherever it appears.
 
 from __future__ import annotations
 
+import ast
 import logging
 import re
 import sys
@@ -56,6 +57,33 @@ def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mutable
     return event
 
 
+def _literal(text: Any) -> Any:
+    try:
+        return ast.literal_eval(text) if isinstance(text, str) else text
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def celery_task_fields(
+    _logger: Any, _name: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Celery's own task records (received, succeeded, failed, retry) pass their task as
+    ``extra={"data": {...}}``: lift its id, name and conversation into the line."""
+    data = event.pop("data", None)
+    if not isinstance(data, dict) or "id" not in data:
+        return event
+    event.setdefault("task_id", data["id"])
+    if data.get("name"):
+        event.setdefault("task_name", data["name"])
+    args, kwargs = _literal(data.get("args")), _literal(data.get("kwargs"))
+    conversation = (kwargs or {}).get("conversation_id") if isinstance(kwargs, dict) else None
+    if conversation is None and isinstance(args, list | tuple) and args:
+        conversation = args[0] if isinstance(args[0], str) else None
+    if conversation is not None:
+        event.setdefault("conversation_id", conversation)
+    return event
+
+
 def _shared_processors() -> list[Any]:
     return [
         structlog.contextvars.merge_contextvars,
@@ -63,6 +91,7 @@ def _shared_processors() -> list[Any]:
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.stdlib.ExtraAdder(),
+        celery_task_fields,
         structlog.processors.format_exc_info,
         redact,
     ]
@@ -102,6 +131,7 @@ def configure_logging(*, json_output: bool, level: str | int = "INFO", force: bo
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         )
     )
+    logging.captureWarnings(True)  # warnings become log lines too, JSON like the rest
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper() if isinstance(level, str) else level)  # Celery passes an int

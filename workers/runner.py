@@ -36,13 +36,20 @@ def worker_argv(queue: str, *, beat: bool, extra: Sequence[str]) -> list[str]:
     return [*argv, *extra]
 
 
+def global_argv() -> list[str]:
+    """Options before the subcommand: no start banner when the log stream must be pure JSON."""
+    from core.settings import get_settings
+
+    return ["--quiet"] if get_settings().log_json else []
+
+
 def run_one(queue: str, *, beat: bool, extra: Sequence[str]) -> int:
     """Run one worker in this process."""
     from workers.app import app
 
     if beat:
         os.makedirs(".recap", exist_ok=True)
-    app.worker_main(worker_argv(queue, beat=beat, extra=extra))
+    app.start([*global_argv(), *worker_argv(queue, beat=beat, extra=extra)])
     return 0
 
 

@@ -1,0 +1,288 @@
+"""Operations end to end: task logs as an operator reads them, and Flower re-running a task.
+
+A real worker runs as a child process (``celery -A workers.app worker``) on Redis, over a real
+database, calling the local model server through litellm; Flower runs as another child process.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from core import service
+from core.db import make_engine
+from core.migrate import upgrade
+from core.settings import get_settings
+from tests.llm_server import LLMServer, Reply
+
+ROOT = Path(__file__).resolve().parent.parent
+API_KEY = "sk-test-do-not-log-7f3a91"
+DB_PASSWORD = "pg-pass-do-not-log-55e1"
+WINDOW = 1_200  # small, so a dozen turns are over the trigger
+FLOWER_AUTH = ("operator", "flower-pass-9c2d")
+READY_TIMEOUT = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def chat(turns: int) -> list[dict[str, str]]:
+    messages = []
+    for n in range(turns):
+        messages.append(
+            {"role": "user", "content": f"Step {n}: please look at src/app_{n}.py " * 6}
+        )
+        messages.append(
+            {"role": "assistant", "content": f"Checked src/app_{n}.py, it is fine. " * 6}
+        )
+    return messages
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    engine: Any
+    server: LLMServer
+    worker_log: Path
+    redis_url: str
+
+    def new_conversation(self) -> str:
+        cid = f"ops-{uuid.uuid4().hex[:8]}"
+        service.import_conversations(
+            self.engine,
+            [{"id": cid, "messages": chat(12)}],
+            get_settings(),
+            max_input_tokens=WINDOW,
+        )
+        return cid
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextmanager
+def stack(postgres_url: str, redis_url: str, tmp_path: Path, **extra: str) -> Iterator[Stack]:
+    """A worker child process on a private Redis database, PostgreSQL (its URL carrying a password
+    that trust authentication ignores), and the local model server with an API key."""
+    base = redis_url.rsplit("/", 1)[0]
+    private = f"{base}/11"
+    client = redis.Redis.from_url(private)
+    client.flushdb()
+    db_url = postgres_url.replace("postgres@", f"postgres:{DB_PASSWORD}@", 1)
+    server = LLMServer().start()
+    env = {
+        **os.environ,
+        "RECAP_DATABASE_URL": db_url,
+        "RECAP_BROKER_URL": private,
+        "RECAP_RESULT_BACKEND": private,
+        "RECAP_SUMMARY_MODEL": "openai/stand-in",
+        "RECAP_SUMMARY_API_BASE": server.url,
+        "RECAP_SUMMARY_API_KEY": API_KEY,
+        "RECAP_RETRY_BACKOFF_MAX": "1",
+        "RECAP_OUTPUT_DIR": str(tmp_path / "outputs"),
+        **extra,
+    }
+    os.environ.update({k: v for k, v in env.items() if k.startswith("RECAP_")})
+    get_settings.cache_clear()
+    engine = make_engine(db_url)
+    upgrade(engine)
+    log = tmp_path / "worker.log"  # stderr: the log lines (stdout has Celery's start banner)
+    with log.open("wb") as sink, (tmp_path / "worker.out").open("wb") as banner:
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.app",
+                "--quiet",
+                "worker",
+                "--pool",
+                "threads",
+                "--concurrency",
+                "2",
+                "--queues",
+                "compress,maintenance",
+                "--loglevel",
+                "INFO",
+                "--hostname",
+                f"ops-{uuid.uuid4().hex[:6]}@%h",
+                "--without-mingle",
+                "--without-gossip",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=banner,
+            stderr=sink,
+        )
+    try:
+        _wait(
+            lambda: b"ready" in log.read_bytes() or worker.poll() is not None,
+            READY_TIMEOUT,
+            "the worker to start",
+        )
+        assert worker.poll() is None, log.read_text()
+        yield Stack(env, engine, server, log, private)
+    finally:
+        _stop(worker)
+        server.stop()
+        engine.dispose()
+        client.flushdb()
+        for key in [k for k in os.environ if k.startswith("RECAP_")]:
+            os.environ.pop(key)
+        get_settings.cache_clear()
+
+
+def _enqueue(stack_: Stack, cid: str) -> dict[str, Any]:
+    from celery import Celery
+
+    client = Celery(broker=stack_.redis_url, backend=stack_.redis_url)
+    client.conf.task_routes = {"recap.compress_session": {"queue": "compress"}}
+    result = client.send_task("recap.compress_session", args=[cid])
+    value = result.get(timeout=90)
+    client.close()
+    return dict(value)
+
+
+@pytest.fixture
+def services(postgres_url: str, redis_url: str) -> tuple[str, str]:
+    return postgres_url, redis_url
+
+
+def test_task_log_lines_are_json_with_context_and_no_secrets(
+    services: tuple[str, str], tmp_path: Path
+) -> None:
+    """Every worker line is JSON; a task's lines (Celery's own included) carry task_id, task_name
+    and conversation_id; neither the API key nor the URL password appears anywhere."""
+    with stack(*services, tmp_path) as s:
+        cid = s.new_conversation()
+        outcome = _enqueue(s, cid)
+        assert outcome["action"] == "summarized", outcome
+        assert s.server.requests, "the model was called"
+        assert s.server.requests[0].headers.get("authorization", "").endswith(API_KEY)
+        time.sleep(1)  # let the worker flush the lines after the result
+    text = s.worker_log.read_text()
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+    assert lines, "the worker logged nothing"
+    assert API_KEY not in text and DB_PASSWORD not in text
+    task_lines = [line for line in lines if line.get("task_name") == "recap.compress_session"]
+    assert len(task_lines) >= 3, task_lines  # received, events, canonical line, succeeded
+    for line in task_lines:
+        assert line.get("task_id") and line.get("conversation_id") == cid, line
+    received = [line for line in task_lines if "received" in str(line.get("event"))]
+    assert received, "Celery's own 'received' line carries the task context"
+    done = [line for line in task_lines if line.get("event") == "task_done"]
+    assert len(done) == 1 and done[0]["action"] == "summarized"
+    assert "tokens_before" in done[0] and "duration_ms" in done[0]
+
+
+def _flower(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.app",
+                "flower",
+                f"--port={port}",
+                "--address=127.0.0.1",
+                f"--basic-auth={FLOWER_AUTH[0]}:{FLOWER_AUTH[1]}",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    token = base64.b64encode(f"{FLOWER_AUTH[0]}:{FLOWER_AUTH[1]}".encode()).decode()
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Authorization", f"Basic {token}")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except OSError:
+        return 0, None
+
+
+def test_flower_reruns_a_failed_compression(services: tuple[str, str], tmp_path: Path) -> None:
+    """A compress_session that failed (the model answered 500, no attempts left) succeeds when
+    re-run through Flower's HTTP API with its JSON arguments."""
+    pytest.importorskip("flower", reason="flower is in the dev extra")
+    with stack(*services, tmp_path, RECAP_MAX_ATTEMPTS="1") as s:
+        cid = s.new_conversation()
+        s.server.script(Reply(status=500))
+        failed = _enqueue(s, cid)
+        assert failed["action"] == "failed", failed
+        assert service.list_summaries(s.engine, cid) == []
+        port = free_port()
+        flower = _flower(s.env, port, tmp_path / "flower.log")
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait(
+                lambda: _http("GET", f"{base}/api/workers")[0] == 200,
+                READY_TIMEOUT,
+                "Flower to answer",
+            )
+            assert _http("GET", f"{base}/api/workers")[0] == 200
+            unauthenticated = urllib.request.Request(f"{base}/api/workers")
+            with pytest.raises(urllib.error.HTTPError):
+                urllib.request.urlopen(unauthenticated, timeout=10)
+            status, sent = _http(
+                "POST", f"{base}/api/task/async-apply/recap.compress_session", {"args": [cid]}
+            )
+            assert status == 200, (status, (tmp_path / "flower.log").read_text()[-2000:])
+            task_id = sent["task-id"]
+
+            def finished() -> Any:
+                code, body = _http("GET", f"{base}/api/task/result/{task_id}")
+                return body if code == 200 and body and body.get("state") == "SUCCESS" else None
+
+            result = _wait(finished, 90, "the re-run to finish")
+        finally:
+            _stop(flower)
+    assert result["result"]["action"] == "summarized", result
+    summaries = service.list_summaries(s.engine, cid)
+    assert len(summaries) == 1
