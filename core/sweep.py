@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -21,8 +22,8 @@ from sqlalchemy import (
     Integer,
     String,
     and_,
+    bindparam,
     case,
-    cast,
     func,
     literal,
     select,
@@ -37,7 +38,7 @@ from core.models import CLEARINGS, CONVERSATIONS, MESSAGES, SUMMARIES, utcnow
 from core.placeholders import DEFAULT_TOOL_NAME
 from core.settings import Settings
 from core.tokens import TOKENS_PER_NAME
-from core.toolresults import IDLE, ClearingPlan, placeholder_base_tokens
+from core.toolresults import DIGIT_RUN_BOUNDS, IDLE, ClearingPlan, placeholder_base_tokens
 
 INSERT_CHUNK = 500  # rows per multi-row insert: far below SQLite's bound-parameter limit
 
@@ -95,7 +96,8 @@ def apply_clearings(
 
 @dataclass
 class SweepBatch:
-    """One batch of the sweep: what it cleared and where the next batch starts."""
+    """One batch of the sweep: what it cleared, the last result it looked at, whether more are
+    left to look at."""
 
     cleared: int = 0
     tokens_reclaimed: int = 0
@@ -107,19 +109,21 @@ class SweepBatch:
 def reclaimed_sql(m: Any) -> ColumnElement[int]:
     """``core.toolresults.placeholder_tokens_bound`` as an SQL expression over a message row, so
     the sweep records exactly what the per-conversation plan would: stored tokens minus the bound.
+    (A tool message always has its call id; the import refuses one without.)
     """
     base = case(
         (m.c.output_path.is_(None), placeholder_base_tokens(False)),
         else_=placeholder_base_tokens(True) + func.length(m.c.output_path),
     )
-    named = func.coalesce(m.c.name, "") != ""
     name_part = case(
-        (named, TOKENS_PER_NAME + 2 * func.length(m.c.name)),
+        (m.c.name != "", TOKENS_PER_NAME + 2 * func.length(m.c.name)),
         else_=len(DEFAULT_TOOL_NAME),
     )
-    digits = (func.length(cast(m.c.tokens, String)) + 2) / 3
-    call_id = 2 * func.length(func.coalesce(m.c.tool_call_id, ""))
-    bound = base + name_part + cast(digits, Integer) + call_id
+    digits = case(
+        *[(m.c.tokens < bound, runs) for runs, bound in enumerate(DIGIT_RUN_BOUNDS, start=1)],
+        else_=len(DIGIT_RUN_BOUNDS) + 1,
+    )
+    bound = base + name_part + digits + 2 * func.length(m.c.tool_call_id)
     return m.c.tokens - bound  # type: ignore[no-any-return]
 
 
@@ -133,81 +137,127 @@ def sweep_batch(
     batch_size: int,
     after_id: int = 0,
 ) -> SweepBatch:
-    """Clear the next ``batch_size`` eligible results (message id above ``after_id``) of every
-    conversation idle longer than ``idle_minutes``, in one set-based statement.
+    """Clear the eligible results among the next ``batch_size`` tool results (message id above
+    ``after_id``) of every conversation idle longer than ``idle_minutes``.
 
-    Eligible, as in ``core.toolresults.plan_clearings``: a tool result not already cleared, not
-    of a protected tool (a result without a tool name is left alone while any tool is protected),
-    older than its conversation's last ``keep_last`` results, after the conversation's latest
-    summary cutoff, and larger than its placeholder. Recency is by message id across the whole
-    conversation, so on a branched conversation the newest branch's results are the ones kept.
+    Two statements: one finds where the window of ``batch_size`` results ends, one set-based
+    ``INSERT ... SELECT`` clears what is eligible inside it, working out each conversation's
+    thresholds once. Eligible, as in ``core.toolresults.plan_clearings``: a tool result not
+    already cleared, not of a protected tool (a result without a tool name is left alone while
+    any tool is protected), older than its conversation's last ``keep_last`` results, after the
+    conversation's latest summary cutoff, and larger than its placeholder. Recency is by message
+    id across the whole conversation, so on a branched conversation the newest branch's results
+    are the ones kept.
     """
-    m = MESSAGES.alias("m")
-    newer = MESSAGES.alias("newer")
-    c = CONVERSATIONS.alias("c")
-    cleared = CLEARINGS.alias("k")
-    summaries = SUMMARIES.alias("s")
-    idle_before = now - timedelta(minutes=idle_minutes)
+    window = (
+        select(MESSAGES.c.id)
+        .where(MESSAGES.c.role == "tool", MESSAGES.c.id > after_id)
+        .order_by(MESSAGES.c.id)
+        .limit(batch_size)
+        .subquery()
+    )
+    seen = session.execute(select(func.count(), func.max(window.c.id))).one()
+    batch = SweepBatch(last_message_id=int(seen[1] or after_id), more=int(seen[0]) >= batch_size)
+    if not seen[0]:
+        return batch
+    shielded = sorted({name.lower() for name in protected})
+    statement = _sweep_statement(session.get_bind().dialect.name, keep_last, bool(shielded))
+    values: dict[str, Any] = {
+        "after_id": after_id,
+        "until_id": batch.last_message_id,
+        "idle_before": now - timedelta(minutes=idle_minutes),
+        "now": now,
+    }
+    if shielded:
+        values["protected"] = shielded
+    session.execute(statement, values)
+    # what this batch inserted: its window, its timestamp (counted in SQL, not row by row)
+    k = CLEARINGS.c
+    inserted = (
+        select(k.conversation_id, func.count(), func.sum(k.tokens_reclaimed))
+        .where(
+            k.message_id > after_id,
+            k.message_id <= batch.last_message_id,
+            k.reason == IDLE,
+            k.created_at == now,
+        )
+        .group_by(k.conversation_id)
+    )
+    for conversation_id, cleared, reclaimed in session.execute(inserted):
+        batch.cleared += int(cleared)
+        batch.tokens_reclaimed += int(reclaimed)
+        batch.conversation_ids.add(str(conversation_id))
+    return batch
+
+
+@lru_cache(maxsize=16)
+def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
+    """The sweep's ``INSERT ... SELECT``, built once per shape; the rest are bound parameters."""
+    m, newer, inside = MESSAGES.alias("m"), MESSAGES.alias("newer"), MESSAGES.alias("inside")
+    c, summaries = CONVERSATIONS.alias("c"), SUMMARIES.alias("s")
+    after = bindparam("after_id", type_=Integer)
+    until = bindparam("until_id", type_=Integer)
+    in_window = select(inside.c.conversation_id).where(
+        inside.c.id > after, inside.c.id <= until, inside.c.role == "tool"
+    )
+    keep_before = (
+        select(newer.c.id)
+        .where(newer.c.conversation_id == c.c.id, newer.c.role == "tool")
+        .order_by(newer.c.id.desc())
+        .limit(1)
+        .offset(keep_last - 1)
+        .scalar_subquery()
+        if keep_last > 0
+        else literal(None, Integer)
+    )
+    covered = func.coalesce(
+        select(func.max(summaries.c.cutoff_message_id))
+        .where(summaries.c.conversation_id == c.c.id)
+        .scalar_subquery(),
+        0,
+    )
+    # one row per idle conversation with results in the window, its thresholds worked out once
+    idle = (
+        select(c.c.id.label("cid"), keep_before.label("keep_before"), covered.label("covered"))
+        .where(
+            c.c.last_activity_at < bindparam("idle_before", type_=DateTime(timezone=True)),
+            c.c.id.in_(in_window),
+        )
+        .cte("idle")
+        .prefix_with("MATERIALIZED")
+    )
     reclaimed = reclaimed_sql(m)
     conditions = [
+        m.c.id > after,
+        m.c.id <= until,
         m.c.role == "tool",
-        m.c.id > after_id,
-        c.c.last_activity_at < idle_before,
-        reclaimed > 0,
-        ~select(cleared.c.id).where(cleared.c.message_id == m.c.id).exists(),
-        m.c.id
-        > func.coalesce(
-            select(func.max(summaries.c.cutoff_message_id))
-            .where(summaries.c.conversation_id == m.c.conversation_id)
-            .scalar_subquery(),
-            0,
-        ),
+        m.c.id > idle.c.covered,
+        reclaimed > 0,  # a result already cleared conflicts on message_id and is skipped
     ]
     if keep_last > 0:
-        threshold = (
-            select(newer.c.id)
-            .where(newer.c.conversation_id == m.c.conversation_id, newer.c.role == "tool")
-            .order_by(newer.c.id.desc())
-            .limit(1)
-            .offset(keep_last - 1)
-            .scalar_subquery()
-        )
-        conditions.append(m.c.id < threshold)
-    if protected:
-        shielded = sorted({name.lower() for name in protected})
-        conditions.append(and_(m.c.name.is_not(None), func.lower(m.c.name).not_in(shielded)))
+        conditions.append(m.c.id < idle.c.keep_before)
+    if has_protected:
+        names: Any = bindparam("protected", expanding=True)
+        conditions.append(and_(m.c.name.is_not(None), func.lower(m.c.name).not_in(names)))
     candidates = (
         select(
             m.c.conversation_id,
             m.c.id,
             literal(IDLE, String),
             reclaimed,
-            literal(now, DateTime(timezone=True)),
+            bindparam("now", type_=DateTime(timezone=True)),
         )
-        .select_from(m.join(c, c.c.id == m.c.conversation_id))
+        .select_from(m.join(idle, idle.c.cid == m.c.conversation_id))
         .where(*conditions)
-        .order_by(m.c.id)
-        .limit(batch_size)
     )
-    statement = (
-        _insert(session)
-        .from_select(
+    insert_ = postgresql.insert(CLEARINGS) if dialect == "postgresql" else sqlite.insert(CLEARINGS)
+    return (
+        insert_.from_select(
             ["conversation_id", "message_id", "reason", "tokens_reclaimed", "created_at"],
             candidates,
         )
         .on_conflict_do_nothing(index_elements=["message_id"])
-        .returning(
-            CLEARINGS.c.conversation_id, CLEARINGS.c.message_id, CLEARINGS.c.tokens_reclaimed
-        )
     )
-    batch = SweepBatch(last_message_id=after_id)
-    for conversation_id, message_id, tokens_reclaimed in session.execute(statement):
-        batch.cleared += 1
-        batch.tokens_reclaimed += int(tokens_reclaimed)
-        batch.conversation_ids.add(str(conversation_id))
-        batch.last_message_id = max(batch.last_message_id, int(message_id))
-    batch.more = batch.cleared >= batch_size
-    return batch
 
 
 @dataclass

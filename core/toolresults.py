@@ -346,9 +346,12 @@ def placeholder_base_tokens(has_path: bool) -> int:
     return tokens.TOKENS_PER_MESSAGE + role + frame + 4 * VALUE_SLACK
 
 
+DIGIT_RUN_BOUNDS = (10**3, 10**6, 10**9)  # tiktoken splits digits into runs of three
+
+
 def digit_tokens(number: int) -> int:
-    """Tokens of a non-negative integer's digits: tiktoken splits digits into runs of three."""
-    return (len(str(number)) + 2) // 3
+    """Tokens of a non-negative integer's digits (one per run of three digits)."""
+    return 1 + sum(number >= bound for bound in DIGIT_RUN_BOUNDS)
 
 
 def placeholder_tokens_bound(
