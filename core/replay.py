@@ -160,7 +160,7 @@ def replay(branch: Sequence[Msg], policy: Policy, *, encoding: str, gap_at: int 
             clearings.setdefault(message_id, ClearingRec(message_id, IDLE))
         current = _rendered(sent, clearings, renderer)
         texts = [text for text, _ in current]
-        shared = 0 if after_gap else _common_prefix(previous, texts)
+        shared = 0 if after_gap else common_prefix(previous, texts)
         cached = sum(count for _, count in current[:shared])
         total = sum(count for _, count in current)
         cost = (total - cached) * UNCACHED_PRICE + cached * CACHED_PRICE
@@ -182,7 +182,7 @@ def _rendered(
     return [renderer.render(m, m.id in clearings and m.role == "tool") for m in sent]
 
 
-def _common_prefix(before: Sequence[str], after: Sequence[str]) -> int:
+def common_prefix(before: Sequence[str], after: Sequence[str]) -> int:
     count = 0
     for old, new in zip(before, after, strict=False):
         if old != new:

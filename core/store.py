@@ -27,7 +27,7 @@ from core.models import (
     utcnow,
 )
 from core.records import ClearingRec, Msg, SummaryRec
-from core.validate import KNOWN_KEYS, check_message, check_tool_pairing
+from core.validate import KNOWN_KEYS, check_message, check_record, check_tool_pairing
 
 MESSAGE_COLUMNS = tuple(
     MESSAGES.c[name]
@@ -166,10 +166,7 @@ def import_records(
     result: list[tuple[str, int]] = []
     for index, record in enumerate(records):
         where = f"conversation {index + 1}"
-        messages = [
-            check_message(m, f"{where} message {i}") for i, m in enumerate(record["messages"])
-        ]
-        check_tool_pairing(messages, where)
+        messages = check_record(record, where)
         cid = str(record["id"]) if record.get("id") is not None else None
         if cid is not None and cid in seen:
             raise InputError(f"{where}: duplicate id {cid!r} in the file")

@@ -66,6 +66,13 @@ def check_tool_pairing(
             pending.discard(call_id)
 
 
+def check_record(record: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
+    """Every message of one imported conversation, checked, with its tool pairs checked."""
+    messages = [check_message(m, f"{where} message {i}") for i, m in enumerate(record["messages"])]
+    check_tool_pairing(messages, where)
+    return messages
+
+
 def parse_json_line(line: str, where: str) -> dict[str, Any]:
     """One line of an import file: a JSON object with a ``messages`` list."""
     try:

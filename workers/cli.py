@@ -34,6 +34,16 @@ LeafOption = Annotated[
 ]
 
 
+@app.callback()
+def _root(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress too.")] = False,
+) -> None:
+    """Readable log lines for the command line (workers log JSON)."""
+    from workers.logs import configure_logging
+
+    configure_logging(json_output=False, level="INFO" if verbose else "WARNING")
+
+
 def fail(message: str, code: int = 1) -> None:
     """One clear line on stderr, then exit non-zero."""
     typer.echo(f"recap: error: {message}", err=True)
@@ -434,6 +444,42 @@ def reconcile(as_json: JsonFlag = False) -> None:
 
     payload = reconcile_pass(engine(), settings(), enqueue)
     emit(payload, as_json, lambda: typer.echo(f"enqueued {payload['enqueued']}"))
+
+
+@app.command()
+@handles_errors
+def replay(
+    file: Annotated[Path, typer.Argument(help="Conversations in the import format (JSON lines).")],
+    window: Annotated[
+        int | None, typer.Option(help="Window to replay at (default: the model's).")
+    ] = None,
+    idle_gap: Annotated[
+        bool, typer.Option("--idle-gap", help="Insert one idle gap at each run's middle step.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Replay logs through the real pipeline and report what Recap would have done."""
+    from workers import replay as replaying
+
+    report = replaying.run(file, settings(), window=window, idle_gap=idle_gap)
+    total = report["total"]
+    emit(
+        report,
+        as_json,
+        lambda: table(
+            f"replay of {file.name}",
+            ["conversation", "requests", "peak", "window", "overflows without", "summaries",
+             "cost vs no clearing", "cost vs last-3"],
+            [
+                [c["id"][-28:], c["requests"], c["peak_tokens"], c["window"],
+                 c["overflows_without"], c["summaries"], c["cost_vs_no_clearing"],
+                 c["cost_vs_sliding"]]
+                for c in report["conversations"]
+            ]
+            + [["total", total["requests"], total["peak_tokens"], "", total["overflows_without"],
+                total["summaries"], total["cost_vs_no_clearing"], total["cost_vs_sliding"]]],
+        ),
+    )
 
 
 @app.command()
