@@ -1,0 +1,107 @@
+"""``Recap``: the host's handle on one database, with the settings applied.
+
+A host app (a chat or agent backend) uses it on its request path: add each message as it
+arrives (large tool outputs are truncated on the way in), assemble the request before each model
+call, record the usage the provider reports. Enqueuing ``recap.compress_session`` after the turn
+is a Celery call the host makes itself (see the README), so this module never imports Celery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import Engine
+
+from core import assembly, service
+from core.db import get_engine
+from core.outputs import Ingest
+from core.settings import Settings, get_settings
+
+
+class Recap:
+    """Conversations in one database, read and written with one set of settings."""
+
+    def __init__(self, settings: Settings | None = None, engine: Engine | None = None) -> None:
+        self.settings = settings or get_settings()
+        self.engine = engine or get_engine(self.settings.database_url)
+        self._ingest = Ingest.from_settings(self.settings)
+
+    def new(
+        self,
+        conversation_id: str | None = None,
+        *,
+        model: str | None = None,
+        max_input_tokens: int | None = None,
+    ) -> str:
+        """Create an empty conversation; its id (a UUID unless given)."""
+        return service.new_conversation(
+            self.engine,
+            self.settings,
+            conversation_id,
+            model=model,
+            max_input_tokens=max_input_tokens,
+        )
+
+    def add(
+        self, conversation_id: str, message: Mapping[str, Any], *, parent_id: int | None = None
+    ) -> int:
+        """Append an OpenAI-format message (or branch from ``parent_id``); its id."""
+        return service.add_message(
+            self.engine, conversation_id, message, parent_id=parent_id, prepare=self._ingest
+        )
+
+    def assemble(
+        self,
+        conversation_id: str,
+        *,
+        leaf: int | None = None,
+        system: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        reminder: str | None = None,
+        context_files: Iterable[assembly.ContextFile] = (),
+        text_only: bool = False,
+        cache_breakpoints: bool = False,
+    ) -> assembly.AssembledRequest:
+        """The request to send now: ``.messages`` for the model, ``.tokens`` for accounting."""
+        return service.assemble(
+            self.engine,
+            conversation_id,
+            self.settings,
+            leaf=leaf,
+            system=system,
+            tools=tools,
+            reminder=reminder,
+            context_files=context_files,
+            text_only=text_only,
+            cache_breakpoints=cache_breakpoints,
+        )
+
+    def record_usage(
+        self,
+        conversation_id: str,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int = 0,
+        cached_tokens: int = 0,
+        leaf: int | None = None,
+    ) -> dict[str, Any]:
+        """Store the provider's usage for the request sent at ``leaf`` (calibrates estimates)."""
+        return service.record_usage(
+            self.engine,
+            conversation_id,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+            leaf=leaf,
+        )
+
+    def stats(self, conversation_id: str, *, leaf: int | None = None) -> dict[str, Any]:
+        """Context pressure without calling any model."""
+        return service.conversation_stats(self.engine, conversation_id, self.settings, leaf)
+
+    def export(
+        self, conversation_id: str, *, leaf: int | None = None, full: bool = False
+    ) -> dict[str, Any]:
+        """The branch as stored, in the import format."""
+        return service.export_conversation(self.engine, conversation_id, leaf, full=full)
