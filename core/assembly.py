@@ -32,7 +32,7 @@ it repeats an answered call) is dropped and listed in ``dropped_message_ids``.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -145,13 +145,14 @@ def assemble(
     text_only: bool = False,
     cache_breakpoints: bool = False,
     missing_outputs: Collection[str] = frozenset(),
+    omitted: Sequence[int] = (),
 ) -> AssembledRequest:
     """The request for ``branch`` (root first) within ``window`` tokens of ``model``.
 
-    The system prompt is ``system`` when given; otherwise the branch's root message when it is a
-    stored ``system`` (or ``developer``) message, sent even when a summary covers it, since the
-    summary replaces the conversation, not its instructions. A given ``system`` replaces the stored
-    root prompt. Any other stored system message stays in place as history.
+    The system prompt is ``system`` when given; otherwise the branch's root message (no parent)
+    when it is a stored ``system`` (or ``developer``) message, sent even when a summary covers
+    it, since the summary replaces the conversation, not its instructions. A given ``system``
+    replaces the stored root prompt. Any other stored system message stays in place as history.
 
     The summary is sent as a user message right after the system prompt: it is a record of the
     conversation rather than an operator instruction, it keeps the system prompt byte-stable
@@ -160,12 +161,17 @@ def assemble(
     ``missing_outputs`` lists the saved output files that no longer exist, so the placeholder of a
     cleared result can say so; ``text_only`` renders tool turns as plain text;
     ``cache_breakpoints`` marks the end of the stable prefix (system, and the summary when sent).
+
+    ``omitted`` lists the oldest messages after the cutoff that the caller left out of ``branch``
+    because no request within the window can hold them (see ``omittable``): the request is the
+    same as with them passed, and they are reported as dropped.
     """
     _check_knobs(window, safety_margin)
     encoding = tokens.encoding_name_for(model)
     cleared = clearings or {}
-    system_message, system_tokens, rest = _system_part(branch, system, encoding)
-    after = _after_cutoff(rest, summary)
+    root = stored_prompt(branch)
+    system_message, system_tokens = _system_part(root, system, encoding)
+    after = _after_cutoff(branch[1:] if root is not None else branch, summary, root)
     if not after and summary is None:
         raise InputError("nothing to send: the branch has no message besides a system prompt")
 
@@ -191,7 +197,7 @@ def assemble(
     room = budget - fixed - tail_tokens
     context, context_tokens, forgotten = _fit_context(context_files, room, encoding)
     room -= context_tokens
-    kept_from, gap_tokens = _fit_older(older, room, encoding)
+    kept_from, gap_tokens = _fit_older(older, room, encoding, cut=bool(omitted))
 
     kept_older = older[kept_from:]
     history_tokens = tail_tokens + gap_tokens + sum(unit.tokens for unit in kept_older)
@@ -210,7 +216,7 @@ def assemble(
     if cache_breakpoints:
         _mark_prefix(messages, system_message is not None, summary_message is not None)
 
-    dropped = sorted([*orphans, *(mid for unit in older[:kept_from] for mid in unit.ids)])
+    dropped = sorted([*omitted, *orphans, *(mid for unit in older[:kept_from] for mid in unit.ids)])
     breakdown = TokenBreakdown(
         system=system_tokens,
         summary=summary_tokens,
@@ -231,6 +237,53 @@ def assemble(
     )
 
 
+LightRow = tuple[str, int, str | None]
+"""What ``omittable`` reads of a message: its role, its tokens as sent (a cleared result at its
+placeholder size) and the call it answers (results only)."""
+
+
+def omittable(
+    size: int,
+    budget: int,
+    row_at: Callable[[int], LightRow],
+    calls_of: Callable[[int], Collection[str]],
+) -> int:
+    """How many of the ``size`` oldest messages after the cutoff no request within ``budget`` can
+    hold. ``row_at(i)`` describes message ``i`` (oldest first) and ``calls_of(i)`` gives the call
+    ids of assistant message ``i``; they are asked newest first and only as far back as needed,
+    so a caller can read rows lazily.
+
+    Keeping a message keeps its unit and every newer one: each newer non-tool message starts a
+    unit, and a result right after the assistant message that made its call belongs to that
+    unit. So once those add up, from the newest back, to more than the budget, that message and
+    all older ones are dropped whatever the fixed parts are. The last user message is never
+    counted out, so the tail (and its error) stay whole. Not for text-only requests, whose counts
+    are made anew.
+    """
+    total = 0
+    last_user: int | None = None
+    results: list[tuple[str | None, int]] = []  # the tool messages after the current one
+    for index in range(size - 1, -1, -1):
+        role, count, answers = row_at(index)
+        if total > budget:  # over already: only the last user message is still looked for
+            if role == "user":
+                return index
+            continue
+        if role == "tool":
+            results.append((answers, count))
+            continue
+        if role == "user" and last_user is None:
+            last_user = index
+        total += count
+        if results and role == "assistant":
+            calls = calls_of(index)
+            total += sum(n for call_id, n in results if call_id in calls)
+        results = []
+        if total > budget and last_user is not None:
+            return min(index + 1, last_user)
+    return 0
+
+
 def _check_knobs(window: int, safety_margin: float) -> None:
     if window <= 0:
         raise InputError(f"the window must be a positive number of tokens, got {window}")
@@ -238,28 +291,33 @@ def _check_knobs(window: int, safety_margin: float) -> None:
         raise InputError(f"the safety margin must be in [0, 1), got {safety_margin}")
 
 
+def stored_prompt(branch: Sequence[Msg]) -> Msg | None:
+    """The branch's stored system prompt: its root message, when that is a system message."""
+    if branch and branch[0].parent_id is None and branch[0].role in SYSTEM_ROLES:
+        return branch[0]
+    return None
+
+
 def _system_part(
-    branch: Sequence[Msg], system: str | None, encoding: str
-) -> tuple[dict[str, Any] | None, int, Sequence[Msg]]:
-    """The system message, its tokens, and the branch without a stored root prompt."""
-    root = branch[0] if branch and branch[0].role in SYSTEM_ROLES else None
-    rest = branch[1:] if root is not None else branch
+    root: Msg | None, system: str | None, encoding: str
+) -> tuple[dict[str, Any] | None, int]:
+    """The system message and its tokens: the given prompt, else the stored one."""
     if system:
-        return {"role": "system", "content": system}, _count("system", system, encoding), rest
+        return {"role": "system", "content": system}, _count("system", system, encoding)
     if root is not None:
-        return root.to_openai(), root.tokens, rest
-    return None, 0, rest
+        return root.to_openai(), root.tokens
+    return None, 0
 
 
-def _after_cutoff(messages: Sequence[Msg], summary: SummaryRec | None) -> Sequence[Msg]:
+def _after_cutoff(
+    messages: Sequence[Msg], summary: SummaryRec | None, root: Msg | None
+) -> Sequence[Msg]:
     """The messages a summary does not cover (all of them without one)."""
-    if summary is None:
+    if summary is None or (root is not None and root.id == summary.cutoff_message_id):
         return messages
     for index, message in enumerate(messages):
         if message.id == summary.cutoff_message_id:
             return messages[index + 1 :]
-    if messages and messages[0].parent_id == summary.cutoff_message_id:
-        return messages  # the cutoff is the stored root prompt, which is sent as the system
     raise InputError(
         f"summary {summary.id} covers message {summary.cutoff_message_id}, "
         "which is not on this branch"
@@ -288,7 +346,10 @@ def _units(
     *,
     text_only: bool,
 ) -> tuple[list[_Unit], list[int]]:
-    """The history as units with valid tool pairs, and the ids of orphan results dropped."""
+    """The history as units with valid tool pairs, and the ids of orphan results dropped.
+
+    This runs over every message after the cutoff on each request, so it stays a flat loop.
+    """
     results: dict[str, list[int]] = {}
     for index, message in enumerate(messages):
         if message.role == "tool":
@@ -297,62 +358,73 @@ def _units(
     units: list[_Unit] = []
     orphans: list[int] = []
     for index, message in enumerate(messages):
-        if message.role == "tool":
+        role = message.role
+        if role == "tool":
             if index not in used:
                 orphans.append(message.id)
-        elif message.tool_calls and message.role == "assistant":
-            group = _tool_group(index, messages, results, used)
-            units.append(_group_unit(group, clearings, missing_outputs, encoding, text_only))
+        elif role == "assistant" and message.tool_calls:
+            answers, stubs = _answers(index, message, results, used)
+            stored = [messages[j] for j in answers]
+            unit = _group_unit(message, stored, stubs, clearings, encoding)
+            if text_only:
+                unit = _text_only_unit(unit, clearings, missing_outputs, encoding)
+            units.append(unit)
         else:
-            units.append(_Unit([message], [message.id], message.tokens, message.role == "user"))
+            units.append(_Unit([message], [message.id], message.tokens, role == "user"))
     return units, orphans
 
 
-def _tool_group(
-    index: int, messages: Sequence[Msg], results: dict[str, list[int]], used: set[int]
-) -> tuple[Msg, list[Msg], list[dict[str, Any]]]:
-    """An assistant tool call with one result per call: the first stored one after it, or a stub."""
-    call_message = messages[index]
-    found: list[int] = []
+def _answers(
+    index: int, message: Msg, results: dict[str, list[int]], used: set[int]
+) -> tuple[list[int], list[dict[str, Any]]]:
+    """For each call of ``message``: the first unused stored result after it, or a stub."""
+    answers: list[int] = []
     stubs: list[dict[str, Any]] = []
-    for call in call_message.tool_calls:
-        answer = next(
-            (j for j in results.get(str(call.get("id", "")), ()) if j > index and j not in used),
-            None,
-        )
-        if answer is None:
-            stubs.append(render.stub_result(call))
+    for call in message.tool_calls:
+        for j in results.get(str(call.get("id", "")), ()):
+            if j > index and j not in used:
+                used.add(j)
+                answers.append(j)
+                break
         else:
-            used.add(answer)
-            found.append(answer)
-    found.sort()
-    return call_message, [messages[j] for j in found], stubs
+            stubs.append(render.stub_result(call))
+    if len(answers) > 1:
+        answers.sort()  # stored order, not call order
+    return answers, stubs
 
 
 def _group_unit(
-    group: tuple[Msg, list[Msg], list[dict[str, Any]]],
+    message: Msg,
+    stored: list[Msg],
+    stubs: list[dict[str, Any]],
     clearings: Mapping[int, ClearingRec],
-    missing_outputs: Collection[str],
     encoding: str,
-    text_only: bool,
 ) -> _Unit:
-    """The unit of a call group: stored counts plus counted stubs, or counted text-only turns."""
-    call_message, stored, stubs = group
-    items: list[Msg | dict[str, Any]] = [call_message, *stored, *stubs]
-    ids = [call_message.id, *(m.id for m in stored)]
-    if text_only:
-        rendered = [_render(item, clearings, missing_outputs) for item in items]
-        turns = [render.text_only_call(rendered[0]), render.text_only_results(rendered[1:])]
-        count = sum(tokens.count_message(turn, encoding) for turn in turns)
-        return _Unit(list(turns), ids, count, False)
-    count = call_message.tokens + sum(_stored_tokens(m, clearings) for m in stored)
-    count += sum(tokens.count_message(stub, encoding) for stub in stubs)
+    """A call with its results: stored counts (cleared ones at placeholder size) plus stubs."""
+    count = message.tokens
+    ids = [message.id]
+    for result in stored:
+        ids.append(result.id)
+        cleared = clearings.get(result.id)
+        count += result.tokens - (cleared.tokens_reclaimed if cleared is not None else 0)
+    items: list[Msg | dict[str, Any]] = [message, *stored]
+    for stub in stubs:
+        items.append(stub)
+        count += tokens.count_message(stub, encoding)
     return _Unit(items, ids, count, False)
 
 
-def _stored_tokens(message: Msg, clearings: Mapping[int, ClearingRec]) -> int:
-    cleared = clearings.get(message.id)
-    return message.tokens - cleared.tokens_reclaimed if cleared is not None else message.tokens
+def _text_only_unit(
+    unit: _Unit,
+    clearings: Mapping[int, ClearingRec],
+    missing_outputs: Collection[str],
+    encoding: str,
+) -> _Unit:
+    """The same call group as two plain turns, counted as they will be sent."""
+    rendered = [_render(item, clearings, missing_outputs) for item in unit.items]
+    turns = [render.text_only_call(rendered[0]), render.text_only_results(rendered[1:])]
+    count = sum(tokens.count_message(turn, encoding) for turn in turns)
+    return _Unit(list(turns), unit.ids, count, False)
 
 
 def _last_user_unit(units: Sequence[_Unit]) -> int:
@@ -363,14 +435,15 @@ def _last_user_unit(units: Sequence[_Unit]) -> int:
     return 0
 
 
-def _fit_older(older: Sequence[_Unit], room: int, encoding: str) -> tuple[int, int]:
+def _fit_older(older: Sequence[_Unit], room: int, encoding: str, *, cut: bool) -> tuple[int, int]:
     """Where the kept older history starts, and the tokens of the gap note (0 when none).
 
-    When older messages are left out, a short note says so where they were: the model learns
-    that the history has a gap, and the first turn after the system prompt is a user turn.
+    When older messages are left out (``cut``: some were already omitted by the caller), a short
+    note says so where they were: the model learns that the history has a gap, and the first
+    turn after the system prompt is a user turn.
     """
     start = _kept_from(older, room)
-    if start == 0:
+    if start == 0 and not cut:
         return 0, 0
     gap_tokens = _count(ADDED_ROLE, GAP_NOTE, encoding)
     if gap_tokens > room:

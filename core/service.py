@@ -9,11 +9,11 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from core import assembly, outputs, store, tokens
+from core import assembly, outputs, reads, store, tokens
 from core.branch import effective_history_tokens
 from core.db import session_scope
 from core.errors import InputError, RecapError
-from core.records import Msg
+from core.records import ClearingRec, Msg
 from core.settings import Settings
 from core.validate import parse_json_line
 
@@ -214,46 +214,48 @@ def assemble(
 ) -> assembly.AssembledRequest:
     """The request the host should send now for the branch ending at ``leaf``.
 
-    One short read session copies the branch out; the rest is ``core.assembly.assemble``. The
-    window is ``max_input_tokens`` when given, else the conversation's override (unless another
-    ``model`` is named), else the model's window from litellm's map.
+    One short read session copies out what the request needs (``core.reads``); the rest is
+    ``core.assembly.assemble``. The window is ``max_input_tokens`` when given, else the
+    conversation's override (unless another ``model`` is named), else the model's window from
+    litellm's map.
     """
     if max_input_tokens is not None and max_input_tokens <= 0:
         raise InputError(f"--max-input-tokens must be positive, got {max_input_tokens}")
     try:
         with session_scope(engine) as session:
-            state = store.load_state(session, conversation_id, leaf)
+            stored_model, stored_window = reads.conversation_head(session, conversation_id)
+            target = model or stored_model
+            override = stored_window if max_input_tokens is None and model is None else None
+            window = tokens.context_window(target, max_input_tokens or override)
+            budget = None if text_only else tokens.available_tokens(window, settings.safety_margin)
+            loaded = reads.load_request_branch(session, conversation_id, leaf, budget)
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
         raise
-    override = max_input_tokens
-    if override is None and model is None:
-        override = state.max_input_tokens
-    target = model or state.model
     return assembly.assemble(
-        state.branch,
+        loaded.branch,
         model=target,
-        window=tokens.context_window(target, override),
+        window=window,
         safety_margin=settings.safety_margin,
-        summary=state.summary,
-        clearings=state.clearings,
+        summary=loaded.summary,
+        clearings=loaded.clearings,
         system=system,
         tools=tools,
         reminder=reminder,
         context_files=tuple(context_files),
         text_only=text_only,
         cache_breakpoints=cache_breakpoints,
-        missing_outputs=_missing_outputs(state, settings.output_dir),
+        missing_outputs=_missing_outputs(loaded.branch, loaded.clearings),
+        omitted=loaded.omitted,
     )
 
 
-def _missing_outputs(state: store.BranchState, output_dir: Path) -> frozenset[str]:
+def _missing_outputs(branch: list[Msg], clearings: Mapping[int, ClearingRec]) -> frozenset[str]:
     """Saved outputs of cleared results on the branch whose files are gone (placeholders say so)."""
-    missing = set()
-    for message in state.branch:
-        path = message.output_path
-        if path and message.id in state.clearings:
-            saved = Path(path)
-            if not saved.exists() and not (output_dir / saved).exists():
-                missing.add(path)
-    return frozenset(missing)
+    return frozenset(
+        message.output_path
+        for message in branch
+        if message.output_path
+        and message.id in clearings
+        and not outputs.output_exists(message.output_path)
+    )

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from core import tokens
-from core.assembly import GAP_NOTE, AssembledRequest, ContextFile, assemble
+from core.assembly import GAP_NOTE, AssembledRequest, ContextFile, assemble, omittable
 from core.branch import applicable_summary, branch_ids
 from core.errors import BudgetError, InputError
 from core.placeholders import cleared_placeholder
@@ -440,3 +440,48 @@ def test_bad_input(specs: list[str], knobs: dict[str, Any], fragment: str) -> No
     """Impossible knobs and empty branches are one clear input error."""
     with pytest.raises(InputError, match=fragment):
         run(specs, **knobs)
+
+
+def light(*specs: str) -> tuple[list[tuple[str, int, str | None]], dict[int, set[str]]]:
+    """Rows for ``omittable`` from ``ROLE:tokens[:call]`` (C calls, T answers)."""
+    rows: list[tuple[str, int, str | None]] = []
+    calls: dict[int, set[str]] = {}
+    for index, spec in enumerate(specs):
+        kind, count, *call = spec.split(":")
+        role = {"U": "user", "A": "assistant", "C": "assistant", "T": "tool"}[kind]
+        rows.append((role, int(count), call[0] if kind == "T" else None))
+        calls[index] = set(call) if kind == "C" else set()
+    return rows, calls
+
+
+@pytest.mark.parametrize(
+    ("specs", "budget", "expected"),
+    [
+        (["U:10", "A:10", "U:10"], 100, 0),
+        (["U:50", "A:50", "U:10", "A:10"], 60, 2),
+        (["U:10", "A:100", "A:100"], 50, 0),
+        (["U:10", "C:10:x", "T:100:x", "U:10"], 100, 2),
+        (["U:10", "C:10:x", "U:10", "T:100:x"], 100, 0),
+        (["A:50", "U:50"], 40, 1),
+    ],
+    ids=["all-fit", "crossing", "no-user-after", "result-with-call", "late-result", "at-last-user"],
+)
+def test_omittable(specs: list[str], budget: int, expected: int) -> None:
+    """Only messages that no request within the budget can hold are counted out, never the last
+    user message."""
+    rows, calls = light(*specs)
+    assert omittable(len(rows), budget, rows.__getitem__, calls.__getitem__) == expected
+
+
+@pytest.mark.parametrize("window", [60, 120, 400, 2_000])
+def test_omitted_prefix_changes_nothing(window: int) -> None:
+    """Passing the omittable prefix as ``omitted`` gives the same request as passing it all."""
+    specs = ["S:sys@10", "U:u1@30", "C:x@20", "T:x:r@40", "U:u2@10", "A:a2@30", "U:u3@10"]
+    branch = chain(*specs)
+    knobs: dict[str, Any] = {"model": MODEL, "window": window, "safety_margin": 0.0}
+    whole = assemble(branch, **knobs)
+    after = branch[1:]
+    rows = [(m.role, m.tokens, m.tool_call_id) for m in after]
+    skip = omittable(len(rows), window, rows.__getitem__, lambda i: set(after[i].tool_call_ids))
+    part = assemble([branch[0], *after[skip:]], omitted=[m.id for m in after[:skip]], **knobs)
+    assert part.as_dict() == whole.as_dict()

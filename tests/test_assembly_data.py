@@ -3,6 +3,7 @@ or one clear budget error, never a traceback."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +12,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core import service, store, tokens
-from core.assembly import AssembledRequest
+from core import reads, service, store, tokens
+from core.assembly import AssembledRequest, assemble
 from core.db import make_engine, session_scope
 from core.errors import BudgetError
 from core.migrate import upgrade
@@ -117,6 +118,45 @@ def test_every_conversation_at_window(data_db: Path, settings: Settings, window:
     assert valid >= MIN_VALID_SHARE[window] * 244, f"only {valid} of 244 fit {window} tokens"
 
 
+def _same_as_whole_branch(engine: Engine, settings: Settings, window: int) -> int:
+    """Requests read partly (``core.reads``) equal those from the whole stored branch; returns
+    how many left messages unread."""
+    partial = 0
+    for cid in _ids(engine):
+        with session_scope(engine) as session:
+            state = store.load_state(session, cid)
+        knobs: dict[str, Any] = {"reminder": REMINDER, "tools": TOOLS}
+        try:
+            whole = assemble(
+                state.branch, model=state.model, window=window,
+                safety_margin=settings.safety_margin, summary=state.summary,
+                clearings=state.clearings, **knobs,
+            ).as_dict()  # fmt: skip
+        except BudgetError as exc:
+            with pytest.raises(BudgetError) as raised:
+                service.assemble(engine, cid, settings, max_input_tokens=window, **knobs)
+            assert str(raised.value) == str(exc)
+            continue
+        budget = tokens.available_tokens(window, settings.safety_margin)
+        with session_scope(engine) as session:
+            loaded = reads.load_request_branch(session, cid, None, budget)
+        partial += bool(loaded.omitted)
+        fast = service.assemble(engine, cid, settings, max_input_tokens=window, **knobs)
+        assert json.dumps(fast.as_dict()) == json.dumps(whole), cid
+    return partial
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_partial_reads_give_the_same_request(
+    data_db: Path, settings: Settings, window: int
+) -> None:
+    """Leaving unread the old messages that cannot fit changes no byte of any request."""
+    engine = _engine(data_db)
+    partial = _same_as_whole_branch(engine, settings, window)
+    engine.dispose()
+    assert partial > 0 or window == WINDOWS[-1]
+
+
 def test_every_conversation_text_only_with_cache_marks(data_db: Path, settings: Settings) -> None:
     """The text-only rendering with cache marks holds the same rules and has no tool roles."""
     engine = _engine(data_db)
@@ -189,6 +229,7 @@ def test_summarized_and_cleared_copy(data_db: Path, tmp_path: Path, settings: Se
     assert summarized > 200
     valid = _assemble_all(engine, settings, 12_000)
     assert valid >= 0.95 * 244
+    _same_as_whole_branch(engine, settings, 3_000)
     for cid in _ids(engine):
         try:
             request = service.assemble(engine, cid, settings, max_input_tokens=60_000)

@@ -1,0 +1,164 @@
+"""Request assembly, the host's hot path: a 5,000-message conversation assembled from SQLite.
+
+Three timings of the same request, in the same process:
+(a) ``service.assemble`` from the database to the final JSON string;
+(b) the floor: a plain SQL select of the same rows plus ``json.dumps`` of (a)'s own output;
+(c) what a host without Recap does per request: count every message with ``litellm.token_counter``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import Figure
+from bench.data import load_all
+
+MODEL = "gpt-4o-mini"
+MESSAGES = 5_000
+CONVERSATION_ID = "bench-5000"
+REPEATS = 15  # best of fifteen: the least disturbed run of each side
+NAIVE_REPEATS = 3  # the naive side takes about a second a run
+ALL_FIT_WINDOW = 10_000_000  # a window the whole conversation fits in: every message rendered
+SELECT_ROWS = (
+    "SELECT id, parent_id, role, content, tokens, tool_calls, tool_call_id, name, content_parts, "
+    "extra, output_path, original_bytes FROM messages WHERE conversation_id = ?"
+)
+
+
+def best_of(func: Callable[[], Any], repeats: int = REPEATS) -> float:
+    """The fastest of ``repeats`` timed calls, in seconds."""
+    return best_of_each([func], repeats)[0]
+
+
+def best_of_each(funcs: list[Callable[[], Any]], repeats: int = REPEATS) -> list[float]:
+    """The fastest of ``repeats`` timed calls of each function, taken in turn, so that a busy
+    spell of the machine slows both sides of a ratio alike."""
+    best = [float("inf")] * len(funcs)
+    for _ in range(repeats):
+        for index, func in enumerate(funcs):
+            started = time.perf_counter()
+            func()
+            best[index] = min(best[index], time.perf_counter() - started)
+    return best
+
+
+def long_conversation(records: list[dict[str, Any]], size: int = MESSAGES) -> list[dict[str, Any]]:
+    """``size`` messages: the shared conversations one after another, as one long session.
+
+    Only the first system prompt is kept, and call ids get the source's index so that they stay
+    unique across the whole session.
+    """
+    out: list[dict[str, Any]] = []
+    for index, record in enumerate(records):
+        for message in record["messages"]:
+            if message["role"] == "system" and out:
+                continue
+            copy = dict(message)
+            if copy.get("tool_calls"):
+                copy["tool_calls"] = [
+                    {**call, "id": f"{call['id']}_{index}"} for call in copy["tool_calls"]
+                ]
+            if copy.get("tool_call_id"):
+                copy["tool_call_id"] = f"{copy['tool_call_id']}_{index}"
+            out.append(copy)
+            if len(out) == size:
+                return out
+    raise ValueError(f"the shared data holds fewer than {size} messages")
+
+
+def run() -> list[Figure]:
+    from core import service
+    from core.db import make_engine
+    from core.migrate import upgrade
+    from core.settings import load_settings
+
+    messages = long_conversation(load_all())
+    settings = load_settings()
+    with tempfile.TemporaryDirectory() as folder:
+        engine = make_engine(f"sqlite:///{Path(folder) / 'bench.db'}")
+        upgrade(engine)
+        service.import_conversations(
+            engine, [{"id": CONVERSATION_ID, "messages": messages}], settings, model=MODEL
+        )
+
+        def assembled(window: int | None = None) -> str:
+            request = service.assemble(engine, CONVERSATION_ID, settings, max_input_tokens=window)
+            return json.dumps(request.as_dict(), ensure_ascii=False)
+
+        def floor(payload: dict[str, Any]) -> Callable[[], str]:
+            def select_and_dump() -> str:
+                with engine.connect() as connection:
+                    connection.exec_driver_sql(SELECT_ROWS, (CONVERSATION_ID,)).fetchall()
+                return json.dumps(payload, ensure_ascii=False)
+
+            return select_and_dump
+
+        figures = [
+            *_serialize_figures(assembled, floor),
+            _naive_figure(messages, assembled),
+            _peak_figure(assembled),
+        ]
+        engine.dispose()
+    return figures
+
+
+def _serialize_figures(
+    assembled: Callable[..., str], floor: Callable[[dict[str, Any]], Callable[[], str]]
+) -> list[Figure]:
+    figures = []
+    for window, name, what in (
+        (None, "assemble_vs_serialize", f"at {MODEL}'s own window"),
+        (ALL_FIT_WINDOW, "assemble_vs_serialize_all_fit", "with a window all of it fits in"),
+    ):
+        payload = json.loads(assembled(window))
+        ours, baseline = best_of_each([lambda w=window: assembled(w), floor(payload)])
+        figures.append(
+            Figure(
+                name,
+                round(ours / baseline, 2),
+                "<= 3",
+                f"service.assemble of a {MESSAGES}-message conversation from SQLite to its JSON "
+                f"({len(payload['messages'])} messages sent, {what}), against a plain SQL select "
+                "of the same rows plus json.dumps of that output",
+            )
+        )
+    return figures
+
+
+def _naive_figure(messages: list[dict[str, Any]], assembled: Callable[..., str]) -> Figure:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    def naive() -> None:
+        for message in messages:
+            litellm.token_counter(model=MODEL, messages=[message])
+
+    litellm.token_counter(model=MODEL, messages=messages[:10])  # load its encodings first
+    theirs, ours = best_of_each([naive, assembled], NAIVE_REPEATS)
+    return Figure(
+        "assemble_vs_naive",
+        round(theirs / ours, 1),
+        ">= 20",
+        f"litellm.token_counter over each of the {MESSAGES} messages (what a host without "
+        "stored counts does per request) divided by the whole service.assemble to JSON",
+    )
+
+
+def _peak_figure(assembled: Callable[..., str]) -> Figure:
+    tracemalloc.start()
+    assembled()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return Figure(
+        "assemble_peak_mib",
+        round(peak / 2**20, 1),
+        "",
+        "peak Python memory (tracemalloc) of one service.assemble to JSON of that conversation",
+    )

@@ -1,0 +1,173 @@
+"""Hot-path reads for the request view: what ``core.assembly.assemble`` needs of one branch.
+
+A long conversation sends only its newest part: 5,000 stored messages under a 128k window send
+about a fifth of them. So the branch is found from ids and parents alone, and full rows are read
+newest first, in growing batches, only as far back as ``assembly.omittable`` asks: the cost of a
+request follows what is sent, not what is stored. Core selects (no ORM); JSON columns are read as
+text and decoded only when they hold a value, since most rows hold a JSON null there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Text, select, type_coerce
+from sqlmodel import Session
+
+from core import assembly, store
+from core.branch import applicable_summary, branch_ids
+from core.errors import NotFoundError
+from core.models import CONVERSATIONS, MESSAGES
+from core.records import ClearingRec, Msg, SummaryRec
+
+FIRST_BATCH = 256  # rows in the newest batch, and the fewest in any later one
+BATCH_SLACK = 1.25  # later batches: the rows the rest of the budget should need, plus a quarter
+JSON_COLUMNS = frozenset({"tool_calls", "content_parts", "extra"})
+COLUMNS = tuple(
+    type_coerce(column, Text) if column.name in JSON_COLUMNS else column
+    for column in store.MESSAGE_COLUMNS
+)
+ROLE, TOKENS, TOOL_CALLS, TOOL_CALL_ID = 2, 4, 5, 6  # positions in store.MESSAGE_COLUMNS
+
+
+@dataclass(frozen=True)
+class RequestBranch:
+    """What one request is assembled from, read in one session."""
+
+    branch: list[Msg]  # the stored prompt, the summary's cutoff, then the messages to consider
+    summary: SummaryRec | None
+    clearings: dict[int, ClearingRec]
+    omitted: list[int]  # older messages after the cutoff, left unread: they cannot fit
+
+
+def conversation_head(session: Session, conversation_id: str) -> tuple[str, int | None]:
+    """The conversation's model and window override, or a ``NotFoundError``."""
+    c = CONVERSATIONS.c
+    statement = select(c.model, c.max_input_tokens).where(c.id == conversation_id)
+    head = session.connection().execute(statement).first()
+    if head is None:
+        raise NotFoundError(f"unknown conversation {conversation_id!r}")
+    return str(head[0]), head[1]
+
+
+def load_request_branch(
+    session: Session, conversation_id: str, leaf: int | None, budget: int | None
+) -> RequestBranch:
+    """The branch ending at ``leaf`` (default: the latest message), without the oldest messages
+    after the cutoff that no request within ``budget`` tokens can hold (None: read them all)."""
+    connection = session.connection()
+    m = MESSAGES.c
+    statement = (  # in id order, the index on (conversation, id) reads the table in sequence
+        select(m.id, m.parent_id).where(m.conversation_id == conversation_id).order_by(m.id)
+    )
+    parents = {row[0]: row[1] for row in connection.execute(statement)}
+    if leaf is None and parents:
+        leaf = max(parents)
+    if leaf is not None and leaf not in parents:
+        raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
+    path = branch_ids(parents, leaf) if leaf is not None else []
+    summary = applicable_summary(store.load_summaries(session, conversation_id), set(path))
+    clearings = store.load_clearings(session, conversation_id)
+    rows = _Rows(connection, conversation_id)
+    rows.fetch(path[:1])
+    heads = [path[0]] if path and rows.by_id[path[0]][ROLE] in assembly.SYSTEM_ROLES else []
+    first = len(heads)
+    if summary is not None and summary.cutoff_message_id not in heads:
+        first = path.index(summary.cutoff_message_id) + 1
+        heads.append(summary.cutoff_message_id)
+        rows.fetch(heads[-1:])
+    after = path[first:]
+    skip = 0 if budget is None else _omittable(after, rows, clearings, budget)
+    rows.fetch([mid for mid in after[skip:] if mid not in rows.by_id])
+    return RequestBranch(
+        branch=[rows.msg(mid) for mid in [*heads, *after[skip:]]],
+        summary=summary,
+        clearings=clearings,
+        omitted=after[:skip],
+    )
+
+
+def _omittable(
+    after: list[int], rows: _Rows, clearings: dict[int, ClearingRec], budget: int
+) -> int:
+    """``assembly.omittable`` over the branch, reading rows newest first in batches sized from
+    the tokens per row seen so far, so that little is read beyond what the budget can hold."""
+    seen = [0, 0]  # rows walked, their tokens
+
+    def row_at(index: int) -> assembly.LightRow:
+        mid = after[index]
+        if mid not in rows.by_id:
+            walked, spent = seen
+            wanted = FIRST_BATCH
+            if walked and spent < budget:
+                wanted = max(FIRST_BATCH, int((budget - spent) * walked / spent * BATCH_SLACK))
+            rows.fetch(after[max(0, index - wanted + 1) : index + 1])
+        row = rows.by_id[mid]
+        cleared = clearings.get(mid)
+        count = row[TOKENS] - (cleared.tokens_reclaimed if cleared is not None else 0)
+        seen[0] += 1
+        seen[1] += count
+        return row[ROLE], count, row[TOOL_CALL_ID]
+
+    def calls_of(index: int) -> set[str]:
+        return {str(call.get("id", "")) for call in rows.calls(after[index])}
+
+    return assembly.omittable(len(after), budget, row_at, calls_of)
+
+
+class _Rows:
+    """Full message rows of one conversation by id, read by ranges of ascending ids."""
+
+    def __init__(self, connection: Connection, conversation_id: str) -> None:
+        self.connection = connection
+        self.conversation_id = conversation_id
+        self.by_id: dict[int, Any] = {}
+        self._calls: dict[int, list[dict[str, Any]]] = {}
+
+    def fetch(self, ids: list[int]) -> None:
+        """Read the rows of ``ids`` (ascending) in one range query; other branches are skipped."""
+        if not ids:
+            return
+        m = MESSAGES.c
+        statement = select(*COLUMNS).where(
+            m.conversation_id == self.conversation_id, m.id >= ids[0], m.id <= ids[-1]
+        )
+        wanted = set(ids)
+        for row in self.connection.execute(statement):
+            if row[0] in wanted:
+                self.by_id[row[0]] = row
+
+    def calls(self, mid: int) -> list[dict[str, Any]]:
+        """The decoded tool calls of a message (decoded once)."""
+        calls = self._calls.get(mid)
+        if calls is None:
+            calls = self._calls[mid] = _json_value(self.by_id[mid][TOOL_CALLS]) or []
+        return calls
+
+    def msg(self, mid: int) -> Msg:
+        """The row as a ``Msg`` (positional: this runs for every message sent)."""
+        row = self.by_id[mid]
+        _, parent, role, content, count, _, call_id, name, parts, extra, path, size = row
+        parts, extra = _json_value(parts), _json_value(extra)
+        return Msg(
+            mid,
+            parent,
+            role,
+            content,
+            count,
+            tuple(self.calls(mid)),
+            call_id,
+            name,
+            tuple(parts) if parts is not None else None,
+            extra,
+            path,
+            size,
+        )
+
+
+def _json_value(value: Any) -> Any:
+    if value is None or value == "null":
+        return None
+    return json.loads(value) if isinstance(value, str) else value
