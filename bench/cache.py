@@ -62,8 +62,9 @@ class Totals:
         return self.recap / min(self.never, self.keep3)
 
 
-def replay_source(name: str) -> Totals:
-    """Replay every run of one source file under the three policies."""
+def replay_source(name: str, idle_keep: int | None = None) -> Totals:
+    """Replay every run of one source file under the three policies (``idle_keep`` overrides
+    how many results Recap keeps at the idle gap)."""
     settings = load_settings()
     encoding = tokens.encoding_name_for(MODEL)
     window = tokens.context_window(MODEL)
@@ -73,6 +74,7 @@ def replay_source(name: str) -> Totals:
         protected=settings.protected_tools,
         clear_at_least_tokens=settings.clear_at_least_tokens,
         trigger_tokens=trigger,
+        idle_keep_last=settings.idle_keep_tool_results if idle_keep is None else idle_keep,
     )
     keep3 = keep_last_every_request(BASELINE_KEEP)
     totals = Totals()
@@ -113,6 +115,18 @@ def run() -> list[Figure]:
             "policy / the cheaper baseline, one request per assistant step, idle gap mid-run "
             f"(keep-3 / never = {overall.keep3 / overall.never:.3f})",
         ),
+    )
+    variant = Totals()
+    for name in SOURCES.values():
+        variant.merge(replay_source(name, idle_keep=load_settings().keep_tool_results))
+    figures.append(
+        Figure(
+            "cache_cost_vs_best_baseline_idle_keep_3",
+            round(variant.vs_best, 3),
+            "",
+            "the same with the idle sweep keeping the last 3 results (RECAP_IDLE_KEEP_TOOL_RESULTS"
+            "=3) instead of the default 1",
+        )
     )
     figures.append(
         Figure(

@@ -75,9 +75,11 @@ def recap_policy(
     protected: Sequence[str],
     clear_at_least_tokens: int,
     trigger_tokens: int,
+    idle_keep_last: int | None = None,
 ) -> Policy:
-    """Recap's policy: clear when the cache is cold (after the idle gap), or under pressure when
-    enough would be reclaimed; otherwise leave the prefix alone so the cache stays warm."""
+    """Recap's policy: clear when the cache is cold (after the idle gap, keeping
+    ``idle_keep_last`` results, default ``keep_last``), or under pressure when enough would be
+    reclaimed; otherwise leave the prefix alone so the cache stays warm."""
 
     def policy(moment: Moment) -> list[int]:
         if moment.after_gap:
@@ -89,7 +91,7 @@ def recap_policy(
         plan = plan_clearings(
             moment.branch,
             moment.clearings,
-            keep_last=keep_last,
+            keep_last=keep_last if reason != IDLE or idle_keep_last is None else idle_keep_last,
             protected=protected,
             min_tokens=min_tokens_for(reason, clear_at_least_tokens),
             reason=reason,

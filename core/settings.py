@@ -46,6 +46,9 @@ class Settings(BaseSettings):
 
     idle_minutes: float = Field(default=60, gt=0)
     keep_tool_results: int = Field(default=3, ge=0)
+    # After an idle gap the provider cache is cold and the whole prompt is written again anyway:
+    # the cheapest moment to clear, so the idle sweep keeps fewer results in full.
+    idle_keep_tool_results: int = Field(default=1, ge=0)
     protected_tools: Annotated[tuple[str, ...], NoDecode] = DEFAULT_PROTECTED_TOOLS
     clear_at_least_tokens: int = Field(default=2_000, ge=0)
     max_output_lines: int = Field(default=2_000, ge=10)

@@ -302,7 +302,7 @@ def sweep_idle(
                 session,
                 now=now,
                 idle_minutes=settings.idle_minutes if idle_minutes is None else idle_minutes,
-                keep_last=settings.keep_tool_results,
+                keep_last=settings.idle_keep_tool_results,
                 protected=settings.protected_tools,
                 batch_size=settings.sweep_batch_size,
                 after_id=result.last_message_id,

@@ -66,8 +66,10 @@ def table_rows(engine: Engine, table: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.fixture
-def agents(engine: Engine) -> Engine:
-    """Three agent runs: two idle for two hours, one active now."""
+def agents(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    """Three agent runs: two idle for two hours, one active now; the idle sweep keeps 3."""
+    monkeypatch.setenv("RECAP_IDLE_KEEP_TOOL_RESULTS", "3")
+    get_settings.cache_clear()
     records = [
         agent_record("idle-a", ["bash", "todo_write", "bash", "bash", "bash", "bash", "bash"]),
         agent_record("idle-b", ["grep", "grep", "grep", "grep"]),
@@ -95,6 +97,21 @@ def test_sweep_clears_old_results_of_idle_conversations_only(agents: Engine) -> 
     assert (again.cleared, again.tokens_reclaimed) == (0, 0)
 
 
+def test_idle_sweep_keeps_one_result_by_default(
+    agents: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the default RECAP_IDLE_KEEP_TOOL_RESULTS (1) only the newest result and protected
+    tools stay in full once the cache is cold."""
+    monkeypatch.delenv("RECAP_IDLE_KEEP_TOOL_RESULTS")
+    get_settings.cache_clear()
+    assert get_settings().idle_keep_tool_results == 1
+    sweep_idle(agents, get_settings(), now=utcnow())
+    a, b = tool_ids(agents, "idle-a"), tool_ids(agents, "idle-b")
+    assert cleared_ids(agents, "idle-a") == [a[0], *a[2:-1]]  # a[1] is todo_write
+    assert cleared_ids(agents, "idle-b") == b[:-1]
+    assert cleared_ids(agents, "active") == []
+
+
 def test_sweep_matches_the_pure_plan(agents: Engine) -> None:
     """The set-based sweep records exactly what plan_clearings would: same ids, same tokens."""
     settings = get_settings()
@@ -103,7 +120,7 @@ def test_sweep_matches_the_pure_plan(agents: Engine) -> None:
     plan = plan_clearings(
         state.branch,
         {},
-        keep_last=settings.keep_tool_results,
+        keep_last=settings.idle_keep_tool_results,
         protected=settings.protected_tools,
         min_tokens=1,
         reason=IDLE,
@@ -255,9 +272,10 @@ def test_sweep_task_on_a_worker_reenqueues_until_done(worker: Any, sqlite_engine
     first = sweep_idle_tool_results.apply_async(queue=worker).get(timeout=30)
     runs = follow(first)
     assert first["cleared"] == 2 and first["more"] is True
-    assert sum(run["cleared"] for run in runs) == 6  # 2 of 5 results per conversation
+    expected = 3 * (5 - get_settings().idle_keep_tool_results)  # all but the kept ones, x3
+    assert sum(run["cleared"] for run in runs) == expected
     assert runs[-1]["more"] is False
-    assert len(table_rows(sqlite_engine, "clearings")) == 6
+    assert len(table_rows(sqlite_engine, "clearings")) == expected
 
 
 def test_cleanup_task_on_a_worker(worker: Any, tmp_path: Path) -> None:
