@@ -70,7 +70,7 @@ def populate(engine: Engine) -> None:
 
 
 def timed_sweep(engine: Engine) -> tuple[float, int]:
-    settings = load_settings(keep_tool_results=3)
+    settings = load_settings(idle_keep_tool_results=3)
     started = time.perf_counter()
     result = sweep_idle(engine, settings, now=utcnow())
     return time.perf_counter() - started, result.cleared
