@@ -38,14 +38,15 @@ def best_of(func: Callable[[], Any], repeats: int = REPEATS) -> float:
 
 
 def best_of_each(funcs: list[Callable[[], Any]], repeats: int = REPEATS) -> list[float]:
-    """The fastest of ``repeats`` timed calls of each function, taken in turn, so that a busy
-    spell of the machine slows both sides of a ratio alike."""
+    """The least CPU time of ``repeats`` calls of each function, taken in turn. CPU time of this
+    process (SQLite's reads included) rather than wall time, and in turn, so that other work on
+    the machine skews neither side of a ratio."""
     best = [float("inf")] * len(funcs)
     for _ in range(repeats):
         for index, func in enumerate(funcs):
-            started = time.perf_counter()
+            started = time.process_time()
             func()
-            best[index] = min(best[index], time.perf_counter() - started)
+            best[index] = min(best[index], time.process_time() - started)
     return best
 
 

@@ -62,7 +62,7 @@ def load_request_branch(
     statement = (  # in id order, the index on (conversation, id) reads the table in sequence
         select(m.id, m.parent_id).where(m.conversation_id == conversation_id).order_by(m.id)
     )
-    parents = {row[0]: row[1] for row in connection.execute(statement)}
+    parents: dict[int, int | None] = dict(connection.execute(statement).all())
     if leaf is None and parents:
         leaf = max(parents)
     if leaf is not None and leaf not in parents:
@@ -135,9 +135,9 @@ class _Rows:
             m.conversation_id == self.conversation_id, m.id >= ids[0], m.id <= ids[-1]
         )
         wanted = set(ids)
-        for row in self.connection.execute(statement):
-            if row[0] in wanted:
-                self.by_id[row[0]] = row
+        self.by_id.update(
+            (row[0], row) for row in self.connection.execute(statement).all() if row[0] in wanted
+        )
 
     def calls(self, mid: int) -> list[dict[str, Any]]:
         """The decoded tool calls of a message (decoded once)."""
