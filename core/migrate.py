@@ -33,3 +33,26 @@ def current_revision(engine: Engine) -> str | None:
     """The revision the database is at, or None for an empty database."""
     with engine.connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
+
+
+def head_revision() -> str:
+    """The newest revision the migrations define."""
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None
+    return head
+
+
+def schema_drift(engine: Engine) -> list[object]:
+    """Differences between the migrated database and the models (empty when they agree)."""
+    from alembic.autogenerate import compare_metadata
+    from sqlmodel import SQLModel
+
+    import core.models  # noqa: F401  (registers the tables)
+
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        return list(compare_metadata(context, SQLModel.metadata))

@@ -59,7 +59,7 @@ class Message(SQLModel, table=True):
 
     __tablename__ = "messages"
     __table_args__ = (
-        Index("ix_messages_conversation_id_id", "conversation_id", "id"),
+        Index("ix_messages_conversation_tree", "conversation_id", "id", "parent_id"),
         Index("ix_messages_conversation_tool_call", "conversation_id", "tool_call_id"),
     )
 

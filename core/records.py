@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-@dataclass(frozen=True, slots=True)
-class Msg:
-    """One stored message, as the request view and the planners see it."""
+class Msg(NamedTuple):
+    """One stored message, as the request view and the planners see it (a named tuple: the
+    request path builds thousands of them, and a tuple is built several times faster than a
+    frozen dataclass)."""
 
     id: int
     parent_id: int | None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -337,7 +336,7 @@ def test_cleared_result_placeholder(
 ) -> None:
     """A cleared result renders as its placeholder and counts its stored tokens less the saving."""
     base = chain("U:u1@10", "C:call_9@20", "T:call_9:a long output@500", "U:u2@10")
-    branch = [*base[:2], replace(base[2], output_path=output_path), base[3]]
+    branch = [*base[:2], base[2]._replace(output_path=output_path), base[3]]
     clearings = {3: ClearingRec(3, "idle", tokens_reclaimed=460)}
     request = assemble(
         branch,

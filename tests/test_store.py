@@ -12,7 +12,7 @@ from sqlmodel import Session
 
 from core import service, tokens
 from core.db import session_scope
-from core.migrate import current_revision
+from core.migrate import current_revision, head_revision, schema_drift
 from core.models import Message, Summary, utcnow
 from core.settings import Settings
 from tests.cli_helpers import assert_one_line_error, recap
@@ -24,7 +24,12 @@ TABLES = {"conversations", "messages", "summaries", "clearings", "compaction_log
 def test_migrations_create_every_table(engine: Engine) -> None:
     """`upgrade` creates the whole schema and records its revision, on both databases."""
     assert set(inspect(engine).get_table_names()) >= TABLES
-    assert current_revision(engine) == "0001"
+    assert current_revision(engine) == head_revision()
+
+
+def test_migrations_match_the_models(engine: Engine) -> None:
+    """The migrated schema is exactly what the models declare, on both databases."""
+    assert schema_drift(engine) == []
 
 
 def test_sqlite_uses_wal_and_busy_timeout(sqlite_engine: Engine) -> None:
