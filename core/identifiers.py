@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from core.records import Msg
 
 MAX_COMMAND_CHARS = 120  # a longer command is kept by its first line, cut here
+UUID_DASHES = 4  # a text with fewer dashes holds no UUID
 MIN_ID_CHARS = 5  # shorter mixed codes ("A1", "X86") are words, not ids
 MAX_IDENTIFIER_CHARS = 200  # a longer "identifier" is a blob of data, not a name
 
@@ -36,13 +37,14 @@ PATH_RE = re.compile(
     + r"))(?![\w/])",
     re.IGNORECASE,
 )
+ERROR_SUFFIXES = ("Error", "Exception", "Warning", "Exit", "Interrupt", "Fault")
 ERROR_RE = re.compile(r"\b[A-Z][A-Za-z0-9]*(?:Error|Exception|Warning|Exit|Interrupt|Fault)\b")
 UUID_RE = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I)
 HASH_RE = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,64}\b")
 # Upper-case codes mixing letters and digits: booking codes, flight numbers, ticket keys.
 CODE_RE = re.compile(r"\b(?=[A-Z0-9-]*[A-Z])(?=[A-Z0-9-]*[0-9])[A-Z0-9]+(?:-[A-Z0-9]+)*\b")
 # snake_case names ending in digits: user ids such as ``mia_li_3668``.
-SNAKE_ID_RE = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)*_[0-9]+\b")
+SNAKE_RE = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
 INLINE_CODE_RE = re.compile(r"`([^`\n]{2,200})`")
 COMMAND_HEAD_RE = re.compile(r"(?:\./|/)?[a-z][\w./-]* ")
 COMMAND_KEYS = ("command", "cmd", "script")
@@ -74,20 +76,26 @@ def identifiers_in_text(text: str) -> set[str]:
     if not text:
         return set()
     found: set[str] = set()
-    urls = {_clean(m.group(0)) for m in URL_RE.finditer(text)}
-    found |= urls
-    without_urls = UUID_RE.sub(" ", URL_RE.sub(" ", text))
-    for match in PATH_RE.finditer(without_urls):
-        token = _clean(match.group(1))
-        if _looks_like_path(token):
-            found.add(token)
-    found.update(m.group(0) for m in ERROR_RE.finditer(text))
-    found.update(m.group(0) for m in UUID_RE.finditer(URL_RE.sub(" ", text)))
-    found.update(m.group(0) for m in HASH_RE.finditer(without_urls))
-    found.update(
-        m.group(0) for m in CODE_RE.finditer(without_urls) if len(m.group(0)) >= MIN_ID_CHARS
-    )
-    found.update(m.group(0) for m in SNAKE_ID_RE.finditer(without_urls))
+    plain = text
+    if "://" in text:
+        found |= {_clean(m.group(0)) for m in URL_RE.finditer(text)}
+        plain = URL_RE.sub(" ", text)
+    if plain.count("-") >= UUID_DASHES:
+        found.update(m.group(0) for m in UUID_RE.finditer(plain))
+        plain = UUID_RE.sub(" ", plain)
+    if "/" in plain or "." in plain:
+        for match in PATH_RE.finditer(plain):
+            token = _clean(match.group(1))
+            if _looks_like_path(token):
+                found.add(token)
+    if any(suffix in text for suffix in ERROR_SUFFIXES):
+        found.update(m.group(0) for m in ERROR_RE.finditer(text))
+    found.update(m.group(0) for m in HASH_RE.finditer(plain))
+    found.update(m.group(0) for m in CODE_RE.finditer(plain) if len(m.group(0)) >= MIN_ID_CHARS)
+    if "_" in plain:
+        found.update(
+            m.group(0) for m in SNAKE_RE.finditer(plain) if m.group(0).rsplit("_", 1)[1].isdigit()
+        )
     return {token for token in found if 1 < len(token) <= MAX_IDENTIFIER_CHARS}
 
 

@@ -9,7 +9,6 @@ the moment the request arrived (the tests use it to count checked-out database c
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections import deque
@@ -19,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 DEFAULT_SUMMARY_WORDS = 120  # the stand-in summary is short, like a real one
-MAX_QUOTED_IDENTIFIERS = 40  # the stand-in summary quotes at most this many backticked names
+MAX_QUOTED_IDENTIFIERS = 60  # the stand-in summary quotes at most this many identifiers
 
 
 @dataclass
@@ -53,8 +52,11 @@ class Recorded:
 
 
 def stand_in_summary(body: dict[str, Any]) -> str:
-    """A plausible summary of a summarizer request: the template, quoting the file names found in
-    the previous summary and the messages before the cutoff marker (what a good model keeps)."""
+    """A plausible summary of a summarizer request: the template, its goal taken from the first
+    words, quoting the identifiers of the previous summary and of the messages before the cutoff
+    marker (what a good model keeps), at most ``MAX_QUOTED_IDENTIFIERS`` of them."""
+    from core.identifiers import commands_in_text, identifiers_in_text
+
     messages = body.get("messages", [])
     before: list[str] = [str(messages[0].get("content") or "")] if messages else []
     for message in messages[1:]:
@@ -63,14 +65,14 @@ def stand_in_summary(body: dict[str, Any]) -> str:
             break
         before.append(content)
     text = "\n".join(before)
-    names = list(dict.fromkeys(re.findall(r"[\w./-]+\.(?:py|js|ts|c|h|md|json|txt)\b", text)))
+    names = sorted(identifiers_in_text(text) | commands_in_text(text))
     words = " ".join(" ".join(before[1:]).split()[:DEFAULT_SUMMARY_WORDS])
-    quoted = ", ".join(f"`{n}`" for n in names[:MAX_QUOTED_IDENTIFIERS]) or "(none)"
+    quoted = "\n".join(f"- `{n}`" for n in names[:MAX_QUOTED_IDENTIFIERS]) or "- (none)"
     return (
         "## Goal\n- " + (words[:400] or "(none)") + "\n## Constraints and preferences\n- (none)\n"
         "## Progress\n### Done\n- worked through the earlier steps\n### In progress\n- (none)\n"
         "### Blocked\n- (none)\n## Key decisions\n- (none)\n## Next steps\n- continue\n"
-        "## Critical context\n- (none)\n## Relevant files\n- " + quoted
+        "## Critical context\n" + quoted + "\n## Relevant files\n- (see above)"
     )
 
 
@@ -79,6 +81,7 @@ class LLMServer:
     """The server and its script. ``url`` is the ``api_base`` to give litellm."""
 
     default: Callable[[dict[str, Any]], str] = stand_in_summary
+    default_delay: float = 0.0  # seconds every unscripted reply waits (a model's latency)
     probe: Callable[[], Any] | None = None
     requests: list[Recorded] = field(default_factory=list)
     _script: deque[Reply] = field(default_factory=deque)
@@ -173,7 +176,7 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 body = {}
             server._record(body, dict(self.headers.items()))
-            reply = server._next() or Reply()
+            reply = server._next() or Reply(delay=server.default_delay)
             if reply.hold:
                 server._released.wait()
             if reply.delay:
@@ -197,3 +200,20 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                 pass  # the client gave up (a timeout, a killed worker)
 
     return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve in this process until killed: ``python -m tests.llm_server [--delay S]``; prints the
+    ``api_base`` URL as its first line (benchmarks run it apart from the worker under test)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds every reply waits")
+    options = parser.parse_args(argv)
+    server = LLMServer(default_delay=options.delay).start()
+    print(server.url, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

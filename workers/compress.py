@@ -15,17 +15,21 @@ meanwhile), of chunk shrinks and of retention re-asks; model errors worth retryi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Engine, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session
 
 from core import compression, store, sweep, tokens, toolresults
+from core.branch import applicable_summary
 from core.compression import CompressionParams, Rendered, Split
 from core.db import session_scope
+from core.errors import NotFoundError
 from core.extractive import extractive_summary
 from core.identifiers import identifiers_of_span, retention
 from core.models import CONVERSATIONS, SUMMARIES, CompactionLog, table_of, utcnow
@@ -43,6 +47,7 @@ ERROR_CHARS = 500  # an error stored in the log is cut here
 # An unknown summary model (a local model, a proxy alias) is assumed to take 8k tokens, which any
 # current chat model does; a context-window error from it halves the assumption.
 FALLBACK_SUMMARIZER_WINDOW = 8_192
+COUNT_CACHE_SIZE = 4_096  # rendered messages whose token counts are kept
 
 Clock = Callable[[], datetime]
 
@@ -120,12 +125,39 @@ class SummaryText:
 # --- phase 1 -----------------------------------------------------------------------------------
 
 
+def load_state(session: Session, conversation_id: str, leaf: int | None) -> store.BranchState:
+    """The branch, its summary and clearings as plain values (Core reads, no ORM objects)."""
+    c = CONVERSATIONS.c
+    head = (
+        session.connection()
+        .execute(select(c.model, c.max_input_tokens).where(c.id == conversation_id))
+        .first()
+    )
+    if head is None:
+        raise NotFoundError(f"unknown conversation {conversation_id!r}")
+    branch = store.load_branch(session, conversation_id, leaf)
+    summaries = store.load_summaries(session, conversation_id)
+    return store.BranchState(
+        conversation_id=conversation_id,
+        model=str(head[0]),
+        max_input_tokens=head[1],
+        branch=branch,
+        summary=applicable_summary(summaries, {m.id for m in branch}),
+        clearings=store.load_clearings(session, conversation_id),
+    )
+
+
 def read_snapshot(
     engine: Engine, settings: Settings, conversation_id: str, leaf: int | None
 ) -> Snapshot:
     """One short read session; everything after it works on plain values."""
     with session_scope(engine) as session:
-        state = store.load_state(session, conversation_id, leaf)
+        state = load_state(session, conversation_id, leaf)
+    return snapshot_of(state, settings)
+
+
+def snapshot_of(state: store.BranchState, settings: Settings) -> Snapshot:
+    """The decision's numbers for a loaded branch."""
     window = tokens.context_window(state.model, state.max_input_tokens)
     history = compression.request_history_tokens(state.branch, state.summary, state.clearings)
     params = compression.get_compression_params(
@@ -151,23 +183,46 @@ def read_snapshot(
     )
 
 
+def claim(engine: Engine, settings: Settings, run: Run) -> tuple[lease.Lease, Snapshot] | None:
+    """Take the conversation's lease and read it in one short transaction; None (and the
+    conversation marked dirty for its holder) when another run holds it."""
+    owner = lease.new_owner()
+    now = run.clock()
+    cid = run.conversation_id
+    for _ in range(lease.ACQUIRE_TRIES):
+        with session_scope(engine) as session:
+            connection = session.connection()
+            held = lease.take(connection, cid, owner=owner, now=now, seconds=settings.lease_seconds)
+            if held is not None:
+                return held, snapshot_of(load_state(session, cid, run.leaf), settings)
+            exists = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.id == cid)
+            if connection.execute(exists).first() is None:
+                raise NotFoundError(f"unknown conversation {cid!r}")
+            if lease.mark_dirty(connection, cid, now):
+                return None
+    return None
+
+
 # --- the clearing step -------------------------------------------------------------------------
 
 
 def clearing_step(
     engine: Engine,
     settings: Settings,
-    snapshot: Snapshot,
+    conversation_id: str,
+    sent: Sequence[Msg],
+    clearings: Mapping[int, ClearingRec],
     now: datetime,
     *,
     reason: str = toolresults.PRESSURE,
 ) -> tuple[int, int]:
-    """Clear eligible old tool results of the messages sent now (``core.toolresults`` policy);
-    returns (results cleared, tokens reclaimed). Under pressure only a saving of at least
-    ``clear_at_least_tokens`` is worth a cold cache; right after a summary any saving is."""
+    """Clear eligible old tool results of ``sent`` (the messages a request carries after any
+    summary), by ``core.toolresults``'s policy; returns (results cleared, tokens reclaimed). Under
+    pressure only a saving of ``clear_at_least_tokens`` is worth a cold cache; right after a
+    summary any saving is."""
     plan = toolresults.plan_clearings(
-        compression.pending_messages(snapshot.branch, snapshot.summary),
-        snapshot.clearings,
+        sent,
+        clearings,
         keep_last=settings.keep_tool_results,
         protected=settings.protected_tools,
         min_tokens=toolresults.min_tokens_for(reason, settings.clear_at_least_tokens),
@@ -176,7 +231,7 @@ def clearing_step(
     if not plan:
         return 0, 0
     with session_scope(engine) as session:
-        applied = sweep.apply_clearings(session, snapshot.conversation_id, plan, now=now)
+        applied = sweep.apply_clearings(session, conversation_id, plan, now=now)
     return applied.cleared, applied.tokens_reclaimed
 
 
@@ -189,8 +244,17 @@ def summarizer_window(settings: Settings) -> int:
     return int(entry["max_input_tokens"]) if entry else FALLBACK_SUMMARIZER_WINDOW
 
 
+@lru_cache(maxsize=COUNT_CACHE_SIZE)
+def _count_cached(role: str, content: str, encoding: str) -> int:
+    return tokens.count_message({"role": role, "content": content}, encoding)
+
+
 def _counter(encoding: str) -> compression.Counter:
-    return lambda message: tokens.count_message(message, encoding)
+    """Tokens of a rendered message; the prompt, marker, reminder and recent context repeat
+    from run to run, so counts are cached by text."""
+    return lambda message: _count_cached(
+        str(message.get("role", "")), str(message.get("content") or ""), encoding
+    )
 
 
 def summarize_extractive(snapshot: Snapshot, split: Split) -> SummaryText:
@@ -359,59 +423,99 @@ def _existing_summary(connection: Any, conversation_id: str, cutoff: int) -> int
 
 def write_run(
     engine: Engine,
-    conversation_id: str,
-    outcome: Outcome,
+    run: Run,
+    result: PassResult,
     *,
-    summary_values: dict[str, Any] | None,
-    trigger: str,
-    task_id: str | None,
+    held: lease.Lease | None,
+    force_release: bool = False,
     duration_ms: int,
-    now: datetime,
-) -> Outcome:
-    """Phase 3: the summary (if any), the log row and the last-run time, in one short session."""
+) -> tuple[Outcome, str]:
+    """Phase 3 in one short transaction: the summary (a conflict means another run wrote it),
+    the clearings a new summary makes free, the log row, and the lease let go (or kept when the
+    conversation turned dirty: see ``lease.release_on``). Returns the outcome and lease state."""
+    outcome = result.outcome
+    now = run.clock()
     with session_scope(engine) as session:
         connection = session.connection()
-        if summary_values is not None:
-            new_id = _insert_summary(connection, summary_values)
+        if result.row is not None:
+            new_id = _insert_summary(connection, result.row)
             if new_id is None:
-                cutoff = int(summary_values["cutoff_message_id"])
+                cutoff = int(result.row["cutoff_message_id"])
                 outcome = replace(
                     outcome,
                     action="skipped",
                     reason=f"already summarized up to message {cutoff} by another run",
-                    summary_id=_existing_summary(connection, conversation_id, cutoff),
+                    summary_id=_existing_summary(connection, run.conversation_id, cutoff),
                 )
             else:
                 outcome = replace(outcome, summary_id=new_id)
-        connection.execute(
-            insert(COMPACTION_LOG).values(
-                conversation_id=conversation_id,
-                task_id=task_id,
-                trigger=trigger,
-                leaf_message_id=outcome.leaf_message_id,
-                action=outcome.action,
-                reason=outcome.reason,
-                tokens_before=outcome.tokens_before,
-                tokens_after=outcome.tokens_after,
-                summary_id=outcome.summary_id,
-                model=outcome.model,
-                input_tokens=outcome.input_tokens,
-                output_tokens=outcome.output_tokens,
-                cost=outcome.cost,
-                duration_ms=duration_ms,
-                error=(outcome.error or "")[:ERROR_CHARS] or None,
-                created_at=now,
-            )
-        )
-        connection.execute(
-            update(CONVERSATIONS)
-            .where(CONVERSATIONS.c.id == conversation_id)
-            .values(last_compacted_at=now)
-        )
-    return outcome
+                outcome = _clear_after_summary(session, run, outcome, result)
+        log = _log_values(run, outcome, duration_ms, now)
+        connection.execute(insert(COMPACTION_LOG).values(**log))
+        if held is None:
+            return outcome, "none"
+        state = lease.release_on(connection, held, force=force_release, last_compacted_at=now)
+    return outcome, state
+
+
+def _log_values(run: Run, outcome: Outcome, duration_ms: int, now: datetime) -> dict[str, Any]:
+    return {
+        "conversation_id": run.conversation_id,
+        "task_id": run.task_id,
+        "trigger": run.trigger,
+        "leaf_message_id": outcome.leaf_message_id,
+        "action": outcome.action,
+        "reason": outcome.reason,
+        "tokens_before": outcome.tokens_before,
+        "tokens_after": outcome.tokens_after,
+        "summary_id": outcome.summary_id,
+        "model": outcome.model,
+        "input_tokens": outcome.input_tokens,
+        "output_tokens": outcome.output_tokens,
+        "cost": outcome.cost,
+        "duration_ms": duration_ms,
+        "error": (outcome.error or "")[:ERROR_CHARS] or None,
+        "created_at": now,
+    }
+
+
+def _clear_after_summary(
+    session: Session, run: Run, outcome: Outcome, result: PassResult
+) -> Outcome:
+    """A new summary changed the request's prefix, so its prompt cache is cold anyway: clear the
+    old tool results after the cutoff now, when it costs nothing."""
+    plan = toolresults.plan_clearings(
+        result.recent,
+        result.clearings,
+        keep_last=run.settings.keep_tool_results,
+        protected=run.settings.protected_tools,
+        min_tokens=toolresults.min_tokens_for(toolresults.POST_SUMMARY, 0),
+        reason=toolresults.POST_SUMMARY,
+    )
+    if not plan:
+        return outcome
+    applied = sweep.apply_clearings(session, run.conversation_id, plan, now=run.clock())
+    if not applied.cleared:
+        return outcome
+    return replace(
+        outcome,
+        reason=f"{outcome.reason}, then cleared {applied.cleared} old tool results",
+        tokens_after=outcome.tokens_after - applied.tokens_reclaimed,
+    )
 
 
 # --- one pass ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """One pass: its outcome, the summary row to insert, and (after a summary) the messages the
+    request now carries after the new cutoff, with their clearings."""
+
+    outcome: Outcome
+    row: dict[str, Any] | None = None
+    recent: tuple[Msg, ...] = ()
+    clearings: Mapping[int, ClearingRec] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -429,30 +533,33 @@ class Run:
     clock: Clock
 
 
-def one_pass(run: Run) -> tuple[Outcome, dict[str, Any] | None]:
-    """Read, decide and (maybe) summarize; returns the outcome and the summary row to insert."""
-    snapshot = read_snapshot(run.engine, run.settings, run.conversation_id, run.leaf)
+def one_pass(run: Run, snapshot: Snapshot | None = None) -> PassResult:
+    """Read (unless given), decide and maybe summarize; the outcome and what to write."""
+    if snapshot is None:
+        snapshot = read_snapshot(run.engine, run.settings, run.conversation_id, run.leaf)
     params = snapshot.params
     before = params.effective_tokens
     base = Outcome("skipped", "", before, before, leaf_message_id=snapshot.leaf_id)
     if not run.force and not params.over_trigger:
         reason = f"under the trigger ({before} of {params.trigger_tokens} tokens)"
-        return replace(base, reason=reason), None
+        return PassResult(replace(base, reason=reason))
     started = {k: v for k, v in _event_fields(run, base).items() if k != "action"}
     events.emit(run.settings, events.STARTED, **started, forced=run.force)
     if not run.force:
-        cleared, reclaimed = clearing_step(run.engine, run.settings, snapshot, run.clock())
+        pending = compression.pending_messages(snapshot.branch, snapshot.summary)
+        cleared, reclaimed = clearing_step(
+            run.engine, run.settings, run.conversation_id, pending, snapshot.clearings, run.clock()
+        )
         if cleared and before - reclaimed <= params.trigger_tokens:
             reason = f"cleared {cleared} old tool results ({reclaimed} tokens)"
-            return replace(
-                base, action="cleared", reason=reason, tokens_after=before - reclaimed
-            ), None
+            after = before - reclaimed
+            return PassResult(replace(base, action="cleared", reason=reason, tokens_after=after))
         if cleared:
             snapshot = read_snapshot(run.engine, run.settings, run.conversation_id, run.leaf)
     return summarize(run, snapshot, base)
 
 
-def summarize(run: Run, snapshot: Snapshot, base: Outcome) -> tuple[Outcome, dict[str, Any] | None]:
+def summarize(run: Run, snapshot: Snapshot, base: Outcome) -> PassResult:
     """Plan the split, call the summarizer (no session held), validate; the row to insert."""
     params = snapshot.params
     pending = compression.pending_messages(snapshot.branch, snapshot.summary)
@@ -464,20 +571,20 @@ def summarize(run: Run, snapshot: Snapshot, base: Outcome) -> tuple[Outcome, dic
         clearings=snapshot.clearings,
     )
     if split is None:
-        return replace(base, reason="nothing older than the recent turns to summarize"), None
+        return PassResult(replace(base, reason="nothing older than the recent turns to summarize"))
     try:
         if run.settings.summary_model:
             result = summarize_with_model(run.settings, snapshot, split, attempt=run.attempt)
         else:
             result = summarize_extractive(snapshot, split)
     except SummaryFailed as exc:
-        return replace(base, action="failed", reason=str(exc), error=str(exc)), None
+        return PassResult(replace(base, action="failed", reason=str(exc), error=str(exc)))
     return _validated(run, snapshot, split, result, base)
 
 
 def _validated(
     run: Run, snapshot: Snapshot, split: Split, result: SummaryText, base: Outcome
-) -> tuple[Outcome, dict[str, Any] | None]:
+) -> PassResult:
     clearings = snapshot.clearings
     summary_tokens = tokens.count_message(
         {"role": "user", "content": SUMMARY_MESSAGE_PREFIX + result.text}, snapshot.encoding
@@ -497,7 +604,7 @@ def _validated(
     )
     if problem is not None:
         reason = f"summary rejected: {problem}"
-        return replace(base, action="failed", reason=reason, error=reason), None
+        return PassResult(replace(base, action="failed", reason=reason, error=reason))
     after = base.tokens_before - replaced + summary_tokens
     outcome = replace(
         base,
@@ -519,7 +626,7 @@ def _validated(
         "identifier_retention": result.retention,
         "created_at": run.clock(),
     }
-    return outcome, row
+    return PassResult(outcome, row, split.recent, snapshot.clearings)
 
 
 # --- the whole run -----------------------------------------------------------------------------
@@ -553,22 +660,15 @@ def compress_session(
     model failed in a way worth retrying and attempts are left (the lease is released first).
     """
     started = time.monotonic()
-    with session_scope(engine) as session:
-        store.get_conversation(session, conversation_id)
     run = Run(
         engine, settings, conversation_id, leaf_message_id, force, attempt, trigger, task_id, clock
     )
-    held = lease.acquire(
-        engine,
-        conversation_id,
-        owner=lease.new_owner(),
-        now=clock(),
-        seconds=settings.lease_seconds,
-    )
-    if held is None:
+    claimed = claim(engine, settings, run)
+    if claimed is None:
         return _busy(run, started)
+    held, snapshot = claimed
     try:
-        outcome = _passes(run, held, started)
+        outcome = _passes(run, held, snapshot, started)
     except BaseException as exc:
         lease.release(engine, held, force=True)
         if isinstance(exc, RetryLater):
@@ -582,52 +682,28 @@ def compress_session(
     return outcome.as_dict()
 
 
-def _passes(run: Run, held: lease.Lease, started: float) -> Outcome:
+def _passes(run: Run, held: lease.Lease, snapshot: Snapshot, started: float) -> Outcome:
     """The first pass, then a re-check for each time the conversation turned dirty meanwhile."""
     first: Outcome | None = None
-    current = run
+    current: Run = run
+    given: Snapshot | None = snapshot
     for number in range(MAX_PASSES):
-        outcome, row = one_pass(current)
-        acted = outcome.action != "skipped" or row is not None
-        if number == 0 or acted:
-            outcome = write_run(
-                run.engine,
-                run.conversation_id,
-                outcome,
-                summary_values=row,
-                trigger=current.trigger,
-                task_id=run.task_id,
-                duration_ms=_ms(started),
-                now=run.clock(),
+        result = one_pass(current, given)
+        given = None
+        outcome = result.outcome
+        last = number == MAX_PASSES - 1 or outcome.action == "failed"
+        if number == 0 or outcome.action != "skipped" or result.row is not None:
+            outcome, state = write_run(
+                run.engine, current, result, held=held, force_release=last, duration_ms=_ms(started)
             )
-        if outcome.action == "summarized":
-            outcome = _clear_after_summary(current, outcome)
+        else:
+            state = lease.release(run.engine, held, force=last)
         first = _merge(first, outcome)
-        if outcome.action == "failed":
-            lease.release(run.engine, held, force=True)
-            break
-        state = lease.release(run.engine, held, force=number == MAX_PASSES - 1)
         if state != "dirty":
             break
         current = replace(run, leaf=None, force=False, trigger="recheck")
     assert first is not None
     return first
-
-
-def _clear_after_summary(run: Run, outcome: Outcome) -> Outcome:
-    """A new summary changed the request's prefix, so its prompt cache is cold anyway: clear the
-    old tool results after the cutoff now, when it costs nothing."""
-    snapshot = read_snapshot(run.engine, run.settings, run.conversation_id, run.leaf)
-    cleared, reclaimed = clearing_step(
-        run.engine, run.settings, snapshot, run.clock(), reason=toolresults.POST_SUMMARY
-    )
-    if not cleared:
-        return outcome
-    return replace(
-        outcome,
-        reason=f"{outcome.reason}, then cleared {cleared} old tool results",
-        tokens_after=outcome.tokens_after - reclaimed,
-    )
 
 
 def _merge(first: Outcome | None, later: Outcome) -> Outcome:
@@ -658,16 +734,7 @@ def _log_retry(run: Run, exc: RetryLater, started: float) -> None:
         duration_ms=_ms(started),
     )
     outcome = Outcome("retry", f"retrying in {exc.delay:.1f} s", 0, 0, error=exc.reason)
-    write_run(
-        run.engine,
-        run.conversation_id,
-        outcome,
-        summary_values=None,
-        trigger=run.trigger,
-        task_id=run.task_id,
-        duration_ms=_ms(started),
-        now=run.clock(),
-    )
+    write_run(run.engine, run, PassResult(outcome), held=None, duration_ms=_ms(started))
 
 
 def _ms(started: float) -> int:

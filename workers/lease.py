@@ -12,8 +12,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Engine, and_, or_, update
+from sqlalchemy import Connection, Engine, and_, or_, update
 
 from core.db import session_scope
 from core.models import CONVERSATIONS
@@ -35,21 +36,26 @@ def new_owner() -> str:
     return uuid.uuid4().hex
 
 
-def _take(engine: Engine, conversation_id: str, owner: str, now: datetime, seconds: int) -> bool:
+def take(
+    connection: Connection, conversation_id: str, *, owner: str, now: datetime, seconds: int
+) -> Lease | None:
+    """Take the lease if it is free or expired (one conditional UPDATE), clearing ``dirty``."""
     c = CONVERSATIONS.c
+    expires = now + timedelta(seconds=seconds)
     statement = (
         update(CONVERSATIONS)
         .where(
             c.id == conversation_id,
             or_(c.lease_owner.is_(None), c.lease_expires_at.is_(None), c.lease_expires_at < now),
         )
-        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=seconds), dirty=False)
+        .values(lease_owner=owner, lease_expires_at=expires, dirty=False)
     )
-    with session_scope(engine) as session:
-        return session.connection().execute(statement).rowcount == 1
+    if connection.execute(statement).rowcount != 1:
+        return None
+    return Lease(conversation_id, owner, expires)
 
 
-def _mark_dirty(engine: Engine, conversation_id: str, now: datetime) -> bool:
+def mark_dirty(connection: Connection, conversation_id: str, now: datetime) -> bool:
     """Set ``dirty`` while someone holds a live lease; False when nobody does any more."""
     c = CONVERSATIONS.c
     statement = (
@@ -57,8 +63,30 @@ def _mark_dirty(engine: Engine, conversation_id: str, now: datetime) -> bool:
         .where(c.id == conversation_id, c.lease_owner.is_not(None), c.lease_expires_at >= now)
         .values(dirty=True)
     )
-    with session_scope(engine) as session:
-        return session.connection().execute(statement).rowcount == 1
+    return connection.execute(statement).rowcount == 1
+
+
+def release_on(connection: Connection, lease: Lease, *, force: bool = False, **values: Any) -> str:
+    """Let go unless the conversation turned dirty meanwhile, setting ``values`` on the row too.
+
+    Returns ``"released"``, ``"dirty"`` (the lease is kept and ``dirty`` cleared: re-check, then
+    release again) or ``"lost"`` (the lease expired and someone else took it). ``force`` lets go
+    even when dirty, leaving the flag for the reconcile pass.
+    """
+    c = CONVERSATIONS.c
+    mine = and_(c.id == lease.conversation_id, c.lease_owner == lease.owner)
+    condition = mine if force else and_(mine, c.dirty.is_(False))
+    freed = connection.execute(
+        update(CONVERSATIONS)
+        .where(condition)
+        .values(lease_owner=None, lease_expires_at=None, **values)
+    ).rowcount
+    if freed == 1:
+        return "released"
+    kept = connection.execute(
+        update(CONVERSATIONS).where(mine).values(dirty=False, **values)
+    ).rowcount
+    return "dirty" if kept == 1 else "lost"
 
 
 def acquire(
@@ -66,29 +94,15 @@ def acquire(
 ) -> Lease | None:
     """Take the lease, or mark the conversation dirty for its holder and return None."""
     for _ in range(ACQUIRE_TRIES):
-        if _take(engine, conversation_id, owner, now, seconds):
-            return Lease(conversation_id, owner, now + timedelta(seconds=seconds))
-        if _mark_dirty(engine, conversation_id, now):
-            return None
+        with session_scope(engine) as session:
+            connection = session.connection()
+            held = take(connection, conversation_id, owner=owner, now=now, seconds=seconds)
+            if held is not None or mark_dirty(connection, conversation_id, now):
+                return held
     return None
 
 
 def release(engine: Engine, lease: Lease, *, force: bool = False) -> str:
-    """Let go unless the conversation turned dirty meanwhile.
-
-    Returns ``"released"``, ``"dirty"`` (the lease is kept and ``dirty`` cleared: re-check, then
-    call again) or ``"lost"`` (the lease expired and someone else took it). ``force`` lets go
-    even when dirty, leaving the flag for the reconcile pass.
-    """
-    c = CONVERSATIONS.c
-    mine = and_(c.id == lease.conversation_id, c.lease_owner == lease.owner)
+    """``release_on`` in a short transaction of its own."""
     with session_scope(engine) as session:
-        connection = session.connection()
-        condition = mine if force else and_(mine, c.dirty.is_(False))
-        freed = connection.execute(
-            update(CONVERSATIONS).where(condition).values(lease_owner=None, lease_expires_at=None)
-        ).rowcount
-        if freed == 1:
-            return "released"
-        kept = connection.execute(update(CONVERSATIONS).where(mine).values(dirty=False)).rowcount
-    return "dirty" if kept == 1 else "lost"
+        return release_on(session.connection(), lease, force=force)

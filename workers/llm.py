@@ -125,10 +125,8 @@ def _completion_of(response: Any, model: str) -> Completion:
     choice = response.choices[0] if getattr(response, "choices", None) else None
     text = getattr(getattr(choice, "message", None), "content", None) or ""
     usage = getattr(response, "usage", None)
-    try:
-        cost = float(litellm.completion_cost(completion_response=response) or 0.0)
-    except Exception:  # an unpriced model (a local server, a proxy alias) costs "unknown"
-        cost = 0.0
+    hidden = getattr(response, "_hidden_params", None) or {}
+    cost = float(hidden.get("response_cost") or 0.0)  # litellm prices each reply it can
     return Completion(
         text=str(text),
         model=model,
