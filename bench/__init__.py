@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Module names under bench/, run in this order.
-BENCHES: tuple[str, ...] = ("tokens", "sweep", "cache", "assemble")
+BENCHES: tuple[str, ...] = ("tokens", "sweep", "cache", "assemble", "compress")
 
 
 @dataclass(frozen=True)
