@@ -228,6 +228,21 @@ def bench_env(values: dict[str, str]) -> Iterator[None]:
         get_settings.cache_clear()
 
 
+def point_app_at(settings: Any, prefix: str | None = None) -> None:
+    """Configure the Celery app for these settings and drop its cached broker connections, so
+    the next message goes to the broker now configured."""
+    from workers.app import app, configure
+
+    configure(app, settings)
+    if prefix is not None:
+        options = {**app.conf.broker_transport_options, "global_keyprefix": prefix}
+        app.conf.broker_transport_options = options
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.amqp._producer_pool = None
+
+
 def prepared(url: str, count: int, tag: str) -> tuple[Any, list[str]]:
     """A migrated database holding ``count`` synthetic conversations, each over its trigger."""
     from core import service
@@ -250,7 +265,7 @@ def throughput_figure(folder: Path) -> Figure:
     import redis
 
     from core.settings import get_settings
-    from workers.app import app, configure
+    from workers.app import app
 
     database = random.randint(8, 15)  # a Redis database of its own: no other run's messages
     broker = REDIS_URL.rsplit("/", 1)[0] + f"/{database}"
@@ -270,10 +285,16 @@ def throughput_figure(folder: Path) -> Figure:
     with bench_env(values):
         try:
             engine, ids = prepared(values["RECAP_DATABASE_URL"], THROUGHPUT_RUNS + 1, "t")
-            configure(app, get_settings())
+            point_app_at(get_settings())
             worker = worker_process(folder)
             app.send_task("recap.compress_session", args=[ids[0]])  # warm-up: not timed
-            wait_for_runs(engine, 1, timeout=WORKER_START_SECONDS)
+            try:
+                wait_for_runs(engine, 1, timeout=WORKER_START_SECONDS)
+            except TimeoutError:
+                tail = (folder / "worker.log").read_text(errors="replace")[-2000:]
+                raise TimeoutError(
+                    f"the worker process ran nothing; its log ends:\n{tail}"
+                ) from None
             started = time.perf_counter()
             for cid in ids[1:]:
                 app.send_task("recap.compress_session", args=[cid])
@@ -285,7 +306,7 @@ def throughput_figure(folder: Path) -> Figure:
             server.terminate()
             server.wait()
             redis.Redis.from_url(broker).flushdb()
-            configure(app, get_settings())
+            point_app_at(get_settings())
     done = actions.count("summarized") - 1  # the warm-up run is not timed
     ideal = THROUGHPUT_CONCURRENCY / MODEL_SECONDS
     return Figure(
@@ -305,7 +326,7 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
     from celery.contrib.testing.worker import start_worker
 
     from core.settings import get_settings
-    from workers.app import app, configure
+    from workers.app import app
 
     server = model_process(CONNECTIONS_MODEL_SECONDS)
     values = {
@@ -321,9 +342,7 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
         try:
             engine, ids = prepared(values["RECAP_DATABASE_URL"], THROUGHPUT_CONCURRENCY, "k")
             connections.watch(engine)
-            configure(app, get_settings())
-            prefix = {"global_keyprefix": f"bench-{uuid.uuid4().hex[:8]}:"}
-            app.conf.broker_transport_options = {**app.conf.broker_transport_options, **prefix}
+            point_app_at(get_settings(), prefix=f"bench-{uuid.uuid4().hex[:8]}:")
             with (
                 pre_call_hook(connections),
                 start_worker(
@@ -342,7 +361,7 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
         finally:
             server.terminate()
             server.wait()
-            configure(app, get_settings())
+            point_app_at(get_settings())
 
 
 def worker_process(folder: Path) -> subprocess.Popen[bytes]:
@@ -378,8 +397,10 @@ def wait_for_runs(engine: Any, count: int, timeout: float = 120) -> list[str]:
     while True:
         with engine.connect() as connection:
             actions = [str(a) for (a,) in connection.execute(select(COMPACTION_LOG.c.action))]
-        if len(actions) >= count or time.monotonic() > deadline:
+        if len(actions) >= count:
             return actions
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(actions)} of {count} runs finished in {timeout:g} s")
         time.sleep(POLL_SECONDS)
 
 
