@@ -817,9 +817,3 @@ def _mark_checked(engine: Engine, conversation_id: str, now: datetime) -> None:
             .where(c.id == conversation_id, or_(c.lease_owner.is_(None), c.lease_expires_at < now))
             .values(last_compacted_at=now, lease_owner=None, lease_expires_at=None)
         )
-
-
-def conversation_ids(engine: Engine) -> list[str]:
-    """Every conversation id (the benchmarks and tests replay them)."""
-    with session_scope(engine) as session:
-        return [str(r[0]) for r in session.connection().execute(select(CONVERSATIONS.c.id))]
