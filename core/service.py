@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from core import assembly, outputs, reads, store, tokens
-from core.branch import effective_history_tokens
+from core.compression import request_history_tokens
 from core.db import session_scope
 from core.errors import InputError, RecapError
 from core.records import ClearingRec, Msg
@@ -167,7 +167,9 @@ def record_usage(
 
 
 def _estimate(state: store.TokenIndex) -> int:
-    history = effective_history_tokens(state.branch, state.summary, state.clearings)
+    """What the request for this branch carries: the root system prompt (sent even when a
+    summary covers it), the summary, and the messages after its cutoff."""
+    history = request_history_tokens(state.branch, state.summary, state.clearings)
     return tokens.TOKENS_REPLY_PRIMING + history
 
 

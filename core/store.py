@@ -265,20 +265,21 @@ def load_token_index(session: Session, conversation_id: str, leaf: int | None = 
     ).first()
     if head is None:
         raise NotFoundError(f"unknown conversation {conversation_id!r}")
-    statement = sa_select(MESSAGES.c.id, MESSAGES.c.parent_id, MESSAGES.c.tokens).where(
-        MESSAGES.c.conversation_id == conversation_id
+    m = MESSAGES.c
+    statement = sa_select(m.id, m.parent_id, m.tokens, m.role).where(
+        m.conversation_id == conversation_id
     )
-    rows = {int(r[0]): (r[1], int(r[2])) for r in connection.execute(statement)}
+    rows = {int(r[0]): (r[1], int(r[2]), str(r[3])) for r in connection.execute(statement)}
     path: list[int] = []
     if rows:
         leaf = max(rows) if leaf is None else leaf
         if leaf not in rows:
             raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
-        path = branch_ids({mid: parent for mid, (parent, _) in rows.items()}, leaf)
+        path = branch_ids({mid: row[0] for mid, row in rows.items()}, leaf)
     elif leaf is not None:
         raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
     branch = [
-        Msg(id=mid, parent_id=rows[mid][0], role="", content=None, tokens=rows[mid][1])
+        Msg(id=mid, parent_id=rows[mid][0], role=rows[mid][2], content=None, tokens=rows[mid][1])
         for mid in path
     ]
     summary = applicable_summary(load_summaries(session, conversation_id), set(path))

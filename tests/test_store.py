@@ -212,3 +212,25 @@ def test_invalid_setting_is_one_line(
     """An invalid setting stops the command with one line naming the variable."""
     monkeypatch.setenv("RECAP_TRIGGER_RATIO", "7")
     assert_one_line_error(recap("stats", "c"), "RECAP_TRIGGER_RATIO")
+
+
+def test_stats_count_what_the_request_carries(sqlite_engine: Engine, settings: Settings) -> None:
+    """Under a summary, stats count the root system prompt (still sent), the summary and the
+    messages after its cutoff; a provider reading for the same leaf makes the basis measured."""
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "first question " * 20},
+        {"role": "assistant", "content": "first answer " * 20},
+        {"role": "user", "content": "second question"},
+    ]
+    service.import_conversations(sqlite_engine, [{"id": "s", "messages": messages}], settings)
+    with session_scope(sqlite_engine) as session:
+        session.add(Summary(conversation_id="s", cutoff_message_id=3, text="summary", tokens=40,
+                            encoding="o200k_base", model="m", created_at=utcnow()))
+    counts = [tokens.count_message(m, "o200k_base") for m in messages]
+    stats = service.conversation_stats(sqlite_engine, "s", settings)
+    assert stats["used"] == tokens.TOKENS_REPLY_PRIMING + counts[0] + 40 + counts[3]
+    assert stats["basis"] == "estimated" and stats["window"] == 128_000
+    service.record_usage(sqlite_engine, "s", prompt_tokens=stats["used"] + 7)
+    measured = service.conversation_stats(sqlite_engine, "s", settings)
+    assert measured["basis"] == "measured" and measured["used"] == stats["used"] + 7

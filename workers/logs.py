@@ -111,6 +111,7 @@ def configure_logging(*, json_output: bool, level: str | int = "INFO", force: bo
     global _configured
     mode = "json" if json_output else "console"
     if _configured == mode and not force:
+        logging.getLogger().setLevel(level.upper() if isinstance(level, str) else level)
         return
     renderer: Any = (
         structlog.processors.JSONRenderer()
