@@ -170,6 +170,7 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             return
 
         def do_POST(self) -> None:
+            arrived = time.monotonic()
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
@@ -177,15 +178,17 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                 body = {}
             server._record(body, dict(self.headers.items()))
             reply = server._next() or Reply(delay=server.default_delay)
+            # the reply is written before the wait, so that the delay is the whole answer time
+            # seen by the client, as with a real model (not the delay plus this server's work)
+            text = reply.text if reply.text is not None else server.default(body)
             if reply.hold:
                 server._released.wait()
             if reply.delay:
-                time.sleep(reply.delay)
+                time.sleep(max(0.0, arrived + reply.delay - time.monotonic()))
             if reply.status != 200:
                 error = {"error": {"message": reply.error, "type": "scripted", "code": None}}
                 self._send(reply.status, error)
                 return
-            text = reply.text if reply.text is not None else server.default(body)
             self._send(200, _completion(text, body))
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
