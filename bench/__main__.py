@@ -1,12 +1,18 @@
-"""Run every benchmark: ``python -m bench [name ...]``."""
+"""Run every benchmark: ``python -m bench [name ...]``.
+
+Each module runs in a process of its own, so that no benchmark measures itself against the heap,
+caches or threads another one left behind.
+"""
 
 from __future__ import annotations
 
 import importlib
 import json
 import platform
+import subprocess
 import sys
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,17 +20,20 @@ from bench import BENCHES, Figure
 from bench.data import data_dir
 
 RESULTS = Path(__file__).parent / "RESULTS.md"
+CHILD_FLAG = "--child"
 
 
 def write_results(figures: list[Figure], seconds: float) -> None:
     """Rewrite RESULTS.md with this run's figures."""
+    root = Path(__file__).resolve().parent.parent
+    source = data_dir().resolve()
+    where = source.relative_to(root) if source.is_relative_to(root) else Path("..") / "shared/data"
     lines = [
         "# Benchmark results",
         "",
         f"Written by `python -m bench` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
-        f"Python {platform.python_version()}, {platform.machine()}, data from "
-        f"`{data_dir().relative_to(Path(__file__).resolve().parent.parent.parent)}`, "
-        f"{seconds:.0f} s in all.",
+        f"Python {platform.python_version()}, {platform.machine()}, data from `{where}`, "
+        f"{seconds:.0f} s in all. Each module runs in its own process.",
         "",
         "| figure | value | bound | holds | what it measures |",
         "|---|---|---|---|---|",
@@ -37,14 +46,31 @@ def write_results(figures: list[Figure], seconds: float) -> None:
     RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def run_child(name: str) -> int:
+    """Run one module here and print its figures as one JSON list."""
+    module = importlib.import_module(f"bench.{name}")
+    print(json.dumps([asdict(f) for f in module.run()]))
+    return 0
+
+
+def run_module(name: str) -> list[Figure]:
+    """One module's figures, measured in a fresh interpreter."""
+    print(f"running bench.{name} ...", file=sys.stderr)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", CHILD_FLAG, name], stdout=subprocess.PIPE, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"bench.{name} failed with exit code {done.returncode}")
+    last = done.stdout.decode().strip().splitlines()[-1]
+    return [Figure(**item) for item in json.loads(last)]
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == [CHILD_FLAG]:
+        return run_child(argv[1])
     names = argv or list(BENCHES)
-    figures: list[Figure] = []
     started = time.perf_counter()
-    for name in names:
-        module = importlib.import_module(f"bench.{name}")
-        print(f"running bench.{name} ...", file=sys.stderr)
-        figures.extend(module.run())
+    figures = [figure for name in names for figure in run_module(name)]
     if not argv:
         write_results(figures, time.perf_counter() - started)
     print(json.dumps({f.name: f.value for f in figures}))

@@ -13,17 +13,19 @@ from bench import Figure
 from bench.data import load_all
 
 MODEL = "gpt-4o-mini"
-REPEATS = 3  # best of three: the least disturbed run of each side
+REPEATS = 7  # best of seven, the two sides taken in turn: the least disturbed run of each
 
 
-def best_of(func: Callable[[], Any], repeats: int = REPEATS) -> float:
-    """The fastest of ``repeats`` timed calls, in seconds."""
-    times = []
+def best_of_each(*funcs: Callable[[], Any], repeats: int = REPEATS) -> list[float]:
+    """The least CPU time of ``repeats`` calls of each function, taken in turn, so that a busy
+    moment of the machine skews neither side of a ratio."""
+    best = [float("inf")] * len(funcs)
     for _ in range(repeats):
-        started = time.perf_counter()
-        func()
-        times.append(time.perf_counter() - started)
-    return min(times)
+        for index, func in enumerate(funcs):
+            started = time.process_time()
+            func()
+            best[index] = min(best[index], time.process_time() - started)
+    return best
 
 
 def texts_of(message: dict[str, Any]) -> list[str]:
@@ -44,8 +46,10 @@ def cold(messages: list[dict[str, Any]]) -> Figure:
     encoding = tokens.encoding_name_for(MODEL)
     enc = tokens.get_encoding(encoding)
     texts = [t for m in messages for t in texts_of(m)]
-    baseline = best_of(lambda: [len(enc.encode_ordinary(t)) for t in texts])
-    ours = best_of(lambda: [tokens.count_message(m, encoding) for m in messages])
+    baseline, ours = best_of_each(
+        lambda: [len(enc.encode_ordinary(t)) for t in texts],
+        lambda: [tokens.count_message(m, encoding) for m in messages],
+    )
     return Figure(
         "tokens_cold_vs_tiktoken",
         round(ours / baseline, 3),
@@ -88,9 +92,7 @@ def warm(records: list[dict[str, Any]]) -> list[Figure]:
                 litellm.token_counter(model=MODEL, messages=r["messages"])
 
         naive()  # warm litellm's own caches so it is not charged for loading its encodings
-        theirs = best_of(naive)
-        ours = best_of(in_memory)
-        ours_db = best_of(from_db)
+        theirs, ours, ours_db = best_of_each(naive, in_memory, from_db, repeats=3)
         engine.dispose()
     return [
         Figure(
