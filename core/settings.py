@@ -9,13 +9,14 @@ from typing import Annotated
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from core.errors import RecapError
 from core.prompts import DEFAULT_SUMMARY_PROMPT, PREVIOUS_SUMMARY_PLACEHOLDER
 
 DEFAULT_BROKER_URL = "filesystem://"  # kombu's file transport: works across processes, no server
 DEFAULT_PROTECTED_TOOLS = ("todo_write", "todowrite", "todo", "update_plan", "plan", "think")
 
 
-class SettingsError(ValueError):
+class SettingsError(RecapError, ValueError):
     """A setting has an invalid value; the message names the variable and the problem."""
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import tiktoken
 
+from core.errors import RecapError
+
 O200K = "o200k_base"
 CL100K = "cl100k_base"
 # Model names whose tokenizer is o200k; everything else is approximated with cl100k.
@@ -39,7 +41,7 @@ TOKENS_REPLY_PRIMING = 3  # every reply is primed with <|start|>assistant<|messa
 TOKENS_PER_TOOLS_BLOCK = 12  # the namespace wrapper around the tool schemas
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(RecapError, ValueError):
     """The model has no known context window and no override was given."""
 
 

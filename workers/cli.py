@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from sqlalchemy.exc import OperationalError
 
-from core import service
 from core.errors import RecapError
-from core.settings import Settings, SettingsError, get_settings
-from core.tokens import UnknownModelError
+
+if TYPE_CHECKING:
+    from core.settings import Settings
+
+
+class _OnFirstUse:
+    """A module imported when first used: `recap --help` and argument errors stay instant, and
+    each command imports only what it needs (SQLAlchemy alone takes a while to import)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(importlib.import_module(self._name), attribute)
+
+
+service: Any = _OnFirstUse("core.service")
 
 app = typer.Typer(
     name="recap",
@@ -26,7 +40,7 @@ app = typer.Typer(
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
-USER_ERRORS = (RecapError, SettingsError, UnknownModelError)
+USER_ERRORS = (RecapError,)  # settings, model and input errors all derive from it
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 LeafOption = Annotated[
@@ -59,14 +73,20 @@ def handles_errors(func: F) -> F:
             return func(*args, **kwargs)
         except USER_ERRORS as exc:
             fail(str(exc))
-        except OperationalError as exc:
-            fail(f"database error: {str(exc.orig).strip().splitlines()[0]}")
+        except Exception as exc:
+            from sqlalchemy.exc import OperationalError
+
+            if isinstance(exc, OperationalError):
+                fail(f"database error: {str(exc.orig).strip().splitlines()[0]}")
+            raise
 
     return wrapper  # type: ignore[return-value]
 
 
 def settings() -> Settings:
     """The settings, read once; an invalid value is one clear error."""
+    from core.settings import get_settings
+
     return get_settings()
 
 
