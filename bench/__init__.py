@@ -8,7 +8,10 @@ numbers mean the same on a slow machine and a fast one. Each module exposes
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Module names under bench/, run in this order.
 BENCHES: tuple[str, ...] = ("tokens", "sweep", "cache", "assemble", "compress")
@@ -34,3 +37,16 @@ class Figure:
             "==": self.value == float(limit),
         }
         return checks[op]
+
+
+def best_of_each(funcs: Sequence[Callable[[], Any]], repeats: int) -> list[float]:
+    """The least CPU time of ``repeats`` calls of each function, taken in turn: CPU time of this
+    process (SQLite's reads included) rather than wall time, and in turn, so that other work on
+    the machine skews neither side of a ratio."""
+    best = [float("inf")] * len(funcs)
+    for _ in range(repeats):
+        for index, func in enumerate(funcs):
+            started = time.process_time()
+            func()
+            best[index] = min(best[index], time.process_time() - started)
+    return best

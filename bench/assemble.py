@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import Figure
+from bench import Figure, best_of_each
 from bench.data import load_all
 
 MODEL = "gpt-4o-mini"
@@ -31,24 +30,6 @@ SELECT_ROWS = (
     "SELECT id, parent_id, role, content, tokens, tool_calls, tool_call_id, name, content_parts, "
     "extra, output_path, original_bytes FROM messages WHERE conversation_id = ?"
 )
-
-
-def best_of(func: Callable[[], Any], repeats: int = REPEATS) -> float:
-    """The fastest of ``repeats`` timed calls, in seconds."""
-    return best_of_each([func], repeats)[0]
-
-
-def best_of_each(funcs: list[Callable[[], Any]], repeats: int = REPEATS) -> list[float]:
-    """The least CPU time of ``repeats`` calls of each function, taken in turn. CPU time of this
-    process (SQLite's reads included) rather than wall time, and in turn, so that other work on
-    the machine skews neither side of a ratio."""
-    best = [float("inf")] * len(funcs)
-    for _ in range(repeats):
-        for index, func in enumerate(funcs):
-            started = time.process_time()
-            func()
-            best[index] = min(best[index], time.process_time() - started)
-    return best
 
 
 def long_conversation(records: list[dict[str, Any]], size: int = MESSAGES) -> list[dict[str, Any]]:
@@ -120,7 +101,7 @@ def _serialize_figures(
         (ALL_FIT_WINDOW, "assemble_vs_serialize_all_fit", "with a window all of it fits in", ""),
     ):
         payload = json.loads(assembled(window))
-        ours, baseline = best_of_each([lambda w=window: assembled(w), floor(payload)])
+        ours, baseline = best_of_each([lambda w=window: assembled(w), floor(payload)], REPEATS)
         figures.append(
             Figure(
                 name,

@@ -4,28 +4,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import Figure
+from bench import Figure, best_of_each
 from bench.data import load_all
 
 MODEL = "gpt-4o-mini"
 REPEATS = 7  # best of seven, the two sides taken in turn: the least disturbed run of each
-
-
-def best_of_each(*funcs: Callable[[], Any], repeats: int = REPEATS) -> list[float]:
-    """The least CPU time of ``repeats`` calls of each function, taken in turn, so that a busy
-    moment of the machine skews neither side of a ratio."""
-    best = [float("inf")] * len(funcs)
-    for _ in range(repeats):
-        for index, func in enumerate(funcs):
-            started = time.process_time()
-            func()
-            best[index] = min(best[index], time.process_time() - started)
-    return best
 
 
 def texts_of(message: dict[str, Any]) -> list[str]:
@@ -47,8 +33,11 @@ def cold(messages: list[dict[str, Any]]) -> Figure:
     enc = tokens.get_encoding(encoding)
     texts = [t for m in messages for t in texts_of(m)]
     baseline, ours = best_of_each(
-        lambda: [len(enc.encode_ordinary(t)) for t in texts],
-        lambda: [tokens.count_message(m, encoding) for m in messages],
+        [
+            lambda: [len(enc.encode_ordinary(t)) for t in texts],
+            lambda: [tokens.count_message(m, encoding) for m in messages],
+        ],
+        REPEATS,
     )
     return Figure(
         "tokens_cold_vs_tiktoken",
@@ -92,16 +81,20 @@ def warm(records: list[dict[str, Any]]) -> list[Figure]:
                 litellm.token_counter(model=MODEL, messages=r["messages"])
 
         naive()  # warm litellm's own caches so it is not charged for loading its encodings
-        theirs, ours, ours_db = best_of_each(naive, in_memory, from_db, repeats=3)
+        theirs, ours, ours_db = best_of_each([naive, in_memory, from_db], 3)
         engine.dispose()
     return [
         Figure(
-            "tokens_warm_vs_litellm", round(theirs / ours, 1), ">= 20",
+            "tokens_warm_vs_litellm",
+            round(theirs / ours, 1),
+            ">= 20",
             f"litellm.token_counter over all {len(records)} conversations divided by Recap's "
             "count of the same loaded branches from their stored per-message counts",
         ),
         Figure(
-            "tokens_warm_from_db_vs_litellm", round(theirs / ours_db, 1), "",
+            "tokens_warm_from_db_vs_litellm",
+            round(theirs / ours_db, 1),
+            "",
             "the same, with Recap reading each branch's ids and counts from SQLite in its own "
             "session (per-query overhead dominates small conversations)",
         ),
