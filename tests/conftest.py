@@ -110,24 +110,25 @@ def db_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue(fixture))
 
 
+def migrated(url: str, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    """A migrated engine for ``url``, also set as RECAP_DATABASE_URL."""
+    monkeypatch.setenv("RECAP_DATABASE_URL", url)
+    get_settings.cache_clear()
+    engine = make_engine(url)
+    upgrade(engine)
+    return engine
+
+
 @pytest.fixture
 def engine(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Engine:
     """A migrated engine of each kind, also set as RECAP_DATABASE_URL."""
-    monkeypatch.setenv("RECAP_DATABASE_URL", db_url)
-    get_settings.cache_clear()
-    engine = make_engine(db_url)
-    upgrade(engine)
-    return engine
+    return migrated(db_url, monkeypatch)
 
 
 @pytest.fixture
 def sqlite_engine(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Engine:
     """A migrated SQLite engine, also set as RECAP_DATABASE_URL."""
-    monkeypatch.setenv("RECAP_DATABASE_URL", sqlite_url)
-    get_settings.cache_clear()
-    engine = make_engine(sqlite_url)
-    upgrade(engine)
-    return engine
+    return migrated(sqlite_url, monkeypatch)
 
 
 @pytest.fixture
