@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from typing import Any
 
 from bench import Figure
 from bench.data import load_all
+from tests.processes import stop_group
 
 WINDOW = 12_000  # the replay's context window
 STAND_IN_MODEL = "openai/gpt-4o-mini"  # a known window for the summarizer; the server answers
@@ -302,7 +302,7 @@ def throughput_figure(folder: Path) -> Figure:
             elapsed = time.perf_counter() - started
         finally:
             if worker is not None:
-                stop(worker)
+                stop_group(worker)
             server.terminate()
             server.wait()
             redis.Redis.from_url(broker).flushdb()
@@ -375,16 +375,6 @@ def worker_process(folder: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         command, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group (a warm shutdown), SIGKILL it if that hangs."""
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def wait_for_runs(engine: Any, count: int, timeout: float = 120) -> list[str]:

@@ -34,6 +34,7 @@ from core.prompts import CUTOFF_MARKER, NO_PREVIOUS_SUMMARY, SUMMARY_MESSAGE_PRE
 from core.settings import Settings, get_settings
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.llm_server import LLMServer, Reply
+from tests.processes import stop_group
 from workers import lease
 from workers.app import app, celery_config, configure
 
@@ -440,16 +441,6 @@ def _celery(env: dict[str, str], *args: str, log: Path) -> subprocess.Popen[byte
     )
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 def test_a_worker_killed_in_the_model_call_is_completed_by_reconcile(
     tmp_path: Path, sqlite_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -507,7 +498,7 @@ def test_a_worker_killed_in_the_model_call_is_completed_by_reconcile(
         assert [a for a, _ in h.log(cid)].count("summarized") == 1
     finally:
         for process in workers:
-            _stop(process)
+            stop_group(process)
         server.stop()
         redis.Redis.from_url(broker).flushdb()
         engine.dispose()

@@ -29,6 +29,7 @@ from core.db import make_engine
 from core.migrate import upgrade
 from core.settings import get_settings
 from tests.llm_server import LLMServer, Reply
+from tests.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "sk-test-do-not-log-7f3a91"
@@ -85,16 +86,6 @@ def _wait(predicate: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @contextmanager
 def stack(postgres_url: str, redis_url: str, tmp_path: Path, **extra: str) -> Iterator[Stack]:
     """A worker child process on a private Redis database, PostgreSQL (its URL carrying a password
@@ -149,6 +140,7 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path, **extra: str) -> It
             env=env,
             stdout=banner,
             stderr=sink,
+            start_new_session=True,
         )
     try:
         _wait(
@@ -159,7 +151,7 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path, **extra: str) -> It
         assert worker.poll() is None, log.read_text()
         yield Stack(env, engine, server, log, private)
     finally:
-        _stop(worker)
+        stop_group(worker)
         server.stop()
         engine.dispose()
         client.flushdb()
@@ -229,6 +221,7 @@ def _flower(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes
             env=env,
             stdout=sink,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
 
@@ -282,7 +275,7 @@ def test_flower_reruns_a_failed_compression(services: tuple[str, str], tmp_path:
 
             result = _wait(finished, 90, "the re-run to finish")
         finally:
-            _stop(flower)
+            stop_group(flower)
     assert result["result"]["action"] == "summarized", result
     summaries = service.list_summaries(s.engine, cid)
     assert len(summaries) == 1
