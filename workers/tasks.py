@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.signals import worker_process_init
+from celery.signals import celeryd_init, worker_process_init
 from sqlalchemy import Engine
 
 from core.db import dispose_engines, get_engine
@@ -26,6 +26,14 @@ RECONCILE_TASK = "recap.reconcile"
 def engine() -> Engine:
     """The process-wide engine for ``RECAP_DATABASE_URL``."""
     return get_engine(get_settings().database_url)
+
+
+@celeryd_init.connect
+def _load_model_client(**_: Any) -> None:
+    """A worker that calls a model imports litellm while it starts (seconds), not inside its
+    first compression."""
+    if get_settings().summary_model:
+        from workers import llm  # noqa: F401
 
 
 @worker_process_init.connect
