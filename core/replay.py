@@ -162,10 +162,9 @@ def replay(branch: Sequence[Msg], policy: Policy, *, encoding: str, gap_at: int 
             clearings.setdefault(message_id, ClearingRec(message_id, IDLE))
         current = _rendered(sent, clearings, renderer)
         texts = [text for text, _ in current]
-        shared = 0 if after_gap else common_prefix(previous, texts)
-        cached = sum(count for _, count in current[:shared])
-        total = sum(count for _, count in current)
-        cost = (total - cached) * UNCACHED_PRICE + cached * CACHED_PRICE
+        cost, cached, total = priced(
+            previous, texts, [count for _, count in current], after_gap=after_gap
+        )
         result.costs.append(cost)
         result.cost += cost
         result.tokens += total
@@ -182,6 +181,17 @@ def _rendered(
     sent: Sequence[Msg], clearings: Mapping[int, ClearingRec], renderer: _Renderer
 ) -> list[tuple[str, int]]:
     return [renderer.render(m, m.id in clearings and m.role == "tool") for m in sent]
+
+
+def priced(
+    previous: Sequence[str], texts: Sequence[str], counts: Sequence[int], *, after_gap: bool
+) -> tuple[float, int, int]:
+    """One request's cost, cached tokens and total tokens: its longest prefix of whole messages
+    identical to the previous request is cached (nothing is, right after an idle gap)."""
+    shared = 0 if after_gap else common_prefix(previous, texts)
+    cached = sum(counts[:shared])
+    total = sum(counts)
+    return (total - cached) * UNCACHED_PRICE + cached * CACHED_PRICE, cached, total
 
 
 def common_prefix(before: Sequence[str], after: Sequence[str]) -> int:

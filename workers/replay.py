@@ -91,10 +91,9 @@ class _Pricer:
     def price(self, messages: Sequence[Mapping[str, Any]], *, after_gap: bool) -> float:
         texts = [json.dumps(m, sort_keys=True, ensure_ascii=False) for m in messages]
         counts = [self._count(text, m) for text, m in zip(texts, messages, strict=True)]
-        shared = 0 if after_gap else pricing.common_prefix(self.previous, texts)
-        cached = sum(counts[:shared])
+        cost, _, _ = pricing.priced(self.previous, texts, counts, after_gap=after_gap)
         self.previous = texts
-        return (sum(counts) - cached) * pricing.UNCACHED_PRICE + cached * pricing.CACHED_PRICE
+        return cost
 
     def _count(self, text: str, message: Mapping[str, Any]) -> int:
         if text not in self.counts:
