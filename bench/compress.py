@@ -271,16 +271,8 @@ def throughput_figure(folder: Path) -> Figure:
     broker = REDIS_URL.rsplit("/", 1)[0] + f"/{database}"
     redis.Redis.from_url(broker).flushdb()
     server = model_process(MODEL_SECONDS)
-    values = {
-        "RECAP_DATABASE_URL": f"sqlite:///{folder / 'throughput.db'}",
-        "RECAP_BROKER_URL": broker,
-        "RECAP_SUMMARY_MODEL": STAND_IN_MODEL,
-        "RECAP_SUMMARY_API_BASE": str(server.stdout.readline().decode().strip()),  # type: ignore[union-attr]
-        "RECAP_SUMMARY_MAX_OUTPUT_TOKENS": "500",
-        "RECAP_SUMMARY_API_KEY": "bench",
-        "RECAP_OUTPUT_DIR": str(folder / "outputs"),
-        "RECAP_LOG_LEVEL": "WARNING",  # a line per task at INFO is not what is measured here
-    }
+    values = model_env(folder, "throughput.db", broker, server)
+    values["RECAP_LOG_LEVEL"] = "WARNING"  # a line per task at INFO is not what is measured here
     worker: subprocess.Popen[bytes] | None = None
     with bench_env(values):
         try:
@@ -329,15 +321,7 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
     from workers.app import app
 
     server = model_process(CONNECTIONS_MODEL_SECONDS)
-    values = {
-        "RECAP_DATABASE_URL": f"sqlite:///{folder / 'connections.db'}",
-        "RECAP_BROKER_URL": REDIS_URL,
-        "RECAP_SUMMARY_MODEL": STAND_IN_MODEL,
-        "RECAP_SUMMARY_API_BASE": str(server.stdout.readline().decode().strip()),  # type: ignore[union-attr]
-        "RECAP_SUMMARY_MAX_OUTPUT_TOKENS": "500",
-        "RECAP_SUMMARY_API_KEY": "bench",
-        "RECAP_OUTPUT_DIR": str(folder / "outputs"),
-    }
+    values = model_env(folder, "connections.db", REDIS_URL, server)
     with bench_env(values):
         try:
             engine, ids = prepared(values["RECAP_DATABASE_URL"], THROUGHPUT_CONCURRENCY, "k")
@@ -362,6 +346,21 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
             server.terminate()
             server.wait()
             point_app_at(get_settings())
+
+
+def model_env(
+    folder: Path, database: str, broker: str, server: subprocess.Popen[bytes]
+) -> dict[str, str]:
+    """Settings for a run against the model server process (its first output line is its URL)."""
+    return {
+        "RECAP_DATABASE_URL": f"sqlite:///{folder / database}",
+        "RECAP_BROKER_URL": broker,
+        "RECAP_SUMMARY_MODEL": STAND_IN_MODEL,
+        "RECAP_SUMMARY_API_BASE": str(server.stdout.readline().decode().strip()),  # type: ignore[union-attr]
+        "RECAP_SUMMARY_MAX_OUTPUT_TOKENS": "500",
+        "RECAP_SUMMARY_API_KEY": "bench",
+        "RECAP_OUTPUT_DIR": str(folder / "outputs"),
+    }
 
 
 def worker_process(folder: Path) -> subprocess.Popen[bytes]:
