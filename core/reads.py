@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Text, select, type_coerce
+from sqlalchemy import Connection, Select, Text, select, type_coerce
 from sqlmodel import Session
 
 from core import assembly, store
@@ -23,7 +23,7 @@ from core.models import CONVERSATIONS, MESSAGES
 from core.records import ClearingRec, Msg, SummaryRec
 
 FIRST_BATCH = 256  # rows in the newest batch, and the fewest in any later one
-BATCH_SLACK = 1.25  # later batches: the rows the rest of the budget should need, plus a quarter
+BATCH_SLACK = 1.1  # later batches: the rows the rest of the budget should need, plus a tenth
 JSON_COLUMNS = frozenset({"tool_calls", "content_parts", "extra"})
 COLUMNS = tuple(
     type_coerce(column, Text) if column.name in JSON_COLUMNS else column
@@ -62,7 +62,7 @@ def load_request_branch(
     statement = (  # in id order, the index on (conversation, id) reads the table in sequence
         select(m.id, m.parent_id).where(m.conversation_id == conversation_id).order_by(m.id)
     )
-    parents: dict[int, int | None] = dict(connection.execute(statement).all())
+    parents: dict[int, int | None] = dict(plain_rows(connection, statement))
     if leaf is None and parents:
         leaf = max(parents)
     if leaf is not None and leaf not in parents:
@@ -136,7 +136,7 @@ class _Rows:
         )
         wanted = set(ids)
         self.by_id.update(
-            (row[0], row) for row in self.connection.execute(statement).all() if row[0] in wanted
+            (row[0], row) for row in plain_rows(self.connection, statement) if row[0] in wanted
         )
 
     def calls(self, mid: int) -> list[dict[str, Any]]:
@@ -165,6 +165,21 @@ class _Rows:
             path,
             size,
         )
+
+
+def plain_rows(connection: Connection, statement: Select[Any]) -> list[tuple[Any, ...]]:
+    """The rows of ``statement`` as the driver's own tuples.
+
+    SQLAlchemy compiles and runs the statement (any dialect), but the rows are fetched from its
+    DBAPI cursor: building a ``Row`` per result costs as much as the read itself on these wide
+    reads, and the columns read here need no type processing (integers and text; a JSON column
+    comes back as text on SQLite and decoded on PostgreSQL, which ``_json_value`` takes both).
+    """
+    result = connection.execute(statement)
+    try:
+        return list(result.cursor.fetchall())
+    finally:
+        result.close()
 
 
 def _json_value(value: Any) -> Any:

@@ -245,3 +245,23 @@ def test_summarized_and_cleared_copy(data_db: Path, tmp_path: Path, settings: Se
         sent_cleared = set(state.clearings) - set(request.dropped_message_ids)
         assert sum(t.startswith("[Cleared:") for t in texts) == len(sent_cleared)
     engine.dispose()
+
+
+def test_partial_reads_match_on_every_database(engine: Engine, settings: Settings) -> None:
+    """The hot-path read takes rows straight from the driver's cursor, which hands JSON columns
+    back as text on SQLite and decoded on PostgreSQL: both give the same request as the whole
+    stored branch, with cleared results and tool calls among the rows read."""
+    records = [record for name in DATA_FILES for record in load_data(name)[:4]]
+    service.import_conversations(engine, records, settings)
+    with session_scope(engine) as session:
+        for cid in _ids(engine):
+            branch = store.load_branch(session, cid)
+            results = [m for m in branch if m.role == "tool"]
+            for message in results[:2]:
+                session.add(
+                    Clearing(
+                        conversation_id=cid, message_id=message.id, reason="idle",
+                        tokens_reclaimed=max(0, message.tokens - 20), created_at=utcnow(),
+                    )
+                )  # fmt: skip
+    assert _same_as_whole_branch(engine, settings, 12_000) > 0
