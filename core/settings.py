@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def run_seconds(self) -> int:
+        """The time one ``compress_session`` run may take: Celery's soft limit, and the deadline
+        the run keeps itself on pools that enforce no limit (threads, solo, the CLI)."""
+        return self.task_time_limit - min(SOFT_LIMIT_MARGIN, self.task_time_limit // 5)
+
+    @property
     def lease_seconds(self) -> int:
         """A lease outlives the hard time limit, so a live run never loses it."""
         return self.task_time_limit + LEASE_GRACE_SECONDS
@@ -109,6 +115,9 @@ class Settings(BaseSettings):
 
 
 LEASE_GRACE_SECONDS = 30  # room for the worker to notice its time limit and let go
+# Seconds between a run's own deadline (the soft limit) and the hard kill; a fifth of the limit
+# when that is less, so a short limit (tests, a fast model) still leaves the run most of it.
+SOFT_LIMIT_MARGIN = 10
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -431,6 +431,46 @@ def test_high_retention_is_not_asked_again(harness: Harness) -> None:
     assert len(harness.server.requests) == 1
 
 
+# --- the run's own deadline ---------------------------------------------------------------------
+
+SHORT_LIMIT = "5"  # RECAP_TASK_TIME_LIMIT: the run keeps a 4 s deadline, calls start with >= 2 s
+
+
+def test_a_model_call_is_cut_off_at_the_runs_deadline(
+    sqlite_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery enforces no time limit on the threads pool: the run keeps its own, cutting the
+    model call's timeout (30 s here) to what is left of the run, and fails without a retry,
+    naming the limit, well before its lease could expire."""
+    with harness_for(sqlite_url, redis_url, monkeypatch, RECAP_TASK_TIME_LIMIT=SHORT_LIMIT) as h:
+        cid = h.new(turns=12)
+        h.server.script(Reply(hold=True))  # never answers (until the server stops)
+        started = time.monotonic()
+        done = h.compress(cid)
+        waited = time.monotonic() - started
+        assert done["action"] == "failed" and "RECAP_TASK_TIME_LIMIT" in done["reason"], done
+        assert waited < h.settings.lease_seconds and waited < h.settings.llm_timeout
+        assert len(h.server.requests) == 1
+        assert h.summaries(cid) == []
+        assert [a for a, _ in h.log(cid)] == ["failed"]
+
+
+def test_a_reask_that_no_longer_fits_the_run_is_not_started(
+    sqlite_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first summary under the retention floor that leaves the run too little time for a
+    second call is kept as it is: the re-ask is not started, so no call is cut off half way."""
+    with harness_for(sqlite_url, redis_url, monkeypatch, RECAP_TASK_TIME_LIMIT=SHORT_LIMIT) as h:
+        cid = h.new(turns=12)
+        h.server.default = echo_missing
+        h.server.script(Reply(text="## Goal\n- continue the work", delay=2.5))
+        done = h.compress(cid)
+        assert done["action"] == "summarized", done
+        assert len(h.server.requests) == 1
+        (summary,) = h.summaries(cid)
+        assert summary["identifier_retention"] < h.settings.identifier_retention_floor
+
+
 # --- a worker killed mid-call ------------------------------------------------------------------
 
 

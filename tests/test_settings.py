@@ -33,6 +33,17 @@ def test_lease_and_visibility_derive_from_time_limit() -> None:
     assert s.visibility_timeout > 40 + 10
 
 
+@pytest.mark.parametrize(
+    ("limit", "run"),
+    [(300, 290), (50, 40), (49, 40), (20, 16), (5, 4)],
+)
+def test_a_run_ends_before_its_hard_limit_and_its_lease(limit: int, run: int) -> None:
+    """A run's own deadline is 10 s before the hard limit, or a fifth of it when that is less."""
+    s = load_settings(task_time_limit=limit)
+    assert s.run_seconds == run
+    assert s.run_seconds < s.task_time_limit < s.lease_seconds
+
+
 def test_env_and_list_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Environment values are read with the RECAP_ prefix; tool lists are comma-separated."""
     monkeypatch.setenv("RECAP_TRIGGER_RATIO", "0.6")

@@ -21,7 +21,6 @@ from workers.logs import configure_logging, register_secrets
 
 COMPRESS_QUEUE = "compress"
 MAINTENANCE_QUEUE = "maintenance"
-SOFT_LIMIT_MARGIN = 10  # seconds between the soft limit (clean failure) and the hard kill
 
 TASK_ROUTES = {
     "recap.compress_session": {"queue": COMPRESS_QUEUE},
@@ -78,7 +77,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_time_limit": settings.task_time_limit,
-        "task_soft_time_limit": max(1, settings.task_time_limit - SOFT_LIMIT_MARGIN),
+        "task_soft_time_limit": settings.run_seconds,
         "task_ignore_result": settings.result_backend is None,
         "result_expires": 24 * 3600,
         "worker_send_task_events": True,

@@ -48,6 +48,10 @@ ERROR_CHARS = 500  # an error stored in the log is cut here
 # current chat model does; a context-window error from it halves the assumption.
 FALLBACK_SUMMARIZER_WINDOW = 8_192
 COUNT_CACHE_SIZE = 4_096  # rendered messages whose token counts are kept
+# A model call is started only with this much of the run's time left (less when RECAP_LLM_TIMEOUT
+# or half the run is less): a summary cut off by the deadline is paid for and thrown away.
+CALL_FLOOR_SECONDS = 10
+DEADLINE_SLACK_SECONDS = 0.5  # a timeout this close to the deadline is the deadline's doing
 
 Clock = Callable[[], datetime]
 
@@ -63,6 +67,15 @@ class RetryLater(Exception):
 
 class SummaryFailed(Exception):
     """The summarizer gave up or its summary was rejected; nothing is stored."""
+
+
+class OutOfTime(SummaryFailed):
+    """The run's own deadline (``Settings.run_seconds``) left no time for the next model call.
+
+    Celery enforces no time limit on the threads pool the compress queue runs on, so a run keeps
+    its own: each call's timeout is cut to what is left, and no call starts that could not end
+    in time. The lease outlives the deadline, so no second run starts while this one works.
+    """
 
 
 @dataclass
@@ -266,7 +279,7 @@ def summarize_extractive(snapshot: Snapshot, split: Split) -> SummaryText:
 
 
 def summarize_with_model(
-    settings: Settings, snapshot: Snapshot, split: Split, *, attempt: int
+    settings: Settings, snapshot: Snapshot, split: Split, *, attempt: int, deadline: float
 ) -> SummaryText:
     """Chunked progressive summary by the configured model; one re-ask when identifiers are lost.
 
@@ -277,7 +290,7 @@ def summarize_with_model(
     window = summarizer_window(settings)
     for _shrink in range(MAX_SHRINKS + 1):
         try:
-            return _summarize_chunks(settings, snapshot, split, window)
+            return _summarize_chunks(settings, snapshot, split, window, deadline)
         except llm.ContextTooLongError:
             window //= 2
         except llm.RetryableLLMError as exc:
@@ -293,7 +306,7 @@ def summarize_with_model(
 
 
 def _summarize_chunks(
-    settings: Settings, snapshot: Snapshot, split: Split, window: int
+    settings: Settings, snapshot: Snapshot, split: Split, window: int, deadline: float
 ) -> SummaryText:
     from workers import llm
 
@@ -332,7 +345,7 @@ def _summarize_chunks(
             recent=plan.recent if last else (),
         )
         seed = result.text or None
-        _call(llm, settings, messages, result)
+        _call(llm, settings, messages, result, deadline)
         if not last and compression.rejection_reason(
             result.text, summary_tokens=0, replaced_tokens=1
         ):
@@ -342,12 +355,32 @@ def _summarize_chunks(
     result.retention = score.score
     usable = compression.rejection_reason(result.text, summary_tokens=0, replaced_tokens=1) is None
     if usable and score.score < settings.identifier_retention_floor and score.missing:
-        _reask(llm, settings, result, plan, seed, score.missing, wanted, count)
+        try:
+            _reask(llm, settings, result, plan, seed, score.missing, wanted, count, deadline)
+        except OutOfTime:  # the first summary stands; the re-ask only ever improves on it
+            events.log.info("retention_reask_skipped", conversation_id=snapshot.conversation_id)
     return result
 
 
-def _call(llm: Any, settings: Settings, messages: list[Rendered], into: SummaryText) -> None:
-    reply = llm.complete(messages, settings)
+def _call(
+    llm: Any, settings: Settings, messages: list[Rendered], into: SummaryText, deadline: float
+) -> None:
+    """One summarizer call within the run's deadline, its reply and usage added to ``into``."""
+    left = deadline - time.monotonic()
+    if left < min(settings.llm_timeout, CALL_FLOOR_SECONDS, settings.run_seconds / 2):
+        raise OutOfTime(
+            f"the run's time is up: {max(left, 0):.0f} s of its {settings.run_seconds} s "
+            "(RECAP_TASK_TIME_LIMIT) left, too little for a summarizer call"
+        )
+    try:
+        reply = llm.complete(messages, settings, timeout=left)
+    except llm.RetryableLLMError as exc:
+        if left < settings.llm_timeout and time.monotonic() >= deadline - DEADLINE_SLACK_SECONDS:
+            raise OutOfTime(
+                f"the run's time ran out during a summarizer call cut to {left:.0f} s by its "
+                f"{settings.run_seconds} s budget (RECAP_TASK_TIME_LIMIT): {exc}"
+            ) from exc
+        raise
     into.text = reply.text
     into.input_tokens += reply.input_tokens
     into.output_tokens += reply.output_tokens
@@ -365,6 +398,7 @@ def _reask(
     missing: Sequence[str],
     wanted: set[str],
     count: compression.Counter,
+    deadline: float,
 ) -> None:
     """Ask once more with the missing identifiers listed; keep the better of the two."""
     listed = compression.missing_within(missing, compression.RETENTION_LIST_TOKENS, count)
@@ -376,7 +410,7 @@ def _reask(
         missing=listed,
     )
     first_text, first_score = result.text, result.retention
-    _call(llm, settings, messages, result)
+    _call(llm, settings, messages, result, deadline)
     second = retention(wanted, result.text).score
     usable = compression.rejection_reason(result.text, summary_tokens=0, replaced_tokens=1) is None
     if usable and second > first_score:
@@ -531,6 +565,7 @@ class Run:
     trigger: str
     task_id: str | None
     clock: Clock
+    deadline: float  # time.monotonic() by which the run ends: Settings.run_seconds from its start
 
 
 def one_pass(run: Run, snapshot: Snapshot | None = None) -> PassResult:
@@ -574,7 +609,9 @@ def summarize(run: Run, snapshot: Snapshot, base: Outcome) -> PassResult:
         return PassResult(replace(base, reason="nothing older than the recent turns to summarize"))
     try:
         if run.settings.summary_model:
-            result = summarize_with_model(run.settings, snapshot, split, attempt=run.attempt)
+            result = summarize_with_model(
+                run.settings, snapshot, split, attempt=run.attempt, deadline=run.deadline
+            )
         else:
             result = summarize_extractive(snapshot, split)
     except SummaryFailed as exc:
@@ -660,8 +697,18 @@ def compress_session(
     model failed in a way worth retrying and attempts are left (the lease is released first).
     """
     started = time.monotonic()
+    deadline = started + settings.run_seconds
     run = Run(
-        engine, settings, conversation_id, leaf_message_id, force, attempt, trigger, task_id, clock
+        engine,
+        settings,
+        conversation_id,
+        leaf_message_id,
+        force,
+        attempt,
+        trigger,
+        task_id,
+        clock,
+        deadline,
     )
     claimed = claim(engine, settings, run)
     if claimed is None:
@@ -691,7 +738,8 @@ def _passes(run: Run, held: lease.Lease, snapshot: Snapshot, started: float) -> 
         result = one_pass(current, given)
         given = None
         outcome = result.outcome
-        last = number == MAX_PASSES - 1 or outcome.action == "failed"
+        out_of_time = time.monotonic() >= run.deadline  # a dirty flag is left for reconcile
+        last = number == MAX_PASSES - 1 or outcome.action == "failed" or out_of_time
         if number == 0 or outcome.action != "skipped" or result.row is not None:
             outcome, state = write_run(
                 run.engine, current, result, held=held, force_release=last, duration_ms=_ms(started)

@@ -4,7 +4,8 @@ The lease is a pair of columns on the conversation row, taken with one condition
 (atomic on SQLite and PostgreSQL alike), so no lock is held across the model call. A run that
 finds the lease held marks the conversation ``dirty`` and returns ``busy``; the holder clears
 ``dirty`` when it starts and, before it lets go, re-checks when it finds it set again. A lease
-outlives the task's hard time limit, so only a dead run's lease ever expires.
+outlives the run's own deadline (``Settings.run_seconds``, kept on every pool, threads
+included) and Celery's hard limit, so only a dead run's lease ever expires.
 """
 
 from __future__ import annotations

@@ -98,8 +98,10 @@ def complete(
     *,
     model: str | None = None,
     max_tokens: int | None = None,
+    timeout: float | None = None,
 ) -> Completion:
-    """One chat completion; raises an ``LLMError`` subclass on any failure."""
+    """One chat completion; raises an ``LLMError`` subclass on any failure. ``timeout`` (at most
+    ``RECAP_LLM_TIMEOUT``) is what is left of the run's time when that is less."""
     name = model or settings.summary_model
     if not name:
         raise FatalLLMError("no summary model is configured (RECAP_SUMMARY_MODEL)")
@@ -108,7 +110,7 @@ def complete(
         response = litellm.completion(
             model=name,
             messages=[dict(m) for m in messages],
-            timeout=settings.llm_timeout,
+            timeout=min(timeout, settings.llm_timeout) if timeout else settings.llm_timeout,
             max_retries=0,
             num_retries=0,
             api_base=settings.summary_api_base,
