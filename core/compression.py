@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from core.branch import effective_history_tokens, messages_after_cutoff
@@ -36,6 +37,7 @@ RETENTION_LIST_TOKENS = 400  # room kept for the list of missing identifiers on 
 MIN_CHUNK_TOKENS = 500  # a chunk smaller than this summarizes nothing worth the call
 REQUEST_PRIMING_TOKENS = 3  # every request is primed with the assistant's reply header
 TRIM_SAFETY = 0.9  # characters per token vary: trim a little below the computed share
+COOLDOWN_MAX_FACTOR = 16  # a cooldown doubles with each further failure, up to this many times
 
 ERROR_TEXT_RE = re.compile(
     r"^\s*(?:error\b|exception\b|traceback\b|internal server error|rate limit|"
@@ -456,3 +458,20 @@ def rejection_reason(text: str | None, *, summary_tokens: int, replaced_tokens: 
             "tokens it would replace"
         )
     return None
+
+
+def cooldown_until(
+    failures: Sequence[datetime], *, streak: int, first_minutes: float
+) -> datetime | None:
+    """Until when the summarizer rests after a run of failures, or None when it may run now.
+
+    ``failures`` holds the times of the conversation's failed runs since its last summary, newest
+    first. Below ``streak`` of them nothing rests; at ``streak`` the summarizer waits
+    ``first_minutes`` after the newest failure, and each further failure doubles the wait, up to
+    ``COOLDOWN_MAX_FACTOR`` times. So a summarizer that keeps failing on one conversation (a
+    rejected summary, a span it cannot fit, a revoked key) is not called on every turn.
+    """
+    if streak < 1 or len(failures) < streak:
+        return None
+    factor = min(2 ** (len(failures) - streak), COOLDOWN_MAX_FACTOR)
+    return failures[0] + timedelta(minutes=first_minutes * factor)

@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     llm_timeout: float = Field(default=60, gt=0)
     max_attempts: int = Field(default=5, ge=1, le=20)
     retry_backoff_max: int = Field(default=60, ge=1)
+    failure_streak: int = Field(default=3, ge=1)  # failed runs in a row before a cooldown
+    failure_cooldown_minutes: float = Field(default=10, gt=0)  # doubles per further failure
     summary_prompt: str = DEFAULT_SUMMARY_PROMPT
     identifier_retention_floor: float = Field(default=0.5, ge=0, le=1)
     log_json: bool = True  # workers log JSON lines; False gives readable console lines

@@ -383,6 +383,27 @@ def test_a_blank_or_error_summary_is_rejected(harness: Harness, reply: Reply) ->
     assert service.assemble(harness.engine, cid, harness.settings).as_dict() == view
 
 
+def test_repeated_failures_rest_the_summarizer_until_forced(harness: Harness) -> None:
+    """After RECAP_FAILURE_STREAK failed runs in a row, later runs skip without a model call
+    and say until when; a forced run calls it again, and a stored summary ends the streak."""
+    cid = harness.new(turns=12)
+    streak = harness.settings.failure_streak
+    harness.server.script(*[Reply(text="   ")] * streak)
+    for _ in range(streak):
+        assert harness.compress(cid)["action"] == "failed"
+    calls = len(harness.server.requests)
+    resting = harness.compress(cid)
+    assert resting["action"] == "skipped" and "resting after 3 failed runs" in resting["reason"]
+    assert "tried again after" in resting["reason"], resting
+    assert len(harness.server.requests) == calls  # no model call while resting
+    other = harness.new(turns=12)  # the rest is per conversation
+    assert harness.compress(other)["action"] == "summarized"
+    forced = harness.compress(cid, force=True)
+    assert forced["action"] == "summarized", forced
+    assert len(harness.server.requests) == calls + 2
+    assert [a for a, _ in harness.log(cid)] == ["failed"] * streak + ["skipped", "summarized"]
+
+
 def test_unknown_conversation_fails_without_a_model_call(harness: Harness) -> None:
     """A task for a conversation that does not exist ends failed, naming it."""
     done = harness.compress("no-such-conversation")

@@ -3,6 +3,7 @@ chunking and the validation of a summary."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -339,3 +340,35 @@ def test_pending_and_request_tokens(
     """Pending messages follow the summary's cutoff; the request counts root, summary and rest."""
     assert [m.id for m in compression.pending_messages(CHAT, summary)] == pending
     assert compression.request_history_tokens(CHAT, summary, cleared) == history
+
+
+# --- the summarizer's cooldown after repeated failures -----------------------------------------
+
+_T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _ago(*minutes: float) -> list[datetime]:
+    return [_T0 - timedelta(minutes=m) for m in minutes]
+
+
+@pytest.mark.parametrize(
+    ("failures", "streak", "expected_minutes_after_newest"),
+    [
+        ([], 3, None),  # no failure: run
+        (_ago(1, 2), 3, None),  # under the streak: run
+        (_ago(1, 2, 3), 3, 10),  # the streak reached: rest the first cooldown
+        (_ago(1, 2, 3, 4), 3, 20),  # each further failure doubles it
+        (_ago(1, 2, 3, 4, 5, 6), 3, 80),
+        (_ago(*range(1, 30)), 3, 160),  # at most COOLDOWN_MAX_FACTOR times the first
+        (_ago(5), 1, 10),  # a streak of one rests after any failure
+    ],
+)
+def test_cooldown_until(
+    failures: list[datetime], streak: int, expected_minutes_after_newest: float | None
+) -> None:
+    """A run of failures rests the summarizer, longer with each further failure, capped."""
+    until = compression.cooldown_until(failures, streak=streak, first_minutes=10)
+    if expected_minutes_after_newest is None:
+        assert until is None
+    else:
+        assert until == failures[0] + timedelta(minutes=expected_minutes_after_newest)

@@ -44,6 +44,8 @@ MAX_PASSES = 3  # the first pass plus up to two re-checks when new turns arrived
 MAX_SHRINKS = 2  # a context-window error halves the summarizer's assumed window, at most twice
 RECONCILE_BATCH = 500  # conversations examined per reconcile pass
 ERROR_CHARS = 500  # an error stored in the log is cut here
+REASON_QUOTE_CHARS = 200  # a cooldown's reason quotes the last failure up to this length
+COOLDOWN_DOUBLINGS = compression.COOLDOWN_MAX_FACTOR.bit_length()  # failures read past the streak
 # An unknown summary model (a local model, a proxy alias) is assumed to take 8k tokens, which any
 # current chat model does; a context-window error from it halves the assumption.
 FALLBACK_SUMMARIZER_WINDOW = 8_192
@@ -119,6 +121,15 @@ class Snapshot:
     summary: SummaryRec | None
     clearings: dict[int, ClearingRec]
     params: CompressionParams
+    failures: tuple[Failure, ...] = ()  # failed runs since the last summary, newest first
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed run, as the cooldown sees it."""
+
+    at: datetime
+    reason: str
 
 
 @dataclass
@@ -160,16 +171,37 @@ def load_state(session: Session, conversation_id: str, leaf: int | None) -> stor
     )
 
 
+def recent_failures(session: Session, conversation_id: str, settings: Settings) -> list[Failure]:
+    """The conversation's failed runs since its last summary, newest first (as many as the
+    cooldown can use)."""
+    c = COMPACTION_LOG.c
+    statement = (
+        select(c.action, c.created_at, c.reason)
+        .where(c.conversation_id == conversation_id, c.action.in_(("failed", "summarized")))
+        .order_by(c.id.desc())
+        .limit(settings.failure_streak + COOLDOWN_DOUBLINGS)
+    )
+    failures: list[Failure] = []
+    for action, at, reason in session.connection().execute(statement):
+        if action != "failed":
+            break
+        failures.append(Failure(store.as_utc(at) or utcnow(), str(reason)))
+    return failures
+
+
 def read_snapshot(
     engine: Engine, settings: Settings, conversation_id: str, leaf: int | None
 ) -> Snapshot:
     """One short read session; everything after it works on plain values."""
     with session_scope(engine) as session:
         state = load_state(session, conversation_id, leaf)
-    return snapshot_of(state, settings)
+        failures = recent_failures(session, conversation_id, settings)
+    return snapshot_of(state, settings, failures)
 
 
-def snapshot_of(state: store.BranchState, settings: Settings) -> Snapshot:
+def snapshot_of(
+    state: store.BranchState, settings: Settings, failures: Sequence[Failure] = ()
+) -> Snapshot:
     """The decision's numbers for a loaded branch."""
     window = tokens.context_window(state.model, state.max_input_tokens)
     history = compression.request_history_tokens(state.branch, state.summary, state.clearings)
@@ -193,6 +225,7 @@ def snapshot_of(state: store.BranchState, settings: Settings) -> Snapshot:
         summary=state.summary,
         clearings=state.clearings,
         params=params,
+        failures=tuple(failures),
     )
 
 
@@ -207,7 +240,9 @@ def claim(engine: Engine, settings: Settings, run: Run) -> tuple[lease.Lease, Sn
             connection = session.connection()
             held = lease.take(connection, cid, owner=owner, now=now, seconds=settings.lease_seconds)
             if held is not None:
-                return held, snapshot_of(load_state(session, cid, run.leaf), settings)
+                state = load_state(session, cid, run.leaf)
+                failures = recent_failures(session, cid, settings)
+                return held, snapshot_of(state, settings, failures)
             exists = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.id == cid)
             if connection.execute(exists).first() is None:
                 raise NotFoundError(f"unknown conversation {cid!r}")
@@ -607,6 +642,9 @@ def summarize(run: Run, snapshot: Snapshot, base: Outcome) -> PassResult:
     )
     if split is None:
         return PassResult(replace(base, reason="nothing older than the recent turns to summarize"))
+    resting = None if run.force else _cooldown_reason(run, snapshot)
+    if resting is not None:
+        return PassResult(replace(base, reason=resting))
     try:
         if run.settings.summary_model:
             result = summarize_with_model(
@@ -617,6 +655,23 @@ def summarize(run: Run, snapshot: Snapshot, base: Outcome) -> PassResult:
     except SummaryFailed as exc:
         return PassResult(replace(base, action="failed", reason=str(exc), error=str(exc)))
     return _validated(run, snapshot, split, result, base)
+
+
+def _cooldown_reason(run: Run, snapshot: Snapshot) -> str | None:
+    """Why the summarizer rests now after repeated failures, or None when it may run."""
+    failures = snapshot.failures
+    until = compression.cooldown_until(
+        [f.at for f in failures],
+        streak=run.settings.failure_streak,
+        first_minutes=run.settings.failure_cooldown_minutes,
+    )
+    if until is None or run.clock() >= until:
+        return None
+    return (
+        f"resting after {len(failures)} failed runs in a row (the last: "
+        f"{failures[0].reason[:REASON_QUOTE_CHARS]}); the summarizer is tried again after "
+        f"{until:%Y-%m-%d %H:%M} UTC, or now with force"
+    )
 
 
 def _validated(
