@@ -188,29 +188,18 @@ def assemble(
     budget = tokens.available_tokens(window, safety_margin)
     tail_tokens = sum(unit.tokens for unit in tail)
     if fixed + tail_tokens > budget:
-        raise BudgetError(
-            f"the last user message and what follows need {tail_tokens} tokens, but only "
-            f"{max(budget - fixed, 0)} of the {budget}-token budget (window {window}, safety "
-            f"margin {safety_margin:g}) are left after the system prompt, tools, reminder and "
-            f"summary ({fixed} tokens); compress the conversation or allow a larger window"
-        )
+        raise _tail_error(tail_tokens, fixed, budget, window, safety_margin)
     room = budget - fixed - tail_tokens
     context, context_tokens, forgotten = _fit_context(context_files, room, encoding)
     room -= context_tokens
-    kept_from, gap_tokens = _fit_older(older, room, encoding, cut=bool(omitted))
-
-    kept_older = older[kept_from:]
-    history_tokens = tail_tokens + gap_tokens + sum(unit.tokens for unit in kept_older)
-    messages: list[dict[str, Any]] = []
-    if system_message is not None:
-        messages.append(system_message)
-    if summary_message is not None:
-        messages.append(summary_message)
-    if gap_tokens:
-        messages.append({"role": ADDED_ROLE, "content": GAP_NOTE})
-    _extend(messages, kept_older, cleared, missing_outputs)
-    messages.extend(context)
-    _extend(messages, tail, cleared, missing_outputs)
+    parts = _Parts(context, tail, cleared, missing_outputs, encoding)
+    fitted = _fit_history(older, room, parts, cut=bool(omitted))
+    history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
+    if fixed + history_tokens + context_tokens > budget:  # the tail's fresh call ids did it
+        raise _tail_error(tail_tokens + fitted.renamed, fixed, budget, window, safety_margin)
+    kept_from = fitted.kept_from
+    messages = [m for m in (system_message, summary_message) if m is not None]
+    messages.extend(fitted.messages)
     if reminder_message is not None:
         messages.append(reminder_message)
     if cache_breakpoints:
@@ -522,6 +511,99 @@ def _render(
             file_exists=item.output_path not in missing_outputs,
         )
     return out
+
+
+def _tail_error(
+    tail_tokens: int, fixed: int, budget: int, window: int, safety_margin: float
+) -> BudgetError:
+    return BudgetError(
+        f"the last user message and what follows need {tail_tokens} tokens, but only "
+        f"{max(budget - fixed, 0)} of the {budget}-token budget (window {window}, safety "
+        f"margin {safety_margin:g}) are left after the system prompt, tools, reminder and "
+        f"summary ({fixed} tokens); compress the conversation or allow a larger window"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """What the history around the kept older units is made of."""
+
+    context: list[dict[str, Any]]
+    tail: Sequence[_Unit]
+    clearings: Mapping[int, ClearingRec]
+    missing_outputs: Collection[str]
+    encoding: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Fitted:
+    """The history as sent: from which older unit on, and its messages and tokens."""
+
+    kept_from: int
+    gap_tokens: int
+    kept_tokens: int  # of the kept older units, as stored
+    messages: list[dict[str, Any]]  # gap note, kept older units, context files, the tail
+    renamed: int  # tokens the fresh ids of repeated call ids add
+
+
+def _fit_history(older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bool) -> _Fitted:
+    """The newest run of older units that fits ``room``, with the parts around it; fitted once
+    more with less room when fresh call ids (``unique_call_ids``) take it over."""
+    fitted = _history_within(older, room, parts, cut=cut)
+    if fitted.renamed and fitted.kept_tokens + fitted.gap_tokens + fitted.renamed > room:
+        fitted = _history_within(older, room - fitted.renamed, parts, cut=cut)
+    return fitted
+
+
+def _history_within(older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bool) -> _Fitted:
+    start, gap_tokens = _fit_older(older, room, parts.encoding, cut=cut)
+    messages = [{"role": ADDED_ROLE, "content": GAP_NOTE}] if gap_tokens else []
+    _extend(messages, older[start:], parts.clearings, parts.missing_outputs)
+    messages.extend(parts.context)
+    _extend(messages, parts.tail, parts.clearings, parts.missing_outputs)
+    renamed = unique_call_ids(messages, parts.encoding)
+    kept_tokens = sum(unit.tokens for unit in older[start:])
+    return _Fitted(start, gap_tokens, kept_tokens, messages, renamed)
+
+
+def unique_call_ids(messages: list[dict[str, Any]], encoding: str) -> int:
+    """Give each call id already used earlier in ``messages`` a fresh one, with the results that
+    answer it (new dicts, in place in the list); the tokens this adds.
+
+    Some servers number calls per turn (``call_0`` on every turn), and a provider that requires
+    unique ids (Anthropic) rejects a request that repeats one. The first use keeps its id, a
+    later one becomes ``<id>_<n>``: this depends on the request alone, so the same state gives
+    the same bytes. Results follow their call (``_units``), so each takes the next id given to
+    a call of the same stored id in the assistant message before it.
+    """
+    seen: set[str] = set()
+    given: dict[str, list[str]] = {}
+    added = 0
+    for position, message in enumerate(messages):
+        renamed = None
+        if message.get("tool_calls"):
+            given = {}
+            calls = []
+            for call in message["tool_calls"]:
+                stored = new = str(call.get("id", ""))
+                uses = 1
+                while new in seen:
+                    uses += 1
+                    new = f"{stored}_{uses}"
+                seen.add(new)
+                given.setdefault(stored, []).append(new)
+                calls.append(call if new == stored else {**call, "id": new})
+            if any(new is not old for new, old in zip(calls, message["tool_calls"], strict=True)):
+                renamed = {**message, "tool_calls": calls}
+        elif message.get("role") == "tool" and given.get(str(message.get("tool_call_id"))):
+            new = given[str(message["tool_call_id"])].pop(0)
+            if new != message["tool_call_id"]:
+                renamed = {**message, "tool_call_id": new}
+        if renamed is not None:
+            added += tokens.count_message(renamed, encoding)
+            added -= tokens.count_message(message, encoding)
+            messages[position] = renamed
+    return added
 
 
 def _extend(
