@@ -1,0 +1,123 @@
+"""The hot-path read (``core.reads``: ids and parents first, then full rows newest first, only as
+far back as the budget can reach) against the whole stored branch, on seeded random trees in
+SQLite: forks at any message, leaves anywhere, summaries on some branches and not others,
+cleared results, windows from tight to roomy. The two must give the same request, byte for byte,
+or the same budget error."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from core import service, store
+from core.assembly import assemble
+from core.db import session_scope
+from core.errors import BudgetError
+from core.models import Clearing, Summary, utcnow
+from core.settings import Settings
+
+TREES = 12
+MESSAGES_PER_TREE = 120
+LEAVES_PER_TREE = 4
+WINDOWS = (1_000, 3_000, 100_000)
+FORK_SHARE = 0.06  # messages hung under an earlier one (an edit, a regenerate)
+FORK_REACH = 12  # how far back an edit reaches, in messages
+WORDS = ("alpha", "beta", "src/app.py", "pytest -q", "KeyError:", "the", "order", "4711")
+
+
+def _content(rng: random.Random, mid_hint: int) -> str:
+    return f"n{mid_hint} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))
+
+
+def _grow(engine: Engine, cid: str, rng: random.Random) -> dict[int, set[str]]:
+    """A random tree: each message hangs under the newest one or, now and then, under one of
+    the last few (an edit, a regenerate). Returns each message's calls still open on its path."""
+    open_at: dict[int, set[str]] = {}
+    latest: int | None = None
+    for n in range(MESSAGES_PER_TREE):
+        parent = latest
+        if open_at and rng.random() < FORK_SHARE:
+            parent = rng.choice(sorted(open_at)[-FORK_REACH:])
+        pending = set(open_at.get(parent, set())) if parent is not None else set()
+        message: dict[str, Any]
+        roll = rng.random()
+        if pending and roll < 0.6:
+            answered = rng.choice(sorted(pending))
+            pending.discard(answered)
+            message = {"role": "tool", "tool_call_id": answered, "name": "bash",
+                       "content": _content(rng, n)}  # fmt: skip
+        elif roll < 0.75:
+            ids = [f"c{n}_{k}" for k in range(rng.randint(1, 2))]
+            pending |= set(ids)
+            calls = [{"id": i, "type": "function",
+                      "function": {"name": "bash", "arguments": f'{{"n": {n}}}'}} for i in ids]
+            message = {"role": "assistant", "content": None, "tool_calls": calls}  # fmt: skip
+        elif roll < 0.9:
+            message = {"role": "user", "content": _content(rng, n)}
+        else:
+            message = {"role": "assistant", "content": _content(rng, n)}
+        latest = service.add_message(engine, cid, message, parent_id=parent)
+        open_at[latest] = pending
+    return open_at
+
+
+def _decorate(engine: Engine, cid: str, rng: random.Random) -> None:
+    """Summaries at two random cutoffs in the oldest third, and a third of the results cleared."""
+    with session_scope(engine) as session:
+        messages = store.load_messages(session, cid)
+        for cutoff in rng.sample(sorted(messages)[: len(messages) // 3], 2):
+            session.add(
+                Summary(
+                    conversation_id=cid, cutoff_message_id=cutoff, text=f"summary up to {cutoff}",
+                    tokens=12, encoding="o200k_base", model="extractive", created_at=utcnow(),
+                )
+            )  # fmt: skip
+        for message in messages.values():
+            if message.role == "tool" and rng.random() < 0.33:
+                session.add(
+                    Clearing(
+                        conversation_id=cid, message_id=message.id, reason="idle",
+                        tokens_reclaimed=max(0, message.tokens - 30), created_at=utcnow(),
+                    )
+                )  # fmt: skip
+
+
+def _whole(engine: Engine, cid: str, leaf: int, window: int, settings: Settings) -> str:
+    with session_scope(engine) as session:
+        state = store.load_state(session, cid, leaf)
+    request = assemble(
+        state.branch, model=state.model, window=window, safety_margin=settings.safety_margin,
+        summary=state.summary, clearings=state.clearings,
+    )  # fmt: skip
+    return json.dumps(request.as_dict())
+
+
+@pytest.mark.parametrize("seed", range(TREES))
+def test_partial_reads_match_the_whole_branch_on_random_trees(
+    sqlite_engine: Engine, settings: Settings, seed: int
+) -> None:
+    """Any leaf of a random tree, any window: the same request or the same error both ways."""
+    rng = random.Random(seed)
+    cid = service.new_conversation(sqlite_engine, settings, f"tree-{seed}")
+    open_at = _grow(sqlite_engine, cid, rng)
+    _decorate(sqlite_engine, cid, rng)
+    leaves = [max(open_at), *rng.sample(sorted(open_at), LEAVES_PER_TREE - 1)]
+    for leaf in leaves:
+        for window in WINDOWS:
+            try:
+                expected = _whole(sqlite_engine, cid, leaf, window, settings)
+            except BudgetError as exc:
+                with pytest.raises(BudgetError) as raised:
+                    service.assemble(
+                        sqlite_engine, cid, settings, leaf=leaf, max_input_tokens=window
+                    )
+                assert str(raised.value) == str(exc)
+                continue
+            fast = service.assemble(
+                sqlite_engine, cid, settings, leaf=leaf, max_input_tokens=window
+            )
+            assert json.dumps(fast.as_dict()) == expected, (seed, leaf, window)
