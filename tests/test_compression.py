@@ -3,6 +3,7 @@ chunking and the validation of a summary."""
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -372,3 +373,60 @@ def test_cooldown_until(
         assert until is None
     else:
         assert until == failures[0] + timedelta(minutes=expected_minutes_after_newest)
+
+
+def _random_pending(rng: random.Random) -> list[Msg]:
+    """Unsummarized messages as agents and chats leave them: turns, steps with parallel calls,
+    results in any order, some calls never answered, a system message now and then."""
+    out: list[Msg] = []
+    open_calls: list[str] = []
+    for mid in range(1, rng.randint(1, 60) + 1):
+        roll = rng.random()
+        size = rng.randint(5, 400)
+        if open_calls and roll < 0.45:
+            out.append(result(mid, size, open_calls.pop(rng.randrange(len(open_calls)))))
+        elif roll < 0.6:
+            ids = [f"c{mid}_{k}" for k in range(rng.randint(1, 3))]
+            open_calls.extend(ids)
+            out.append(call(mid, size, *ids))
+        elif roll < 0.8:
+            out.append(msg(mid, "user", size))
+        elif roll < 0.95:
+            out.append(msg(mid, "assistant", size))
+        else:
+            out.append(msg(mid, "system", size))
+    return out
+
+
+@pytest.mark.parametrize("block", range(5))
+def test_random_splits_never_cut_a_pair_and_keep_the_recent_budget(block: int) -> None:
+    """On seeded random histories the split is a partition with a substantive older part; the
+    recent part starts at a user message, or at an assistant step no call is open across; and
+    when some user message's suffix fits the budget, the recent part is the largest that does."""
+    for seed in range(block * 200, (block + 1) * 200):
+        rng = random.Random(seed)
+        messages = _random_pending(rng)
+        budget = rng.choice([50, 300, 1_000, 5_000])
+        cap = budget * rng.choice([1, 2, 4])
+        split = plan_split(messages, recent_budget=budget, recent_cap=cap)
+        if split is None:
+            continue
+        older, recent = list(split.older), list(split.recent)
+        assert older and recent and older + recent == messages, seed
+        assert any(m.role not in ("system", "developer") for m in older), seed
+        first = recent[0]
+        assert first.role == ("user" if split.at_user else "assistant"), seed
+        if not split.at_user:
+            last_user = max((i for i, m in enumerate(older) if m.role == "user"), default=0)
+            made = {c for m in older[last_user:] for c in m.tool_call_ids}
+            answered_later = {m.tool_call_id for m in recent if m.role == "tool"}
+            assert not made & answered_later, seed
+        sizes = [m.tokens for m in messages]
+        starts = [i for i, m in enumerate(messages) if m.role == "user" and i > 0]
+        fitting = [i for i in starts if sum(sizes[i:]) <= budget and _has_substance(messages[:i])]
+        if fitting:
+            assert len(older) == min(fitting), seed
+
+
+def _has_substance(messages: list[Msg]) -> bool:
+    return any(m.role not in ("system", "developer") for m in messages)
