@@ -154,14 +154,36 @@ def message_tokens(message: Msg, clearings: Mapping[int, ClearingRec]) -> int:
     return message.tokens - (cleared.tokens_reclaimed if cleared is not None else 0)
 
 
+def _spanned(messages: Sequence[Msg]) -> list[bool]:
+    """For each index, whether a call made before it is answered at or after it: a cut there
+    would summarize the call and leave its result behind, where the request must drop it."""
+    depth = [0] * (len(messages) + 1)
+    calls: dict[str, list[int]] = {}
+    for index, message in enumerate(messages):
+        if message.role == "assistant":
+            for call_id in message.tool_call_ids:
+                calls.setdefault(call_id, []).append(index)
+        elif message.role == "tool" and calls.get(message.tool_call_id or ""):
+            made = calls[message.tool_call_id or ""].pop(0)
+            depth[made + 1] += 1
+            depth[index + 1] -= 1
+    spanned, open_pairs = [], 0
+    for index in range(len(messages)):
+        open_pairs += depth[index]
+        spanned.append(open_pairs > 0)
+    return spanned
+
+
 def _boundaries(messages: Sequence[Msg]) -> tuple[list[int], list[int]]:
-    """Indices a cut may fall before: user messages, and assistant steps with no open call."""
+    """Indices a cut may fall before: user messages, and assistant steps with no open call;
+    never between a call and its result."""
     users: list[int] = []
     steps: list[int] = []
     open_calls: set[str] = set()
     substantive = False
+    spanned = _spanned(messages)
     for index, message in enumerate(messages):
-        if index > 0 and substantive:
+        if index > 0 and substantive and not spanned[index]:
             if message.role == "user":
                 users.append(index)
             elif message.role == "assistant" and not open_calls:

@@ -107,6 +107,15 @@ OPEN_CALL = [
     msg(6, "assistant", 100),
 ]
 
+LATE_RESULT = [  # the user spoke again before the tool answered
+    msg(1, "user", 100),
+    call(2, 50, "x"),
+    msg(3, "user", 100),
+    result(4, 900, "x"),
+    msg(5, "assistant", 100),
+]
+
+
 
 @pytest.mark.parametrize(
     ("messages", "budget", "cap", "keep", "cutoff", "at_user"),
@@ -119,6 +128,7 @@ OPEN_CALL = [
         (AGENT, 1_000, 1_500, 0, 6, False),  # one user turn: cut before an answered step
         (AGENT, 100, 200, 0, 8, False),  # even the last step is too big: cut before it anyway
         (OPEN_CALL, 1_000, 1_000, 0, 5, False),  # never between a call and its last result
+        (LATE_RESULT, 1_100, 1_100, 0, 4, False),  # nor before a user message a result follows
         ([msg(1, "system", 10), msg(2, "user", 10)], 1, 1, 0, None, False),  # nothing older
         ([msg(1, "user", 10)], 1, 1, 0, None, False),  # a single message
         ([], 1, 1, 0, None, False),  # nothing at all
@@ -416,17 +426,36 @@ def test_random_splits_never_cut_a_pair_and_keep_the_recent_budget(block: int) -
         assert any(m.role not in ("system", "developer") for m in older), seed
         first = recent[0]
         assert first.role == ("user" if split.at_user else "assistant"), seed
+        pairs = _pairs(messages)
+        assert not any(c < len(older) <= r for c, r in pairs), seed  # no pair across the cut
         if not split.at_user:
             last_user = max((i for i, m in enumerate(older) if m.role == "user"), default=0)
             made = {c for m in older[last_user:] for c in m.tool_call_ids}
             answered_later = {m.tool_call_id for m in recent if m.role == "tool"}
             assert not made & answered_later, seed
         sizes = [m.tokens for m in messages]
-        starts = [i for i, m in enumerate(messages) if m.role == "user" and i > 0]
-        fitting = [i for i in starts if sum(sizes[i:]) <= budget and _has_substance(messages[:i])]
+        starts = [
+            i
+            for i, m in enumerate(messages)
+            if m.role == "user" and _has_substance(messages[:i])
+            and not any(c < i <= r for c, r in pairs)
+        ]  # fmt: skip
+        fitting = [i for i in starts if sum(sizes[i:]) <= budget]
         if fitting:
             assert len(older) == min(fitting), seed
 
 
 def _has_substance(messages: list[Msg]) -> bool:
     return any(m.role not in ("system", "developer") for m in messages)
+
+
+def _pairs(messages: list[Msg]) -> list[tuple[int, int]]:
+    """(call index, result index) of each call answered later: the first result with its id."""
+    out = []
+    for c, message in enumerate(messages):
+        for call_id in message.tool_call_ids if message.role == "assistant" else ():
+            later = (r for r in range(c + 1, len(messages)) if messages[r].tool_call_id == call_id)
+            r = next(later, None)
+            if r is not None:
+                out.append((c, r))
+    return out
