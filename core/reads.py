@@ -10,7 +10,6 @@ text and decoded only when they hold a value, since most rows hold a JSON null t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,6 @@ from core.records import ClearingRec, Msg, SummaryRec
 
 FIRST_BATCH = 256  # rows in the newest batch, and the fewest in any later one
 BATCH_SLACK = 1.1  # later batches: the rows the rest of the budget should need, plus a tenth
-ROWS_PER_FETCH = 256  # rows taken from the driver at a time: few calls, no pile of dead rows
 JSON_COLUMNS = frozenset({"tool_calls", "content_parts", "extra"})
 COLUMNS = tuple(
     type_coerce(column, Text) if column.name in JSON_COLUMNS else column
@@ -169,20 +167,17 @@ class _Rows:
         )
 
 
-def plain_rows(connection: Connection, statement: Select[Any]) -> Iterator[tuple[Any, ...]]:
-    """The rows of ``statement`` as the driver's own tuples, one at a time.
+def plain_rows(connection: Connection, statement: Select[Any]) -> list[tuple[Any, ...]]:
+    """The rows of ``statement`` as the driver's own tuples.
 
-    SQLAlchemy compiles and runs the statement (any dialect), but the rows come straight from
-    its DBAPI cursor: building a ``Row`` per result costs as much as the read itself on these
-    wide reads, and the columns read here need no type processing (integers and text; a JSON
-    column comes back as text on SQLite and decoded on PostgreSQL, which ``_json_value`` takes
-    both). Fetching in small batches rather than one list lets each row the caller does not keep
-    go soon, so thousands of them never pile up for the garbage collector.
+    SQLAlchemy compiles and runs the statement (any dialect), but the rows are fetched from its
+    DBAPI cursor: building a ``Row`` per result costs as much as the read itself on these wide
+    reads, and the columns read here need no type processing (integers and text; a JSON column
+    comes back as text on SQLite and decoded on PostgreSQL, which ``_json_value`` takes both).
     """
     result = connection.execute(statement)
     try:
-        while rows := result.cursor.fetchmany(ROWS_PER_FETCH):
-            yield from rows
+        return list(result.cursor.fetchall())
     finally:
         result.close()
 
