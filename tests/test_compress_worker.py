@@ -32,11 +32,12 @@ from core.migrate import upgrade
 from core.models import MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
 from core.prompts import CUTOFF_MARKER, NO_PREVIOUS_SUMMARY, SUMMARY_MESSAGE_PREFIX
 from core.settings import Settings, get_settings
+from tests.celery_helpers import configured_app
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.llm_server import LLMServer, Reply
 from tests.processes import stop_group
 from workers import lease
-from workers.app import app, celery_config, configure
+from workers.app import app
 
 pytestmark = pytest.mark.redis
 
@@ -125,30 +126,6 @@ class Harness:
 def messages_table(engine: Engine) -> list[tuple[Any, ...]]:
     with engine.connect() as connection:
         return [tuple(row) for row in connection.execute(select(MESSAGES).order_by(MESSAGES.c.id))]
-
-
-def _reset_app_connections() -> None:
-    """Drop the app's cached broker connections, so a new broker URL takes effect."""
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
-    app.amqp._producer_pool = None
-
-
-@contextmanager
-def configured_app(settings: Settings, prefix: str | None) -> Iterator[None]:
-    """The Celery app pointed at this test's broker (with its own key prefix), then restored."""
-    saved = {key: app.conf.get(key) for key in celery_config(settings)}
-    configure(app, settings)
-    if prefix is not None:
-        options = {**app.conf.broker_transport_options, "global_keyprefix": prefix}
-        app.conf.broker_transport_options = options
-    _reset_app_connections()
-    try:
-        yield
-    finally:
-        app.conf.update(saved)
-        _reset_app_connections()
 
 
 @contextmanager

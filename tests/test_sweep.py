@@ -232,24 +232,29 @@ def test_real_conversations_sweep(sqlite_engine: Engine) -> None:
 
 
 @pytest.fixture
-def worker(redis_url: str, sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A real worker thread consuming a queue of its own on the Redis broker (its name)."""
+def worker(
+    redis_url: str, sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """A real worker thread on the Redis broker, under a key prefix of its own (other test runs
+    share the server), consuming the app's own queues as deployed."""
     from celery.contrib.testing.worker import start_worker
 
-    from workers.app import app, configure
+    from tests.celery_helpers import configured_app
+    from workers.app import app
 
     monkeypatch.setenv("RECAP_BROKER_URL", redis_url)
     monkeypatch.setenv("RECAP_RESULT_BACKEND", redis_url)
     monkeypatch.setenv("RECAP_SWEEP_BATCH_SIZE", "2")
     get_settings.cache_clear()
-    queue = f"test-maintenance-{uuid.uuid4().hex[:8]}"  # other test runs share the broker
-    configure(app, get_settings())
+    prefix = f"recap-test-{uuid.uuid4().hex[:10]}:"
     try:
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue]):
-            yield queue
+        with (
+            configured_app(get_settings(), prefix),
+            start_worker(app, pool="solo", perform_ping_check=False),
+        ):
+            yield
     finally:
         get_settings.cache_clear()
-        configure(app, get_settings())
 
 
 def follow(first: dict[str, Any]) -> list[dict[str, Any]]:
@@ -262,14 +267,14 @@ def follow(first: dict[str, Any]) -> list[dict[str, Any]]:
     return runs
 
 
-def test_sweep_task_on_a_worker_reenqueues_until_done(worker: Any, sqlite_engine: Engine) -> None:
+def test_sweep_task_on_a_worker_reenqueues_until_done(worker: None, sqlite_engine: Engine) -> None:
     """The beat task clears one batch per run and re-enqueues itself until nothing is left."""
     from workers.maintenance import sweep_idle_tool_results
 
     records = [agent_record(f"w{i}", ["bash"] * 5) for i in range(3)]
     service.import_conversations(sqlite_engine, records, get_settings())
     make_idle(sqlite_engine, *[r["id"] for r in records])
-    first = sweep_idle_tool_results.apply_async(queue=worker).get(timeout=30)
+    first = sweep_idle_tool_results.apply_async().get(timeout=30)
     runs = follow(first)
     assert first["cleared"] == 2 and first["more"] is True
     expected = 3 * (5 - get_settings().idle_keep_tool_results)  # all but the kept ones, x3
@@ -278,7 +283,7 @@ def test_sweep_task_on_a_worker_reenqueues_until_done(worker: Any, sqlite_engine
     assert len(table_rows(sqlite_engine, "clearings")) == expected
 
 
-def test_cleanup_task_on_a_worker(worker: Any, tmp_path: Path) -> None:
+def test_cleanup_task_on_a_worker(worker: None, tmp_path: Path) -> None:
     """The beat cleanup deletes expired saved outputs and reports what it deleted."""
     from core.outputs import save_output
     from workers.maintenance import cleanup_truncated_outputs
@@ -286,6 +291,6 @@ def test_cleanup_task_on_a_worker(worker: Any, tmp_path: Path) -> None:
     old = save_output(Path(get_settings().output_dir), "old " * 300)
     moment = time.time() - 30 * 86_400
     os.utime(old, (moment, moment))
-    result = cleanup_truncated_outputs.apply_async(queue=worker).get(timeout=30)
+    result = cleanup_truncated_outputs.apply_async().get(timeout=30)
     assert result == {"deleted": 1, "bytes": 1_200}
     assert not old.exists()

@@ -1,0 +1,38 @@
+"""Pointing the one Celery app at a test's own broker settings, and putting it back after.
+
+Tests share ``workers.app.app``: each test that starts a worker configures it for its broker
+with a Redis key prefix of its own (runs sharing the server never see each other's messages)
+and restores it afterwards, so no test inherits another one's broker, connections or queues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from core.settings import Settings
+from workers.app import app, celery_config, configure
+
+
+def reset_app_connections() -> None:
+    """Drop the app's cached broker connections, so a new broker URL takes effect."""
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.amqp._producer_pool = None
+
+
+@contextmanager
+def configured_app(settings: Settings, prefix: str | None) -> Iterator[None]:
+    """The Celery app pointed at this test's broker (with its own key prefix), then restored."""
+    saved = {key: app.conf.get(key) for key in celery_config(settings)}
+    configure(app, settings)
+    if prefix is not None:
+        options = {**app.conf.broker_transport_options, "global_keyprefix": prefix}
+        app.conf.broker_transport_options = options
+    reset_app_connections()
+    try:
+        yield
+    finally:
+        app.conf.update(saved)
+        reset_app_connections()
