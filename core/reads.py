@@ -10,10 +10,12 @@ text and decoded only when they hold a value, since most rows hold a JSON null t
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Select, Text, select, type_coerce
+from sqlalchemy import Connection, Select, Text, and_, bindparam, func, or_, select, type_coerce
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlmodel import Session
 
 from core import assembly, store
@@ -30,6 +32,43 @@ COLUMNS = tuple(
     for column in store.MESSAGE_COLUMNS
 )
 ROLE, TOKENS, TOOL_CALLS, TOOL_CALL_ID = 2, 4, 5, 6  # positions in store.MESSAGE_COLUMNS
+# Statements built once, with parameters: building one costs several times what running it does.
+_HEAD = select(CONVERSATIONS.c.model, CONVERSATIONS.c.max_input_tokens).where(
+    CONVERSATIONS.c.id == bindparam("conversation_id")
+)
+_PARENTS = (  # in id order, the index on (conversation, id, parent) is read in sequence
+    select(MESSAGES.c.id, MESSAGES.c.parent_id)
+    .where(MESSAGES.c.conversation_id == bindparam("conversation_id"))
+    .order_by(MESSAGES.c.id)
+)
+_IN_CONVERSATION = MESSAGES.c.conversation_id == bindparam("conversation_id")
+_ORDERED = (
+    select(MESSAGES.c.id, MESSAGES.c.parent_id)
+    .where(MESSAGES.c.conversation_id == bindparam("conversation_id"))
+    .order_by(MESSAGES.c.id)
+    .subquery()
+)
+# Ids and parents as two JSON arrays: two strings to decode instead of a row per message.
+_AGGREGATED_PARENTS = {
+    "sqlite": select(
+        func.json_group_array(_ORDERED.c.id), func.json_group_array(_ORDERED.c.parent_id)
+    ),
+    "postgresql": select(
+        func.json_agg(aggregate_order_by(MESSAGES.c.id, MESSAGES.c.id)),
+        func.json_agg(aggregate_order_by(MESSAGES.c.parent_id, MESSAGES.c.id)),
+    ).where(MESSAGES.c.conversation_id == bindparam("conversation_id")),
+}
+_ROWS = select(*COLUMNS).where(  # one id range and two single rows, each an index search
+    or_(
+        and_(_IN_CONVERSATION, MESSAGES.c.id == bindparam("one")),
+        and_(_IN_CONVERSATION, MESSAGES.c.id == bindparam("other")),
+        and_(
+            _IN_CONVERSATION,
+            MESSAGES.c.id >= bindparam("low"),
+            MESSAGES.c.id <= bindparam("high"),
+        ),
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -44,9 +83,7 @@ class RequestBranch:
 
 def conversation_head(session: Session, conversation_id: str) -> tuple[str, int | None]:
     """The conversation's model and window override, or a ``NotFoundError``."""
-    c = CONVERSATIONS.c
-    statement = select(c.model, c.max_input_tokens).where(c.id == conversation_id)
-    head = session.connection().execute(statement).first()
+    head = session.connection().execute(_HEAD, {"conversation_id": conversation_id}).first()
     if head is None:
         raise NotFoundError(f"unknown conversation {conversation_id!r}")
     return str(head[0]), head[1]
@@ -58,26 +95,19 @@ def load_request_branch(
     """The branch ending at ``leaf`` (default: the latest message), without the oldest messages
     after the cutoff that no request within ``budget`` tokens can hold (None: read them all)."""
     connection = session.connection()
-    m = MESSAGES.c
-    statement = (  # in id order, the index on (conversation, id) reads the table in sequence
-        select(m.id, m.parent_id).where(m.conversation_id == conversation_id).order_by(m.id)
-    )
-    parents: dict[int, int | None] = dict(plain_rows(connection, statement))
-    if leaf is None and parents:
-        leaf = max(parents)
-    if leaf is not None and leaf not in parents:
-        raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
-    path = branch_ids(parents, leaf) if leaf is not None else []
+    path = branch_path(connection, conversation_id, leaf)
     summary = applicable_summary(store.load_summaries(session, conversation_id), set(path))
     clearings = store.load_clearings(session, conversation_id)
     rows = _Rows(connection, conversation_id)
-    rows.fetch(path[:1])
-    heads = [path[0]] if path and rows.by_id[path[0]][ROLE] in assembly.SYSTEM_ROLES else []
+    if not path:
+        return RequestBranch(branch=[], summary=summary, clearings=clearings, omitted=[])
+    cutoff = summary.cutoff_message_id if summary is not None else path[0]
+    rows.fetch(path[-FIRST_BATCH:], also=(path[0], cutoff))  # the newest, the root, the cutoff
+    heads = [path[0]] if rows.by_id[path[0]][ROLE] in assembly.SYSTEM_ROLES else []
     first = len(heads)
-    if summary is not None and summary.cutoff_message_id not in heads:
-        first = path.index(summary.cutoff_message_id) + 1
-        heads.append(summary.cutoff_message_id)
-        rows.fetch(heads[-1:])
+    if summary is not None and cutoff not in heads:
+        first = path.index(cutoff) + 1
+        heads.append(cutoff)
     after = path[first:]
     skip = 0 if budget is None else _omittable(after, rows, clearings, budget)
     rows.fetch([mid for mid in after[skip:] if mid not in rows.by_id])
@@ -87,6 +117,54 @@ def load_request_branch(
         clearings=clearings,
         omitted=after[:skip],
     )
+
+
+def branch_path(connection: Connection, conversation_id: str, leaf: int | None) -> list[int]:
+    """The ids from the root to ``leaf`` (default: the latest message).
+
+    The ids and parents of the whole conversation come as two JSON arrays from the database
+    (two strings, not a row object per message), and a conversation that never forked (each
+    message the child of the one before it: compared as whole lists, not in a Python loop) has
+    its path without a walk; one with forks is walked from the leaf up.
+    """
+    ids, parents = _ids_and_parents(connection, conversation_id)
+    if not ids:
+        if leaf is not None:
+            raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
+        return []
+    leaf = ids[-1] if leaf is None else leaf
+    if parents[0] is None and parents[1:] == ids[:-1]:  # one chain
+        end = bisect_left(ids, leaf)
+        if end == len(ids) or ids[end] != leaf:
+            raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
+        return ids[: end + 1]
+    parent_of = dict(zip(ids, parents, strict=True))
+    if leaf not in parent_of:
+        raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
+    return branch_ids(parent_of, leaf)
+
+
+def _ids_and_parents(
+    connection: Connection, conversation_id: str
+) -> tuple[list[int], list[int | None]]:
+    """Every message id of the conversation in ascending order, and each one's parent."""
+    params = {"conversation_id": conversation_id}
+    aggregate = _AGGREGATED_PARENTS.get(connection.dialect.name)
+    if aggregate is None:
+        rows = plain_rows(connection, _PARENTS, params)
+        return [row[0] for row in rows], [row[1] for row in rows]
+    ids_json, parents_json = connection.execute(aggregate, params).one()
+    ids, parents = _json_list(ids_json), _json_list(parents_json)
+    if ids != sorted(ids):  # an aggregate's order is the scan's in practice, not by contract
+        pairs = sorted(zip(ids, parents, strict=True))
+        ids, parents = [i for i, _ in pairs], [p for _, p in pairs]
+    return ids, parents
+
+
+def _json_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(json.loads(value) if isinstance(value, str) else value)
 
 
 def _omittable(
@@ -126,17 +204,22 @@ class _Rows:
         self.by_id: dict[int, Any] = {}
         self._calls: dict[int, list[dict[str, Any]]] = {}
 
-    def fetch(self, ids: list[int]) -> None:
-        """Read the rows of ``ids`` (ascending) in one range query; other branches are skipped."""
+    def fetch(self, ids: list[int], also: tuple[int, int] | None = None) -> None:
+        """Read the rows of ``ids`` (ascending) in one range query, and the two rows ``also``
+        names; rows of other branches in the range are skipped."""
         if not ids:
             return
-        m = MESSAGES.c
-        statement = select(*COLUMNS).where(
-            m.conversation_id == self.conversation_id, m.id >= ids[0], m.id <= ids[-1]
-        )
-        wanted = set(ids)
+        one, other = also or (ids[0], ids[0])
+        params = {
+            "conversation_id": self.conversation_id,
+            "one": one,
+            "other": other,
+            "low": ids[0],
+            "high": ids[-1],
+        }
+        wanted = {*ids, one, other}
         self.by_id.update(
-            (row[0], row) for row in plain_rows(self.connection, statement) if row[0] in wanted
+            (row[0], row) for row in plain_rows(self.connection, _ROWS, params) if row[0] in wanted
         )
 
     def calls(self, mid: int) -> list[dict[str, Any]]:
@@ -167,7 +250,9 @@ class _Rows:
         )
 
 
-def plain_rows(connection: Connection, statement: Select[Any]) -> list[tuple[Any, ...]]:
+def plain_rows(
+    connection: Connection, statement: Select[Any], params: dict[str, Any]
+) -> list[tuple[Any, ...]]:
     """The rows of ``statement`` as the driver's own tuples.
 
     SQLAlchemy compiles and runs the statement (any dialect), but the rows are fetched from its
@@ -175,7 +260,7 @@ def plain_rows(connection: Connection, statement: Select[Any]) -> list[tuple[Any
     reads, and the columns read here need no type processing (integers and text; a JSON column
     comes back as text on SQLite and decoded on PostgreSQL, which ``_json_value`` takes both).
     """
-    result = connection.execute(statement)
+    result = connection.execute(statement, params)
     try:
         return list(result.cursor.fetchall())
     finally:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, update
+from sqlalchemy import bindparam, func, insert, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -307,23 +307,29 @@ def load_branch(session: Session, conversation_id: str, leaf: int | None = None)
     return [messages[mid] for mid in path]
 
 
+# Built once: every request reads these, and building a statement costs more than running it.
+_SUMMARIES_OF = (
+    sa_select(
+        SUMMARIES.c.id,
+        SUMMARIES.c.cutoff_message_id,
+        SUMMARIES.c.previous_summary_id,
+        SUMMARIES.c.text,
+        SUMMARIES.c.tokens,
+        SUMMARIES.c.model,
+        SUMMARIES.c.identifier_retention,
+        SUMMARIES.c.created_at,
+    )
+    .where(SUMMARIES.c.conversation_id == bindparam("conversation_id"))
+    .order_by(SUMMARIES.c.id)
+)
+_CLEARINGS_OF = sa_select(
+    CLEARINGS.c.message_id, CLEARINGS.c.reason, CLEARINGS.c.tokens_reclaimed
+).where(CLEARINGS.c.conversation_id == bindparam("conversation_id"))
+
+
 def load_summaries(session: Session, conversation_id: str) -> list[SummaryRec]:
     """The conversation's summaries, oldest first."""
-    c = SUMMARIES.c
-    statement = (
-        sa_select(
-            c.id,
-            c.cutoff_message_id,
-            c.previous_summary_id,
-            c.text,
-            c.tokens,
-            c.model,
-            c.identifier_retention,
-            c.created_at,
-        )
-        .where(c.conversation_id == conversation_id)
-        .order_by(c.id)
-    )
+    rows = session.connection().execute(_SUMMARIES_OF, {"conversation_id": conversation_id})
     return [
         SummaryRec(
             id=int(row[0]),
@@ -335,20 +341,14 @@ def load_summaries(session: Session, conversation_id: str) -> list[SummaryRec]:
             identifier_retention=float(row[6]),
             created_at=as_utc(row[7]),
         )
-        for row in session.connection().execute(statement)
+        for row in rows
     ]
 
 
 def load_clearings(session: Session, conversation_id: str) -> dict[int, ClearingRec]:
     """The cleared tool results of the conversation, by message id."""
-    c = CLEARINGS.c
-    statement = sa_select(c.message_id, c.reason, c.tokens_reclaimed).where(
-        c.conversation_id == conversation_id
-    )
-    return {
-        int(row[0]): ClearingRec(int(row[0]), row[1], int(row[2]))
-        for row in session.connection().execute(statement)
-    }
+    rows = session.connection().execute(_CLEARINGS_OF, {"conversation_id": conversation_id})
+    return {int(row[0]): ClearingRec(int(row[0]), row[1], int(row[2])) for row in rows}
 
 
 def load_state(session: Session, conversation_id: str, leaf: int | None = None) -> BranchState:

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from core import service, store
 from core.assembly import assemble
 from core.db import session_scope
-from core.errors import BudgetError
+from core.errors import BudgetError, NotFoundError
 from core.models import Clearing, Summary, utcnow
 from core.settings import Settings
 
@@ -33,14 +33,16 @@ def _content(rng: random.Random, mid_hint: int) -> str:
     return f"n{mid_hint} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))
 
 
-def _grow(engine: Engine, cid: str, rng: random.Random) -> dict[int, set[str]]:
+def _grow(
+    engine: Engine, cid: str, rng: random.Random, forks: float = FORK_SHARE
+) -> dict[int, set[str]]:
     """A random tree: each message hangs under the newest one or, now and then, under one of
     the last few (an edit, a regenerate). Returns each message's calls still open on its path."""
     open_at: dict[int, set[str]] = {}
     latest: int | None = None
     for n in range(MESSAGES_PER_TREE):
         parent = latest
-        if open_at and rng.random() < FORK_SHARE:
+        if open_at and rng.random() < forks:
             parent = rng.choice(sorted(open_at)[-FORK_REACH:])
         pending = set(open_at.get(parent, set())) if parent is not None else set()
         message: dict[str, Any]
@@ -101,23 +103,35 @@ def test_partial_reads_match_the_whole_branch_on_random_trees(
     sqlite_engine: Engine, settings: Settings, seed: int
 ) -> None:
     """Any leaf of a random tree, any window: the same request or the same error both ways."""
+    _check_tree(sqlite_engine, settings, seed, FORK_SHARE)
+
+
+@pytest.mark.parametrize(("seed", "forks"), [(100, 0.0), (101, FORK_SHARE)])
+def test_partial_reads_match_on_every_database(
+    engine: Engine, settings: Settings, seed: int, forks: float
+) -> None:
+    """The ids and parents come as one aggregate per database (SQLite's json_group_array,
+    PostgreSQL's json_agg): a chain without forks (read without a walk, any leaf on it) and a
+    tree with forks give the same requests as the whole branch on both."""
+    _check_tree(engine, settings, seed, forks)
+
+
+def _check_tree(engine: Engine, settings: Settings, seed: int, forks: float) -> None:
     rng = random.Random(seed)
-    cid = service.new_conversation(sqlite_engine, settings, f"tree-{seed}")
-    open_at = _grow(sqlite_engine, cid, rng)
-    _decorate(sqlite_engine, cid, rng)
+    cid = service.new_conversation(engine, settings, f"tree-{seed}")
+    open_at = _grow(engine, cid, rng, forks)
+    _decorate(engine, cid, rng)
     leaves = [max(open_at), *rng.sample(sorted(open_at), LEAVES_PER_TREE - 1)]
     for leaf in leaves:
         for window in WINDOWS:
             try:
-                expected = _whole(sqlite_engine, cid, leaf, window, settings)
+                expected = _whole(engine, cid, leaf, window, settings)
             except BudgetError as exc:
                 with pytest.raises(BudgetError) as raised:
-                    service.assemble(
-                        sqlite_engine, cid, settings, leaf=leaf, max_input_tokens=window
-                    )
+                    service.assemble(engine, cid, settings, leaf=leaf, max_input_tokens=window)
                 assert str(raised.value) == str(exc)
                 continue
-            fast = service.assemble(
-                sqlite_engine, cid, settings, leaf=leaf, max_input_tokens=window
-            )
+            fast = service.assemble(engine, cid, settings, leaf=leaf, max_input_tokens=window)
             assert json.dumps(fast.as_dict()) == expected, (seed, leaf, window)
+    with pytest.raises(NotFoundError):
+        service.assemble(engine, cid, settings, leaf=max(open_at) + 10_000)
