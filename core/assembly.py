@@ -175,7 +175,9 @@ def assemble(
     if not after and summary is None:
         raise InputError("nothing to send: the branch has no message besides a system prompt")
 
-    units, orphans = _units(after, cleared, missing_outputs, encoding, text_only=text_only)
+    units, orphans, repeated = _units(
+        after, cleared, missing_outputs, encoding, text_only=text_only
+    )
     split = _last_user_unit(units)
     older, tail = units[:split], units[split:]
 
@@ -192,7 +194,7 @@ def assemble(
     room = budget - fixed - tail_tokens
     context, context_tokens, forgotten = _fit_context(context_files, room, encoding)
     room -= context_tokens
-    parts = _Parts(context, tail, cleared, missing_outputs, encoding)
+    parts = _Parts(context, tail, cleared, missing_outputs, encoding, repeated)
     fitted = _fit_history(older, room, parts, cut=bool(omitted))
     history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
     if fixed + history_tokens + context_tokens > budget:  # the tail's fresh call ids did it
@@ -334,8 +336,9 @@ def _units(
     encoding: str,
     *,
     text_only: bool,
-) -> tuple[list[_Unit], list[int]]:
-    """The history as units with valid tool pairs, and the ids of orphan results dropped.
+) -> tuple[list[_Unit], list[int], bool]:
+    """The history as units with valid tool pairs, the ids of orphan results dropped, and
+    whether any call id is used twice (only then are ids made unique: ``unique_call_ids``).
 
     This runs over every message after the cutoff on each request, so it stays a flat loop.
     """
@@ -346,12 +349,16 @@ def _units(
     used: set[int] = set()
     units: list[_Unit] = []
     orphans: list[int] = []
+    call_ids: set[str] = set()
+    calls = 0
     for index, message in enumerate(messages):
         role = message.role
         if role == "tool":
             if index not in used:
                 orphans.append(message.id)
         elif role == "assistant" and message.tool_calls:
+            call_ids.update(message.tool_call_ids)
+            calls += len(message.tool_calls)
             answers, stubs = _answers(index, message, results, used)
             stored = [messages[j] for j in answers]
             unit = _group_unit(message, stored, stubs, clearings, encoding)
@@ -360,7 +367,7 @@ def _units(
             units.append(unit)
         else:
             units.append(_Unit([message], [message.id], message.tokens, role == "user"))
-    return units, orphans
+    return units, orphans, len(call_ids) < calls
 
 
 def _answers(
@@ -533,6 +540,7 @@ class _Parts:
     clearings: Mapping[int, ClearingRec]
     missing_outputs: Collection[str]
     encoding: str
+    repeated_call_ids: bool  # some call id is used twice among the messages considered
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,7 +569,7 @@ def _history_within(older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bo
     _extend(messages, older[start:], parts.clearings, parts.missing_outputs)
     messages.extend(parts.context)
     _extend(messages, parts.tail, parts.clearings, parts.missing_outputs)
-    renamed = unique_call_ids(messages, parts.encoding)
+    renamed = unique_call_ids(messages, parts.encoding) if parts.repeated_call_ids else 0
     kept_tokens = sum(unit.tokens for unit in older[start:])
     return _Fitted(start, gap_tokens, kept_tokens, messages, renamed)
 
