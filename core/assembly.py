@@ -357,9 +357,8 @@ def _units(
             if index not in used:
                 orphans.append(message.id)
         elif role == "assistant" and message.tool_calls:
-            call_ids.update(message.tool_call_ids)
             calls += len(message.tool_calls)
-            answers, stubs = _answers(index, message, results, used)
+            answers, stubs = _answers(index, message, results, used, call_ids)
             stored = [messages[j] for j in answers]
             unit = _group_unit(message, stored, stubs, clearings, encoding)
             if text_only:
@@ -371,13 +370,16 @@ def _units(
 
 
 def _answers(
-    index: int, message: Msg, results: dict[str, list[int]], used: set[int]
+    index: int, message: Msg, results: dict[str, list[int]], used: set[int], seen: set[str]
 ) -> tuple[list[int], list[dict[str, Any]]]:
-    """For each call of ``message``: the first unused stored result after it, or a stub."""
+    """For each call of ``message``: the first unused stored result after it, or a stub. The
+    call ids go into ``seen``."""
     answers: list[int] = []
     stubs: list[dict[str, Any]] = []
     for call in message.tool_calls:
-        for j in results.get(str(call.get("id", "")), ()):
+        call_id = str(call.get("id", ""))
+        seen.add(call_id)
+        for j in results.get(call_id, ()):
             if j > index and j not in used:
                 used.add(j)
                 answers.append(j)

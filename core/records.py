@@ -41,7 +41,7 @@ class Msg(NamedTuple):
             list(self.content_parts) if self.content_parts is not None else self.content
         )
         if self.tool_calls:
-            out["tool_calls"] = [dict(call) for call in self.tool_calls]
+            out["tool_calls"] = list(self.tool_calls)
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
