@@ -79,9 +79,7 @@ def random_case(seed: int) -> dict[str, Any]:
     if not any(m.role == "user" for m in branch[1:]):
         mid = len(branch) + 1
         branch.append(_msg(mid, branch[-1].id, {"role": "user", "content": f"m{mid}"}))
-    clearings = {
-        m.id: _clearing(m) for m in branch if m.role == "tool" and rng.random() < 0.3
-    }
+    clearings = {m.id: _clearing(m) for m in branch if m.role == "tool" and rng.random() < 0.3}
     summary = None
     if rng.random() < 0.3 and len(branch) > 2:
         cutoff = rng.choice(branch[:-1]).id

@@ -55,8 +55,14 @@ def _grow(
         elif roll < 0.75:
             ids = [f"c{n}_{k}" for k in range(rng.randint(1, 2))]
             pending |= set(ids)
-            calls = [{"id": i, "type": "function",
-                      "function": {"name": "bash", "arguments": f'{{"n": {n}}}'}} for i in ids]
+            calls = [
+                {
+                    "id": i,
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": f'{{"n": {n}}}'},
+                }
+                for i in ids
+            ]
             message = {"role": "assistant", "content": None, "tool_calls": calls}  # fmt: skip
         elif roll < 0.9:
             message = {"role": "user", "content": _content(rng, n)}
