@@ -116,7 +116,6 @@ LATE_RESULT = [  # the user spoke again before the tool answered
 ]
 
 
-
 @pytest.mark.parametrize(
     ("messages", "budget", "cap", "keep", "cutoff", "at_user"),
     [

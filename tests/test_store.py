@@ -225,8 +225,17 @@ def test_stats_count_what_the_request_carries(sqlite_engine: Engine, settings: S
     ]
     service.import_conversations(sqlite_engine, [{"id": "s", "messages": messages}], settings)
     with session_scope(sqlite_engine) as session:
-        session.add(Summary(conversation_id="s", cutoff_message_id=3, text="summary", tokens=40,
-                            encoding="o200k_base", model="m", created_at=utcnow()))
+        session.add(
+            Summary(
+                conversation_id="s",
+                cutoff_message_id=3,
+                text="summary",
+                tokens=40,
+                encoding="o200k_base",
+                model="m",
+                created_at=utcnow(),
+            )
+        )
     counts = [tokens.count_message(m, "o200k_base") for m in messages]
     stats = service.conversation_stats(sqlite_engine, "s", settings)
     assert stats["used"] == tokens.TOKENS_REPLY_PRIMING + counts[0] + 40 + counts[3]
