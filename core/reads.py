@@ -33,21 +33,14 @@ COLUMNS = tuple(
 )
 ROLE, TOKENS, TOOL_CALLS, TOOL_CALL_ID = 2, 4, 5, 6  # positions in store.MESSAGE_COLUMNS
 # Statements built once, with parameters: building one costs several times what running it does.
+_IN_CONVERSATION = MESSAGES.c.conversation_id == bindparam("conversation_id")
 _HEAD = select(CONVERSATIONS.c.model, CONVERSATIONS.c.max_input_tokens).where(
     CONVERSATIONS.c.id == bindparam("conversation_id")
 )
 _PARENTS = (  # in id order, the index on (conversation, id, parent) is read in sequence
-    select(MESSAGES.c.id, MESSAGES.c.parent_id)
-    .where(MESSAGES.c.conversation_id == bindparam("conversation_id"))
-    .order_by(MESSAGES.c.id)
+    select(MESSAGES.c.id, MESSAGES.c.parent_id).where(_IN_CONVERSATION).order_by(MESSAGES.c.id)
 )
-_IN_CONVERSATION = MESSAGES.c.conversation_id == bindparam("conversation_id")
-_ORDERED = (
-    select(MESSAGES.c.id, MESSAGES.c.parent_id)
-    .where(MESSAGES.c.conversation_id == bindparam("conversation_id"))
-    .order_by(MESSAGES.c.id)
-    .subquery()
-)
+_ORDERED = _PARENTS.subquery()
 # Ids and parents as two JSON arrays: two strings to decode instead of a row per message.
 _AGGREGATED_PARENTS = {
     "sqlite": select(
@@ -56,7 +49,7 @@ _AGGREGATED_PARENTS = {
     "postgresql": select(
         func.json_agg(aggregate_order_by(MESSAGES.c.id, MESSAGES.c.id)),
         func.json_agg(aggregate_order_by(MESSAGES.c.parent_id, MESSAGES.c.id)),
-    ).where(MESSAGES.c.conversation_id == bindparam("conversation_id")),
+    ).where(_IN_CONVERSATION),
 }
 _ROWS = select(*COLUMNS).where(  # one id range and two single rows, each an index search
     or_(
