@@ -71,6 +71,9 @@ def test_dotenv_is_read(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # t
         ("RECAP_DATABASE_URL", "recap.db", "RECAP_DATABASE_URL"),
         ("RECAP_SUMMARY_PROMPT", "Summarize this.", "{previous_summary}"),
         ("RECAP_RECENT_MIN_TOKENS", "9000", "RECAP_RECENT_MIN_TOKENS"),
+        ("RECAP_FAILURE_STREAK", "0", "RECAP_FAILURE_STREAK"),
+        ("RECAP_FAILURE_COOLDOWN_MINUTES", "0", "RECAP_FAILURE_COOLDOWN_MINUTES"),
+        ("RECAP_LLM_TIMEOUT", "-5", "RECAP_LLM_TIMEOUT"),
     ],
 )
 def test_invalid_values_give_one_clear_error(
