@@ -190,12 +190,18 @@ def recent_failures(session: Session, conversation_id: str, settings: Settings) 
 
 
 def read_snapshot(
-    engine: Engine, settings: Settings, conversation_id: str, leaf: int | None
+    engine: Engine,
+    settings: Settings,
+    conversation_id: str,
+    leaf: int | None,
+    *,
+    with_failures: bool = True,
 ) -> Snapshot:
-    """One short read session; everything after it works on plain values."""
+    """One short read session; everything after it works on plain values. ``with_failures``
+    reads the failed runs the cooldown needs (a check of the trigger alone does not)."""
     with session_scope(engine) as session:
         state = load_state(session, conversation_id, leaf)
-        failures = recent_failures(session, conversation_id, settings)
+        failures = recent_failures(session, conversation_id, settings) if with_failures else []
     return snapshot_of(state, settings, failures)
 
 
@@ -906,7 +912,8 @@ def reconcile(
 
 def _over_trigger(engine: Engine, settings: Settings, conversation_id: str) -> bool:
     try:
-        return read_snapshot(engine, settings, conversation_id, None).params.over_trigger
+        snapshot = read_snapshot(engine, settings, conversation_id, None, with_failures=False)
+        return snapshot.params.over_trigger
     except tokens.UnknownModelError:
         return False
 
