@@ -200,8 +200,20 @@ def read_snapshot(
     """One short read session; everything after it works on plain values. ``with_failures``
     reads the failed runs the cooldown needs (a check of the trigger alone does not)."""
     with session_scope(engine) as session:
-        state = load_state(session, conversation_id, leaf)
-        failures = recent_failures(session, conversation_id, settings) if with_failures else []
+        return snapshot_in(session, settings, conversation_id, leaf, with_failures=with_failures)
+
+
+def snapshot_in(
+    session: Session,
+    settings: Settings,
+    conversation_id: str,
+    leaf: int | None,
+    *,
+    with_failures: bool = True,
+) -> Snapshot:
+    """The snapshot read in an open session (the caller's transaction, as when claiming)."""
+    state = load_state(session, conversation_id, leaf)
+    failures = recent_failures(session, conversation_id, settings) if with_failures else []
     return snapshot_of(state, settings, failures)
 
 
@@ -246,9 +258,7 @@ def claim(engine: Engine, settings: Settings, run: Run) -> tuple[lease.Lease, Sn
             connection = session.connection()
             held = lease.take(connection, cid, owner=owner, now=now, seconds=settings.lease_seconds)
             if held is not None:
-                state = load_state(session, cid, run.leaf)
-                failures = recent_failures(session, cid, settings)
-                return held, snapshot_of(state, settings, failures)
+                return held, snapshot_in(session, settings, cid, run.leaf)
             exists = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.id == cid)
             if connection.execute(exists).first() is None:
                 raise NotFoundError(f"unknown conversation {cid!r}")
