@@ -121,29 +121,36 @@ def test_every_conversation_at_window(data_db: Path, settings: Settings, window:
 def _same_as_whole_branch(engine: Engine, settings: Settings, window: int) -> int:
     """Requests read partly (``core.reads``) equal those from the whole stored branch; returns
     how many left messages unread."""
-    partial = 0
-    for cid in _ids(engine):
-        with session_scope(engine) as session:
-            state = store.load_state(session, cid)
-        knobs: dict[str, Any] = {"reminder": REMINDER, "tools": TOOLS}
-        try:
-            whole = assemble(
-                state.branch, model=state.model, window=window,
-                safety_margin=settings.safety_margin, summary=state.summary,
-                clearings=state.clearings, **knobs,
-            ).as_dict()  # fmt: skip
-        except BudgetError as exc:
-            with pytest.raises(BudgetError) as raised:
-                service.assemble(engine, cid, settings, max_input_tokens=window, **knobs)
-            assert str(raised.value) == str(exc)
-            continue
-        budget = tokens.available_tokens(window, settings.safety_margin)
-        with session_scope(engine) as session:
-            loaded = reads.load_request_branch(session, cid, None, budget)
-        partial += bool(loaded.omitted)
-        fast = service.assemble(engine, cid, settings, max_input_tokens=window, **knobs)
-        assert json.dumps(fast.as_dict()) == json.dumps(whole), cid
-    return partial
+    knobs: dict[str, Any] = {"reminder": REMINDER, "tools": TOOLS}
+    return sum(
+        check_partial_read(engine, settings, cid, window, None, **knobs) for cid in _ids(engine)
+    )
+
+
+def check_partial_read(
+    engine: Engine, settings: Settings, cid: str, window: int, leaf: int | None, **knobs: Any
+) -> bool:
+    """The request read partly equals the one from the whole stored branch ending at ``leaf``,
+    or both give the same budget error; whether the partial read left rows unread."""
+    with session_scope(engine) as session:
+        state = store.load_state(session, cid, leaf)
+    try:
+        whole = assemble(
+            state.branch, model=state.model, window=window,
+            safety_margin=settings.safety_margin, summary=state.summary,
+            clearings=state.clearings, **knobs,
+        ).as_dict()  # fmt: skip
+    except BudgetError as exc:
+        with pytest.raises(BudgetError) as raised:
+            service.assemble(engine, cid, settings, leaf=leaf, max_input_tokens=window, **knobs)
+        assert str(raised.value) == str(exc)
+        return False
+    budget = tokens.available_tokens(window, settings.safety_margin)
+    with session_scope(engine) as session:
+        loaded = reads.load_request_branch(session, cid, leaf, budget)
+    fast = service.assemble(engine, cid, settings, leaf=leaf, max_input_tokens=window, **knobs)
+    assert json.dumps(fast.as_dict()) == json.dumps(whole), (cid, leaf, window)
+    return bool(loaded.omitted)
 
 
 @pytest.mark.parametrize("window", WINDOWS)

@@ -6,7 +6,6 @@ or the same budget error."""
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
 
@@ -14,11 +13,11 @@ import pytest
 from sqlalchemy import Engine
 
 from core import service, store
-from core.assembly import assemble
 from core.db import session_scope
-from core.errors import BudgetError, NotFoundError
+from core.errors import NotFoundError
 from core.models import Clearing, Summary, utcnow
 from core.settings import Settings
+from tests.test_assembly_data import check_partial_read
 
 TREES = 12
 MESSAGES_PER_TREE = 120
@@ -94,16 +93,6 @@ def _decorate(engine: Engine, cid: str, rng: random.Random) -> None:
                 )  # fmt: skip
 
 
-def _whole(engine: Engine, cid: str, leaf: int, window: int, settings: Settings) -> str:
-    with session_scope(engine) as session:
-        state = store.load_state(session, cid, leaf)
-    request = assemble(
-        state.branch, model=state.model, window=window, safety_margin=settings.safety_margin,
-        summary=state.summary, clearings=state.clearings,
-    )  # fmt: skip
-    return json.dumps(request.as_dict())
-
-
 @pytest.mark.parametrize("seed", range(TREES))
 def test_partial_reads_match_the_whole_branch_on_random_trees(
     sqlite_engine: Engine, settings: Settings, seed: int
@@ -130,14 +119,6 @@ def _check_tree(engine: Engine, settings: Settings, seed: int, forks: float) -> 
     leaves = [max(open_at), *rng.sample(sorted(open_at), LEAVES_PER_TREE - 1)]
     for leaf in leaves:
         for window in WINDOWS:
-            try:
-                expected = _whole(engine, cid, leaf, window, settings)
-            except BudgetError as exc:
-                with pytest.raises(BudgetError) as raised:
-                    service.assemble(engine, cid, settings, leaf=leaf, max_input_tokens=window)
-                assert str(raised.value) == str(exc)
-                continue
-            fast = service.assemble(engine, cid, settings, leaf=leaf, max_input_tokens=window)
-            assert json.dumps(fast.as_dict()) == expected, (seed, leaf, window)
+            check_partial_read(engine, settings, cid, window, leaf)
     with pytest.raises(NotFoundError):
         service.assemble(engine, cid, settings, leaf=max(open_at) + 10_000)
