@@ -16,6 +16,7 @@ from celery import Celery, Task
 from celery.signals import celeryd_init, setup_logging, task_postrun, task_prerun
 from kombu import Exchange, Queue
 
+from core.redact import known_secrets
 from core.settings import Settings, get_settings
 from workers.logs import configure_logging, register_secrets
 
@@ -97,20 +98,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def secrets_of(settings: Settings) -> list[str | None]:
-    """Values that must never be logged: the summarizer key and any password in a URL."""
-    from sqlalchemy.engine import make_url
-
-    values: list[str | None] = []
-    if settings.summary_api_key is not None:
-        values.append(settings.summary_api_key.get_secret_value())
-    for url in (settings.database_url, settings.broker_url, settings.result_backend):
-        if url and "@" in url:
-            try:
-                values.append(make_url(url).password)  # type: ignore[arg-type]
-            except Exception:  # not an SQLAlchemy URL (a broker URL): masked by pattern instead
-                continue
-    return values
+def secrets_of(settings: Settings) -> list[str]:
+    """Values that must never be logged: every secret the settings hold."""
+    return known_secrets(settings)
 
 
 def create_app(settings: Settings | None = None) -> Celery:

@@ -2,8 +2,8 @@
 
 Celery's own records go through the same processors, so every line of a task run, Celery's
 included, carries ``task_id``, ``task_name`` and ``conversation_id``. Secrets never reach a line:
-passwords in URLs and the values of secret-named keys are masked, and so is every configured
-secret value wherever it appears.
+the values of secret-named keys are masked, and every string goes through ``core.redact`` with
+the configured secrets (``register_secrets``).
 """
 
 from __future__ import annotations
@@ -17,24 +17,26 @@ from typing import Any
 
 import structlog
 
-MASK = "***"
+from core.redact import MASK, MIN_SECRET_CHARS
+from core.redact import redact as redact_text
+
 SECRET_KEY = re.compile(r"(api[_-]?key|password|passwd|secret|authorization|token)$", re.I)
-URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@")
 _secrets: set[str] = set()
 
 
 def register_secrets(values: Iterable[str | None]) -> None:
     """Values that must never appear in a log line (API keys, passwords)."""
-    _secrets.update(v for v in values if v and len(v) >= 4)
+    _secrets.update(v for v in values if v and len(v) >= MIN_SECRET_CHARS)
+
+
+def registered_secrets() -> frozenset[str]:
+    """The secrets registered so far (the settings' own, see ``core.redact.known_secrets``)."""
+    return frozenset(_secrets)
 
 
 def mask_text(text: str) -> str:
-    """The text with URL passwords and registered secret values masked."""
-    text = URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
-    for secret in _secrets:
-        if secret in text:
-            text = text.replace(secret, MASK)
-    return text
+    """The text with registered secrets and key-shaped strings masked."""
+    return redact_text(text, _secrets)
 
 
 def _mask(value: Any) -> Any:

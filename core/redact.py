@@ -1,0 +1,144 @@
+"""One redaction step: every error, log line, event, stored reason and task result that could
+carry a secret goes through ``redact`` (or ``error_text``) before it leaves the process.
+
+Masked: each known secret wherever it appears (the settings' keys and URL passwords, see
+``known_secrets``), the password of any ``scheme://user:PASSWORD@host`` URL, and key-shaped
+strings: ``sk-...``/``sk-ant-...`` keys, ``Bearer`` tokens, ``Authorization: Basic ...``
+headers, ``api_key=...`` and ``"password": "..."`` style assignments, and long tokens right
+after the words key, token or secret (``Incorrect API key provided: ...``). A masked value keeps
+enough to tell keys apart (``sk-...abcd``) or becomes ``***``. Every pattern is linear: each is
+anchored at a word start by a lookbehind and its repetitions are bounded, so no input makes a
+regex backtrack badly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from urllib.parse import quote, unquote
+
+from pydantic import BaseModel, SecretStr
+
+MASK = "***"
+MIN_SECRET_CHARS = 4  # a shorter known secret would mask ordinary words; URLs still mask it
+HINT_MIN_CHARS = 20  # a key this long keeps its last characters visible, as providers show them
+HINT_CHARS = 4  # last characters kept: enough to tell two keys apart, far too few to use one
+TOKEN_MIN_CHARS = 16  # shorter values after "key"/"token" are ids and names, not credentials
+MAX_ERROR_CHARS = 1_000  # a provider can answer with a whole page; one line stays readable
+
+SK_KEY = re.compile(r"(?<![A-Za-z0-9_-])sk-(?:ant-)?[A-Za-z0-9_-]{16,}")
+URL_PASSWORD = re.compile(
+    r"(?i)(?<![a-z0-9+.-])(?P<scheme>[a-z][a-z0-9+.-]{0,30}://)"
+    r"(?P<user>[^:/@\s]{0,256}):(?P<pw>[^@/\s]{1,512})@"
+)
+BEARER = re.compile(r"(?i)(?<![A-Za-z0-9])(?P<scheme>Bearer)\s{1,5}[A-Za-z0-9._~+/=-]{6,}")
+AUTH_HEADER = re.compile(  # Basic and Digest credentials are masked only in the header itself
+    r"(?i)(?<![A-Za-z0-9_-])(?P<head>authorization[\"']?\s{0,3}[:=]\s{0,3}[\"']?"
+    r"(?:Basic|Digest)\s{1,5})[^\s\"',;]{1,2048}"
+)
+ASSIGNMENT = re.compile(
+    r"(?i)(?<![A-Za-z0-9_-])(?P<name>[A-Za-z0-9_-]{0,40}?"
+    r"(?:keys?|token|secret|password|passwd|pwd|authorization|credentials?))"
+    r"(?P<sep>[\"']?\s{0,3}[:=]\s{0,3}[\"']?)(?P<value>[^\s\"',;&}\]]{1,1024})"
+)
+NEAR_WORD = re.compile(
+    r"(?i)(?<![A-Za-z0-9])(?:key|token|secret)(?![A-Za-z0-9])"
+    r"(?P<gap>(?:[^A-Za-z0-9\n]{1,3}[A-Za-z]{1,12}){0,2}[^A-Za-z0-9\n]{1,3})"
+    r"(?P<value>[A-Za-z0-9+/=_.-]{16,1024})"
+)
+# Names whose value is always a credential, whatever it looks like.
+STRONG_NAME = re.compile(
+    r"(?i)(api[_-]?keys?|token|secret|password|passwd|pwd|authorization|credentials?)$"
+)
+TOKEN_SHAPE = re.compile(r"(?=[^\d]*\d)(?=[^A-Za-z]*[A-Za-z])[A-Za-z0-9+/=_.-]+")
+SECRET_FIELD = re.compile(r"(?i)(_keys?$|password|secret)")
+
+
+def mask_value(value: str) -> str:
+    """The masked form of one secret: ``sk-...abcd`` for a long provider key, else ``***``."""
+    if len(value) < HINT_MIN_CHARS:
+        return MASK
+    prefix = "sk-ant-" if value.startswith("sk-ant-") else "sk-" if value.startswith("sk-") else ""
+    return f"{prefix}...{value[-HINT_CHARS:]}" if prefix else MASK
+
+
+def _already_masked(value: str) -> bool:
+    return MASK in value or "..." in value
+
+
+def _looks_like_token(value: str) -> bool:
+    return len(value) >= TOKEN_MIN_CHARS and TOKEN_SHAPE.fullmatch(value) is not None
+
+
+def _assignment(match: re.Match[str]) -> str:
+    value = match["value"]
+    if _already_masked(value) or value.lower() in ("bearer", "basic", "digest"):
+        return match[0]
+    if STRONG_NAME.search(match["name"]) or _looks_like_token(value):
+        return f"{match['name']}{match['sep']}{MASK}"
+    return match[0]
+
+
+def _near_word(match: re.Match[str]) -> str:
+    value = match["value"]
+    if _already_masked(value) or not _looks_like_token(value):
+        return match[0]
+    return match[0][: match.start("value") - match.start()] + MASK
+
+
+def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """``text`` with every known secret and every key-shaped string masked (idempotent)."""
+    for secret in sorted({s for s in secrets if s and len(s) >= MIN_SECRET_CHARS}, key=len)[::-1]:
+        if secret in text:
+            text = text.replace(secret, mask_value(secret))
+    text = URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    text = SK_KEY.sub(lambda m: mask_value(m[0]), text)
+    text = BEARER.sub(lambda m: f"{m['scheme']} {MASK}", text)
+    text = AUTH_HEADER.sub(lambda m: f"{m['head']}{MASK}", text)
+    text = ASSIGNMENT.sub(_assignment, text)
+    return NEAR_WORD.sub(_near_word, text)
+
+
+def _url_passwords(text: str) -> list[str]:
+    found = []
+    for match in URL_PASSWORD.finditer(text):
+        raw = match["pw"]
+        found += [raw, unquote(raw)]
+    return found
+
+
+def _values(value: object) -> list[str]:
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, list | tuple | set | frozenset):
+        return [text for item in value for text in _values(item)]
+    return []
+
+
+def known_secrets(settings: BaseModel) -> list[str]:
+    """Every secret a settings object holds: secret-typed values, ``*_key``/``*_keys``/
+    ``*password*``/``*secret*`` fields, and the password of every URL in any field."""
+    found: list[str] = []
+    for name in type(settings).model_fields:
+        value = getattr(settings, name, None)
+        if isinstance(value, SecretStr) or SECRET_FIELD.search(name):
+            found += _values(value)
+        if isinstance(value, str):
+            found += _url_passwords(value)
+    found += [quote(secret, safe="") for secret in found]  # as it appears inside a URL
+    return sorted({s for s in found if len(s) >= MIN_SECRET_CHARS})
+
+
+def one_line(text: str) -> str:
+    """Whitespace runs (newlines included) collapsed to single spaces."""
+    return " ".join(text.split())
+
+
+def error_text(exc: BaseException, secrets: Iterable[str | None] = ()) -> str:
+    """One line for an error: its class and masked message, no traceback, at most
+    ``MAX_ERROR_CHARS`` (masked before it is cut, so no half secret survives the cut)."""
+    message = one_line(redact(str(exc), secrets))
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
