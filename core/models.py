@@ -52,6 +52,9 @@ class Conversation(SQLModel, table=True):
     last_compacted_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
+    # The fingerprint of the `recap serve` client key that created it (never the key); other
+    # keys cannot see it. Unset for conversations created by the library or the CLI.
+    owner: str | None = Field(default=None, max_length=64)
 
 
 class Message(SQLModel, table=True):
@@ -61,6 +64,10 @@ class Message(SQLModel, table=True):
     __table_args__ = (
         Index("ix_messages_conversation_tree", "conversation_id", "id", "parent_id"),
         Index("ix_messages_conversation_tool_call", "conversation_id", "tool_call_id"),
+        # `recap serve` maps a resent history onto the tree from hashes, parents and ids alone.
+        Index(
+            "ix_messages_conversation_hash", "conversation_id", "content_hash", "parent_id", "id"
+        ),
     )
 
     id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
@@ -79,6 +86,8 @@ class Message(SQLModel, table=True):
     encoding: str = Field(max_length=32)
     output_path: str | None = Field(default=None, max_length=1024)
     original_bytes: int | None = None
+    # core.hashing.message_hash of the message as it arrived (before any truncation).
+    content_hash: str | None = Field(default=None, max_length=32)
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
 
 

@@ -16,6 +16,7 @@ from sqlmodel import Session, col, select
 from core import tokens
 from core.branch import applicable_summary, branch_ids
 from core.errors import InputError, NotFoundError
+from core.hashing import message_hash
 from core.models import (
     CLEARINGS,
     CONVERSATIONS,
@@ -77,8 +78,11 @@ def as_utc(moment: datetime | None) -> datetime | None:
     return moment
 
 
-def row_values(message: Mapping[str, Any], encoding: str) -> dict[str, Any]:
-    """The column values of a validated OpenAI-format message, its tokens counted once."""
+def row_values(
+    message: Mapping[str, Any], encoding: str, *, source: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The column values of a validated OpenAI-format message, its tokens counted once; the
+    content hash is of ``source``, the message as it arrived before ingest (default: itself)."""
     content = message.get("content")
     extra = {k: v for k, v in message.items() if k not in KNOWN_KEYS and k not in INGEST_KEYS}
     return {
@@ -93,6 +97,7 @@ def row_values(message: Mapping[str, Any], encoding: str) -> dict[str, Any]:
         "encoding": encoding,
         "output_path": message.get("_output_path"),
         "original_bytes": message.get("_original_bytes"),
+        "content_hash": message_hash(message if source is None else source),
     }
 
 
@@ -176,8 +181,8 @@ def import_records(
         )
         seen.add(conversation.id)
         encoding = tokens.encoding_name_for(conversation.model)
-        prepared = [prepare(m) if prepare else m for m in messages]
-        ids = insert_chain(session, conversation, [row_values(m, encoding) for m in prepared], None)
+        rows = [row_values(prepare(m) if prepare else m, encoding, source=m) for m in messages]
+        ids = insert_chain(session, conversation, rows, None)
         result.append((conversation.id, len(ids)))
     return result
 
@@ -204,7 +209,7 @@ def add_message(
         calls = {cid for m in branch for cid in m.tool_call_ids} - answered
         check_tool_pairing([checked], "message", open_calls=calls)
     encoding = tokens.encoding_name_for(conversation.model)
-    values = row_values(prepare(checked) if prepare else checked, encoding)
+    values = row_values(prepare(checked) if prepare else checked, encoding, source=checked)
     return insert_chain(session, conversation, [values], parent_id)[0]
 
 
