@@ -72,12 +72,46 @@ class Settings(BaseSettings):
     log_json: bool = True  # workers log JSON lines; False gives readable console lines
     log_level: str = Field(default="INFO", pattern=r"(?i)^(debug|info|warning|error|critical)$")
 
+    # `recap serve`: client keys, the upstream it calls, and its limits (README "Use it from any
+    # client"). The upstream key comes only from here, never from a client.
+    serve_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+    upstream_api_base: str | None = None
+    upstream_api_key: SecretStr | None = None
+    model_map: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    # 10 MiB: a long history with a few inline images, and still a bound on memory per request.
+    serve_max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1_024)
+    serve_max_input_tokens: int | None = Field(default=None, ge=1)  # window for unknown models
+    # Threads for database and tokenizer work: a few more than the engine pool's 5 connections.
+    serve_threads: int = Field(default=8, ge=1, le=256)
+
     @field_validator("protected_tools", mode="before")
     @classmethod
     def _split_tools(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @field_validator("serve_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("model_map", mode="before")
+    @classmethod
+    def _parse_model_map(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        pairs: dict[str, str] = {}
+        for entry in (part.strip() for part in value.split(",")):
+            name, sep, model = entry.partition("=")
+            if not entry:
+                continue
+            if not sep or not name.strip() or not model.strip():
+                raise ValueError(f"expected name=litellm-model entries, got {entry!r}")
+            pairs[name.strip()] = model.strip()
+        return pairs
 
     @field_validator("summary_prompt")
     @classmethod
