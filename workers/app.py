@@ -2,7 +2,10 @@
 
 JSON only, late acks with prefetch 1, time limits from ``RECAP_TASK_TIME_LIMIT``, events on for
 Flower, a ``compress`` queue (model calls: a threads pool with high concurrency) and a
-``maintenance`` queue (sweeps, cleanup, reconcile: a small pool).
+``maintenance`` queue (sweeps, cleanup, reconcile: a small pool). The compress worker also consumes
+Celery's default queue ``celery``, so the plainest ``send_task("recap.compress_session", ...)`` from
+an app that knows nothing of Recap's routes is served too (``workers.enqueue`` routes it right).
+Importing this module applies ``workers.patches`` (a worker survives a Redis restart mid-task).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from kombu import Exchange, Queue
 
 from core.redact import known_secrets
 from core.settings import Settings, get_settings
+from workers import patches
 from workers.logs import configure_logging, register_secrets
 
 COMPRESS_QUEUE = "compress"
 MAINTENANCE_QUEUE = "maintenance"
+DEFAULT_QUEUE = "celery"  # Celery's own default: where a plain send_task by name goes
 
 TASK_ROUTES = {
     "recap.compress_session": {"queue": COMPRESS_QUEUE},
@@ -86,7 +91,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "task_queues": tuple(
             Queue(name, Exchange(name, type="direct"), routing_key=name)
-            for name in (COMPRESS_QUEUE, MAINTENANCE_QUEUE)
+            for name in (COMPRESS_QUEUE, MAINTENANCE_QUEUE, DEFAULT_QUEUE)
         ),
         "task_default_queue": COMPRESS_QUEUE,
         "task_default_exchange": COMPRESS_QUEUE,
@@ -105,6 +110,7 @@ def secrets_of(settings: Settings) -> list[str]:
 
 def create_app(settings: Settings | None = None) -> Celery:
     """A configured Celery app with Recap's tasks registered."""
+    patches.apply()
     celery = Celery("recap")
     celery.conf.update(celery_config(settings or get_settings()))
     celery.conf.imports = ("workers.tasks", "workers.maintenance")

@@ -1,9 +1,16 @@
-"""``recap worker``: start workers with defaults that suit this workload.
+"""``recap worker``: start workers with defaults that suit this workload, and keep them running.
 
 Model calls are I/O-bound, so the ``compress`` queue runs on a threads pool with high
 concurrency; sweeps, cleanup and reconcile are short database jobs on a small prefork pool. One
-Celery worker has one pool, so serving both queues means two worker processes: this module
-supervises them and forwards signals.
+Celery worker has one pool, so each queue gets a worker process of its own. This module starts
+them as children and supervises them: a child that exits while nobody asked it to (a crash, an
+"Unrecoverable error", a kill) is started again after a backoff that doubles with each death that
+came soon after its start; after ``MAX_FAST_DEATHS`` such deaths in a row the supervisor stops
+the others and exits non-zero, so a broken setup fails loudly instead of looping. SIGTERM and
+SIGINT are forwarded (a warm shutdown), and then nothing is restarted.
+
+The compress worker also consumes Celery's default queue (``workers.app.DEFAULT_QUEUE``), so a
+plain ``send_task`` by name reaches it.
 """
 
 from __future__ import annotations
@@ -14,23 +21,51 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from workers.app import COMPRESS_QUEUE, MAINTENANCE_QUEUE
+from workers.app import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE
 
 COMPRESS_CONCURRENCY = 16  # threads: each mostly waits on the model's reply
 MAINTENANCE_CONCURRENCY = 2  # processes: short, CPU-light database batches
-POLL_SECONDS = 0.5
+POLL_SECONDS = 0.5  # how often the supervisor looks at its children
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a dead child is started again, and when the supervisor gives up."""
+
+    first_delay: float = 1.0  # seconds before restarting a child that died soon after its start
+    max_delay: float = 30.0  # the delay doubles with each fast death, up to this
+    fast_seconds: float = 60.0  # a child that lived less than this died "fast"
+    max_fast_deaths: int = 5  # this many fast deaths in a row: give up, exit non-zero
+
+    def delay(self, fast_deaths: int) -> float | None:
+        """Seconds to wait before the next start after ``fast_deaths`` fast deaths in a row
+        (0 after a child that ran for a while), or None to give up."""
+        if fast_deaths > self.max_fast_deaths:
+            return None
+        if fast_deaths == 0:
+            return 0.0
+        return float(min(self.first_delay * 2 ** (fast_deaths - 1), self.max_delay))
+
+
+DEFAULT_POLICY = RestartPolicy()
+GAVE_UP_EXIT = 1  # the exit code when a child kept dying (its own code, if non-zero, wins)
 
 
 def worker_argv(queue: str, *, beat: bool, extra: Sequence[str]) -> list[str]:
     """Celery worker arguments for one queue; arguments the user gave come last and win."""
+    queues = queue
     if queue == COMPRESS_QUEUE:
         pool = ["--pool", "threads", "--concurrency", str(COMPRESS_CONCURRENCY)]
+        queues = f"{COMPRESS_QUEUE},{DEFAULT_QUEUE}"
     elif queue == MAINTENANCE_QUEUE:
         pool = ["--pool", "prefork", "--concurrency", str(MAINTENANCE_CONCURRENCY)]
     else:
         pool = []
-    argv = ["worker", "--queues", queue, "--hostname", f"{queue}@%h", "--loglevel", "INFO", *pool]
+    argv = ["worker", "--queues", queues, "--hostname", f"{queue}@%h", "--loglevel", "INFO"]
+    argv += pool
     if beat:
         argv += ["--beat", "--schedule", os.path.join(".recap", "celerybeat-schedule")]
     return [*argv, *extra]
@@ -43,46 +78,137 @@ def global_argv() -> list[str]:
     return ["--quiet"] if get_settings().log_json else []
 
 
-def run_one(queue: str, *, beat: bool, extra: Sequence[str]) -> int:
-    """Run one worker in this process."""
-    from workers.app import app
+def child_command(queue: str, *, beat: bool, extra: Sequence[str]) -> list[str]:
+    """The command line of one worker child."""
+    argv = worker_argv(queue, beat=beat, extra=extra)
+    return [sys.executable, "-m", "celery", "-A", "workers.app", *global_argv(), *argv]
 
-    if beat:
-        os.makedirs(".recap", exist_ok=True)
-    app.start([*global_argv(), *worker_argv(queue, beat=beat, extra=extra)])
-    return 0
+
+def run_one(queue: str, *, beat: bool, extra: Sequence[str]) -> int:
+    """One queue's worker as a supervised child."""
+    return run_queues([queue], beat=beat, extra=extra)
 
 
 def run_both(*, beat: bool, extra: Sequence[str]) -> int:
-    """Run a compress and a maintenance worker as children; stop both when either stops."""
+    """A compress and a maintenance worker as supervised children (beat, if asked, embedded in
+    the maintenance one)."""
+    return run_queues([COMPRESS_QUEUE, MAINTENANCE_QUEUE], beat=beat, extra=extra)
+
+
+def run_queues(queues: Sequence[str], *, beat: bool, extra: Sequence[str]) -> int:
     if beat:
         os.makedirs(".recap", exist_ok=True)
-    children = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.app",
-                *worker_argv(queue, beat=beat and queue == MAINTENANCE_QUEUE, extra=extra),
-            ]
-        )
-        for queue in (COMPRESS_QUEUE, MAINTENANCE_QUEUE)
-    ]
+    beat_queue = MAINTENANCE_QUEUE if MAINTENANCE_QUEUE in queues else queues[0]
+    commands = {
+        queue: child_command(queue, beat=beat and queue == beat_queue, extra=extra)
+        for queue in queues
+    }
+    _configure_logging()
+    return Supervisor(commands).run()
 
-    def forward(signum: int, _frame: object) -> None:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signum)
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, forward)
-    try:
-        while all(child.poll() is None for child in children):
-            time.sleep(POLL_SECONDS)
-    finally:
-        forward(signal.SIGTERM, None)
-        for child in children:
-            child.wait()
-    return max(abs(child.returncode or 0) for child in children)
+def _configure_logging() -> None:
+    from core.settings import get_settings
+    from workers.logs import configure_logging
+
+    settings = get_settings()
+    configure_logging(json_output=settings.log_json, level=settings.log_level)
+
+
+@dataclass
+class Child:
+    """One supervised process and its recent history."""
+
+    name: str
+    command: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    fast_deaths: int = 0
+    restart_at: float | None = None
+
+
+@dataclass
+class Supervisor:
+    """Start each command as a child, restart the ones that die, stop all on a signal."""
+
+    commands: dict[str, list[str]]
+    policy: RestartPolicy = DEFAULT_POLICY
+    children: list[Child] = field(default_factory=list)
+    stopping: bool = False
+    gave_up: Child | None = None
+
+    def run(self) -> int:
+        import structlog
+
+        self.log = structlog.get_logger("recap.worker")
+        self.children = [Child(name, command) for name, command in self.commands.items()]
+        for child in self.children:
+            self._start(child)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while not self.stopping:
+                self._tick(time.monotonic())
+                time.sleep(POLL_SECONDS)
+        finally:
+            self._stop_all()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return self._exit_code()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stopping = True
+        self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signum)
+
+    def _start(self, child: Child) -> None:
+        child.process = subprocess.Popen(child.command)
+        child.started_at = time.monotonic()
+        child.restart_at = None
+        self.log.info("worker_child_started", child=child.name, pid=child.process.pid)
+
+    def _tick(self, now: float) -> None:
+        for child in self.children:
+            if self.stopping:
+                return
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self._start(child)
+                continue
+            if child.process is not None and child.process.poll() is not None:
+                self._died(child, now)
+
+    def _died(self, child: Child, now: float) -> None:
+        assert child.process is not None
+        lived = now - child.started_at
+        child.fast_deaths = child.fast_deaths + 1 if lived < self.policy.fast_seconds else 0
+        delay = self.policy.delay(child.fast_deaths)
+        fields = {
+            "child": child.name,
+            "pid": child.process.pid,
+            "exit_code": child.process.returncode,
+            "lived_s": round(lived, 1),
+        }
+        if delay is None:
+            self.log.error("worker_child_gave_up", fast_deaths=child.fast_deaths, **fields)
+            self.gave_up = child
+            self.stopping = True
+            return
+        self.log.warning("worker_child_died", restart_in_s=round(delay, 1), **fields)
+        child.restart_at = now + delay
+
+    def _stop_all(self) -> None:
+        self._forward(signal.SIGTERM)
+        for child in self.children:
+            if child.process is not None:
+                child.process.wait()
+
+    def _exit_code(self) -> int:
+        if self.gave_up is not None:
+            assert self.gave_up.process is not None
+            return abs(self.gave_up.process.returncode or 0) or GAVE_UP_EXIT
+        codes = [abs(c.process.returncode or 0) for c in self.children if c.process is not None]
+        return max(codes, default=0)

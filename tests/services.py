@@ -1,0 +1,252 @@
+"""Private Redis and PostgreSQL servers for fault tests: started on a free port, restarted and
+stopped by their own pid, never touching the shared servers.
+
+    with RedisServer.started() as broker:      # redis-server --port N --save ''
+        ... broker.url ... broker.restart() ...
+    with PostgresCluster.started() as cluster:  # initdb + postgres under a temporary folder
+        ... cluster.url ... cluster.restart() ...
+
+``missing_redis()`` / ``missing_postgres()`` say why a server cannot be started here (None when it
+can), for ``need_service``. PostgreSQL refuses to run as root, so as root the cluster runs as the
+``postgres`` user (``runuser -u postgres --``) under a folder that user owns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+START_TIMEOUT = 30.0  # seconds a server may take to accept connections
+STOP_TIMEOUT = 30.0  # seconds a shutdown may take before the server is killed
+POLL_SECONDS = 0.05  # how often a start or stop is checked
+POSTGRES_USER = "postgres"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def accepts(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:port."""
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_until(check: object, timeout: float, what: str) -> None:
+    """Poll ``check()`` until it is true, or raise after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(POLL_SECONDS)
+
+
+def stop_pid(pid: int, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> None:
+    """Signal one process we started and wait until it is gone; SIGKILL it if that hangs."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        wait_until(lambda: not _alive(pid), timeout, f"process {pid} to stop")
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not _alive(pid), timeout, f"process {pid} to die")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child (the postmaster is pg_ctl's): ask the kernel instead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and _state(pid) != "Z"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+# --- Redis -------------------------------------------------------------------------------------
+
+
+def missing_redis() -> str | None:
+    """Why a private redis-server cannot be started here, or None."""
+    return None if shutil.which("redis-server") else "redis-server is not on PATH"
+
+
+@dataclass
+class RedisServer:
+    """A redis-server of our own on a free port, without persistence unless asked."""
+
+    port: int = field(default_factory=free_port)
+    password: str | None = None
+    appendonly: bool = False
+    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="recap-redis-")))
+    process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def started(cls, **options: object) -> Iterator[RedisServer]:
+        server = cls(**options)  # type: ignore[arg-type]
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+            shutil.rmtree(server.folder, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self) -> None:
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        command += ["--save", "", "--dir", str(self.folder), "--daemonize", "no"]
+        command += ["--appendonly", "yes" if self.appendonly else "no"]
+        if self.password:
+            command += ["--requirepass", self.password]
+        log = (self.folder / "redis.log").open("ab")
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        wait_until(self._ready, START_TIMEOUT, f"redis-server on port {self.port}")
+
+    def _ready(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            log = (self.folder / "redis.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"redis-server exited with {self.process.returncode}: {log}")
+        return accepts(self.port)
+
+    def stop(self) -> None:
+        """Stop our server by its pid (SIGTERM: a clean shutdown)."""
+        if self.process is not None and self.process.poll() is None:
+            stop_pid(self.process.pid)
+            self.process.wait()
+
+    def restart(self) -> None:
+        """Stop and start again on the same port (queued messages survive only with AOF)."""
+        self.stop()
+        self.start()
+
+
+# --- PostgreSQL --------------------------------------------------------------------------------
+
+
+def _as_postgres() -> list[str]:
+    """The prefix that runs a PostgreSQL program as a non-root user."""
+    return ["runuser", "-u", POSTGRES_USER, "--"] if os.geteuid() == 0 else []
+
+
+def missing_postgres() -> str | None:
+    """Why a private PostgreSQL cluster cannot be started here, or None."""
+    for program in ("initdb", "pg_ctl", "postgres"):
+        if shutil.which(program) is None:
+            return f"{program} is not on PATH"
+    if os.geteuid() == 0:
+        if shutil.which("runuser") is None:
+            return "running as root and runuser is not available"
+        try:
+            import pwd
+
+            pwd.getpwnam(POSTGRES_USER)
+        except KeyError:
+            return f"running as root and there is no {POSTGRES_USER!r} user"
+    return None
+
+
+@dataclass
+class PostgresCluster:
+    """A PostgreSQL cluster of our own (initdb) on a free port, trust authentication."""
+
+    port: int = field(default_factory=free_port)
+    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="recap-pg-")))
+    pid: int | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def started(cls) -> Iterator[PostgresCluster]:
+        cluster = cls()
+        try:
+            cluster.init()
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.stop()
+            shutil.rmtree(cluster.folder, ignore_errors=True)
+
+    @property
+    def data(self) -> Path:
+        return self.folder / "data"
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://{POSTGRES_USER}@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, *command: str) -> None:
+        done = subprocess.run(
+            [*_as_postgres(), *command], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{command[0]} failed: {done.stderr.strip() or done.stdout}")
+
+    def init(self) -> None:
+        if os.geteuid() == 0:
+            import pwd
+
+            user = pwd.getpwnam(POSTGRES_USER)
+            os.chown(self.folder, user.pw_uid, user.pw_gid)
+        self._run("initdb", "-D", str(self.data), "-U", POSTGRES_USER, "-A", "trust", "-E", "UTF8")
+
+    def start(self) -> None:
+        """``pg_ctl start`` and wait; the postmaster's pid comes from its pid file."""
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c fsync=off"
+        log = str(self.folder / "postgres.log")
+        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", log, "-w", "start")
+        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        wait_until(lambda: accepts(self.port), START_TIMEOUT, f"PostgreSQL on port {self.port}")
+
+    def create_database(self, name: str) -> str:
+        """A new database in this cluster; its SQLAlchemy URL."""
+        from sqlalchemy import create_engine, text
+
+        admin = create_engine(self.url(), isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        admin.dispose()
+        return self.url(name)
+
+    def stop(self, sig: int = signal.SIGINT) -> None:
+        """Stop our postmaster by its pid (SIGINT: a fast shutdown that drops sessions)."""
+        if self.pid is not None:
+            stop_pid(self.pid, sig)
+            self.pid = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
