@@ -1,0 +1,145 @@
+"""``AsyncRecap``: Recap for asyncio hosts (an ASGI app, an async agent loop).
+
+Every ``Recap`` call reads or writes the database and counts tokens: blocking work that would
+stall an event loop for as long as it takes. ``AsyncRecap`` runs each call in a bounded thread
+pool of its own and awaits the result, so the loop keeps serving other requests meanwhile::
+
+    recap = AsyncRecap()
+    await recap.add(conversation_id, {"role": "user", "content": "hi"})
+    request = await recap.assemble(conversation_id, system="You are ...")
+
+The pool is bounded (``RECAP_SERVE_THREADS`` by default, a few more than the engine pool's
+connections) so a burst of requests queues for a thread instead of opening connections without
+limit. Cancelling an awaiting task does not stop its call: the thread finishes it, so a write
+either lands whole or not at all, as with the blocking API. ``run`` runs any other blocking
+function (a host's own database read, a compression run) on the same pool. Close the pool with
+``close()``, or use the object as an async context manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from core import assembly
+from core.client import Recap
+from core.settings import Settings
+
+P = ParamSpec("P")
+T = TypeVar("T")
+THREAD_PREFIX = "recap-io"
+
+
+class AsyncRecap:
+    """``Recap``'s calls as coroutines, each run on a bounded thread pool."""
+
+    def __init__(
+        self,
+        recap: Recap | None = None,
+        *,
+        settings: Settings | None = None,
+        max_workers: int | None = None,
+    ) -> None:
+        self.recap = recap or Recap(settings)
+        threads = max_workers or self.recap.settings.serve_threads
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=THREAD_PREFIX)
+
+    @property
+    def settings(self) -> Settings:
+        return self.recap.settings
+
+    async def run(self, func: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``func(*args, **kwargs)`` on the pool; its result (or its exception) here."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(func, *args, **kwargs))
+
+    async def new(
+        self,
+        conversation_id: str | None = None,
+        *,
+        model: str | None = None,
+        max_input_tokens: int | None = None,
+    ) -> str:
+        """``Recap.new``: create an empty conversation; its id."""
+        return await self.run(
+            self.recap.new, conversation_id, model=model, max_input_tokens=max_input_tokens
+        )
+
+    async def add(
+        self, conversation_id: str, message: Mapping[str, Any], *, parent_id: int | None = None
+    ) -> int:
+        """``Recap.add``: append one message (or branch from ``parent_id``); its id."""
+        return await self.run(self.recap.add, conversation_id, message, parent_id=parent_id)
+
+    async def assemble(
+        self,
+        conversation_id: str,
+        *,
+        leaf: int | None = None,
+        system: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        reminder: str | None = None,
+        context_files: Iterable[assembly.ContextFile] = (),
+        text_only: bool = False,
+        cache_breakpoints: bool = False,
+    ) -> assembly.AssembledRequest:
+        """``Recap.assemble``: the request to send now."""
+        return await self.run(
+            self.recap.assemble,
+            conversation_id,
+            leaf=leaf,
+            system=system,
+            tools=tools,
+            reminder=reminder,
+            context_files=tuple(context_files),
+            text_only=text_only,
+            cache_breakpoints=cache_breakpoints,
+        )
+
+    async def record_usage(
+        self,
+        conversation_id: str,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int = 0,
+        cached_tokens: int = 0,
+        leaf: int | None = None,
+    ) -> dict[str, Any]:
+        """``Recap.record_usage``: store the provider's usage for the request sent at ``leaf``."""
+        return await self.run(
+            self.recap.record_usage,
+            conversation_id,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+            leaf=leaf,
+        )
+
+    async def stats(self, conversation_id: str, *, leaf: int | None = None) -> dict[str, Any]:
+        """``Recap.stats``: context pressure without calling any model."""
+        return await self.run(self.recap.stats, conversation_id, leaf=leaf)
+
+    async def export(
+        self, conversation_id: str, *, leaf: int | None = None, full: bool = False
+    ) -> dict[str, Any]:
+        """``Recap.export``: the branch as stored."""
+        return await self.run(self.recap.export, conversation_id, leaf=leaf, full=full)
+
+    def close(self) -> None:
+        """Wait for running calls, then stop the pool's threads."""
+        self._pool.shutdown(wait=True)
+
+    async def __aenter__(self) -> AsyncRecap:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
