@@ -13,7 +13,7 @@ from sqlalchemy import bindparam, func, insert, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from core import tokens
+from core import limits, tokens
 from core.branch import applicable_summary, branch_ids
 from core.errors import InputError, NotFoundError
 from core.hashing import message_hash
@@ -79,7 +79,11 @@ def as_utc(moment: datetime | None) -> datetime | None:
 
 
 def row_values(
-    message: Mapping[str, Any], encoding: str, *, source: Mapping[str, Any] | None = None
+    message: Mapping[str, Any],
+    encoding: str,
+    *,
+    source: Mapping[str, Any] | None = None,
+    model: str | None = None,
 ) -> dict[str, Any]:
     """The column values of a validated OpenAI-format message, its tokens counted once; the
     content hash is of ``source``, the message as it arrived before ingest (default: itself)."""
@@ -93,7 +97,7 @@ def row_values(
         "tool_call_id": message.get("tool_call_id"),
         "name": message.get("name"),
         "extra": extra or None,
-        "tokens": tokens.count_message(message, encoding),
+        "tokens": tokens.count_message(message, encoding, model=model),
         "encoding": encoding,
         "output_path": message.get("_output_path"),
         "original_bytes": message.get("_original_bytes"),
@@ -118,6 +122,7 @@ def create_conversation(
 ) -> Conversation:
     """A new conversation (a UUID when no id is given); an existing id is an error."""
     cid = conversation_id or str(uuid.uuid4())
+    limits.check_conversation(cid, model, max_input_tokens)
     if session.get(Conversation, cid) is not None:
         raise InputError(f"conversation {cid!r} already exists")
     tokens.context_window(model, max_input_tokens)  # an unknown model fails before any write
@@ -181,7 +186,10 @@ def import_records(
         )
         seen.add(conversation.id)
         encoding = tokens.encoding_name_for(conversation.model)
-        rows = [row_values(prepare(m) if prepare else m, encoding, source=m) for m in messages]
+        rows = [
+            row_values(prepare(m) if prepare else m, encoding, source=m, model=conversation.model)
+            for m in messages
+        ]
         ids = insert_chain(session, conversation, rows, None)
         result.append((conversation.id, len(ids)))
     return result
@@ -209,7 +217,12 @@ def add_message(
         calls = {cid for m in branch for cid in m.tool_call_ids} - answered
         check_tool_pairing([checked], "message", open_calls=calls)
     encoding = tokens.encoding_name_for(conversation.model)
-    values = row_values(prepare(checked) if prepare else checked, encoding, source=checked)
+    values = row_values(
+        prepare(checked) if prepare else checked,
+        encoding,
+        source=checked,
+        model=conversation.model,
+    )
     return insert_chain(session, conversation, [values], parent_id)[0]
 
 
@@ -417,3 +430,71 @@ def touch(session: Session, conversation_ids: Iterable[str]) -> None:
         .where(col(Conversation.id).in_(list(conversation_ids)))
         .values(last_activity_at=utcnow())
     )
+
+
+# --- failed runs -------------------------------------------------------------------------------
+
+FAILED_RUNS_LIMIT = 1_000  # one screen of an operator's list; more means a wider outage to fix
+# Runs after a failure that settle it: the conversation was brought under its trigger since.
+SETTLING_ACTIONS = ("failed", "summarized", "cleared")
+
+
+@dataclass(frozen=True)
+class FailedRun:
+    """The latest failed compression run of a conversation, as an operator lists it."""
+
+    conversation_id: str
+    at: datetime
+    reason: str
+    attempts: int  # model attempts of that run's task: its retries plus the last one
+    task_id: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "conversation_id": self.conversation_id,
+            "at": self.at.isoformat(),
+            "reason": self.reason,
+            "attempts": self.attempts,
+            "task_id": self.task_id,
+        }
+
+
+def failed_runs(
+    session: Session,
+    *,
+    since: datetime,
+    conversation_ids: Sequence[str] | None = None,
+    limit: int = FAILED_RUNS_LIMIT,
+) -> list[FailedRun]:
+    """Conversations whose latest failed run is at or after ``since`` and that no later run
+    summarized or cleared: that run of each, newest first."""
+    from core.models import CompactionLog, table_of
+
+    log = table_of(CompactionLog)
+    run, later, retry = log.alias("run"), log.alias("later"), log.alias("retry")
+    settled = sa_select(later.c.id).where(
+        later.c.conversation_id == run.c.conversation_id,
+        later.c.id > run.c.id,
+        later.c.action.in_(SETTLING_ACTIONS),
+    )
+    retries = (
+        sa_select(func.count())
+        .where(
+            retry.c.conversation_id == run.c.conversation_id,
+            retry.c.task_id == run.c.task_id,
+            retry.c.action == "retry",
+        )
+        .scalar_subquery()
+    )
+    statement = (
+        sa_select(run.c.conversation_id, run.c.created_at, run.c.reason, run.c.task_id, retries)
+        .where(run.c.action == "failed", run.c.created_at >= since, ~settled.exists())
+        .order_by(run.c.created_at.desc(), run.c.id.desc())
+        .limit(limit)
+    )
+    if conversation_ids is not None:
+        statement = statement.where(run.c.conversation_id.in_(list(conversation_ids)))
+    return [
+        FailedRun(str(cid), as_utc(at) or at, str(reason), int(count) + 1, task_id)
+        for cid, at, reason, task_id, count in session.connection().execute(statement)
+    ]

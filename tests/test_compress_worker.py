@@ -38,6 +38,7 @@ from tests.llm_server import LLMServer, Reply
 from tests.processes import stop_group
 from workers import lease
 from workers.app import app
+from workers.errors import CompressionFailed
 
 pytestmark = pytest.mark.redis
 
@@ -107,8 +108,13 @@ class Harness:
         return cid
 
     def compress(self, cid: str, **kwargs: Any) -> dict[str, Any]:
+        """The task's result; a FAILURE as ``{"action": "failed", "reason": its message}``."""
         result = app.send_task("recap.compress_session", args=[cid], kwargs=kwargs)
-        return dict(result.get(timeout=RESULT_TIMEOUT))
+        value = result.get(timeout=RESULT_TIMEOUT, propagate=False)
+        if result.state == "FAILURE":
+            assert isinstance(value, CompressionFailed), value
+            return {"action": "failed", "reason": str(value)}
+        return dict(value)
 
     def summaries(self, cid: str) -> list[dict[str, Any]]:
         return service.list_summaries(self.engine, cid)

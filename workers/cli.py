@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import re
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -59,9 +61,21 @@ def _root(
 
 
 def fail(message: str, code: int = 1) -> None:
-    """One clear line on stderr, then exit non-zero."""
-    typer.echo(f"recap: error: {message}", err=True)
+    """One clear line on stderr (masked: an error can quote a secret), then exit non-zero."""
+    from core.redact import one_line, redact
+
+    typer.echo(f"recap: error: {one_line(redact(message, _known_secrets()))}", err=True)
     raise typer.Exit(code)
+
+
+def _known_secrets() -> list[str]:
+    """The configured secrets, or none when the settings themselves are what failed."""
+    from core.redact import known_secrets
+
+    try:
+        return known_secrets(settings())
+    except Exception:  # invalid settings: key-shaped strings are still masked by pattern
+        return []
 
 
 def handles_errors(func: F) -> F:
@@ -85,9 +99,13 @@ def handles_errors(func: F) -> F:
 
 def settings() -> Settings:
     """The settings, read once; an invalid value is one clear error."""
+    from core.redact import known_secrets
     from core.settings import get_settings
+    from workers.logs import register_secrets
 
-    return get_settings()
+    loaded = get_settings()
+    register_secrets(known_secrets(loaded))  # log lines on stderr mask them too
+    return loaded
 
 
 def engine() -> Any:
@@ -97,12 +115,37 @@ def engine() -> Any:
     return get_engine(settings().database_url)
 
 
-def emit(payload: dict[str, Any], as_json: bool, human: Callable[[], None] | None = None) -> None:
-    """Print the JSON object, or the human rendering when ``--json`` is not given."""
+def emit(
+    payload: dict[str, Any],
+    as_json: bool,
+    human: Callable[[], None] | None = None,
+    *,
+    verbatim: bool = False,
+) -> None:
+    """Print the JSON object, or the human rendering when ``--json`` is not given. Its texts are
+    masked first, in place, so the human rendering shows them masked too; ``verbatim`` (a
+    conversation's own content) masks only the configured secrets, never key-shaped text."""
+    payload.update(_masked(payload, _known_secrets(), verbatim))
     if as_json or human is None:
         sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
     else:
         human()
+
+
+def _masked(value: Any, secrets: list[str], verbatim: bool) -> Any:
+    from core.redact import mask_value, redact
+
+    if isinstance(value, str):
+        if not verbatim:
+            return redact(value, secrets)
+        for secret in secrets:
+            value = value.replace(secret, mask_value(secret))
+        return value
+    if isinstance(value, dict):
+        return {k: _masked(v, secrets, verbatim) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(v, secrets, verbatim) for v in value]
+    return value
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
@@ -339,7 +382,7 @@ def assemble(
         table(f"request for {conversation}", ["#", "role", "content"], rows)
         typer.echo(f"tokens {payload['tokens']} of budget {request.budget}")
 
-    emit(payload, as_json, human)
+    emit(payload, as_json, human, verbatim=True)
 
 
 def _read_text(path: Path) -> str:
@@ -464,6 +507,110 @@ def reconcile(as_json: JsonFlag = False) -> None:
 
     payload = reconcile_pass(engine(), settings(), enqueue)
     emit(payload, as_json, lambda: typer.echo(f"enqueued {payload['enqueued']}"))
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400, "w": 604_800}  # seconds per unit
+MAX_DURATION_DAYS = 3_650  # ten years: a longer look-back is a typo, and overflows a datetime
+SinceOption = Annotated[
+    str,
+    typer.Option("--since", help="How far back to look: 30m, 2h, 7d (s, m, h, d or w)."),
+]
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30m``, ``2h``, ``7d`` as a positive timedelta; ``InputError`` for anything else."""
+    from core.errors import InputError
+
+    match = re.fullmatch(r"\s*(\d{1,7}(?:\.\d{1,6})?)\s*([smhdw])\s*", text.lower())
+    seconds = float(match[1]) * DURATION_UNITS[match[2]] if match else 0.0
+    if not match or seconds <= 0 or seconds > MAX_DURATION_DAYS * DURATION_UNITS["d"]:
+        raise InputError(
+            f"--since: expected a positive duration like 30m, 2h or 7d (at most "
+            f"{MAX_DURATION_DAYS} days), got {text!r}"
+        )
+    return timedelta(seconds=seconds)
+
+
+def _failed_since(since: str, conversations: list[str] | None = None) -> list[Any]:
+    from core.db import session_scope
+    from core.models import utcnow
+    from core.store import failed_runs
+
+    moment = utcnow() - parse_duration(since)
+    with session_scope(engine()) as session:
+        return failed_runs(session, since=moment, conversation_ids=conversations)
+
+
+@app.command()
+@handles_errors
+def failures(since: SinceOption = "24h", as_json: JsonFlag = False) -> None:
+    """Recent failed compressions not settled since: conversation, when, reason, attempts."""
+    payload = {"failures": [run.as_dict() for run in _failed_since(since)]}
+    columns = ["conversation_id", "at", "attempts", "reason"]
+
+    def human() -> None:  # reads the payload after emit masked it
+        rows = [[run[c] for c in columns] for run in payload["failures"]]
+        table(f"failed in the last {since}", columns, rows)
+
+    emit(payload, as_json, human)
+
+
+@app.command()
+@handles_errors
+def retry(
+    conversations: Annotated[
+        list[str] | None, typer.Argument(help="Conversation ids to compress again.")
+    ] = None,
+    all_failed: Annotated[
+        bool, typer.Option("--all-failed", help="Every conversation `recap failures` lists.")
+    ] = False,
+    since: Annotated[
+        str | None, typer.Option("--since", help="With --all-failed: how far back (default 24h).")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option(help="Run now, past a failure cooldown and the trigger (default).")
+    ] = True,
+    as_json: JsonFlag = False,
+) -> None:
+    """Enqueue compress_session again for failed conversations, on the configured broker."""
+    from core.errors import InputError
+
+    if bool(conversations) == all_failed:
+        raise InputError("give conversation ids or --all-failed (one of the two)")
+    if since is not None and not all_failed:
+        raise InputError("--since applies to --all-failed only")
+    targets = (
+        [run.conversation_id for run in _failed_since(since or "24h")]
+        if all_failed
+        else _existing(list(dict.fromkeys(conversations or ())))
+    )
+    task_ids = _enqueue_all(targets, force=force)
+    payload = {"enqueued": len(task_ids), "task_ids": task_ids, "conversations": targets}
+    emit(payload, as_json, lambda: typer.echo(f"enqueued {len(task_ids)}"))
+
+
+def _existing(conversations: list[str]) -> list[str]:
+    """The ids, after checking each names a stored conversation (``NotFoundError`` if not)."""
+    from core.db import session_scope
+    from core.store import get_conversation
+
+    with session_scope(engine()) as session:
+        for conversation in conversations:
+            get_conversation(session, conversation)
+    return conversations
+
+
+def _enqueue_all(conversations: list[str], *, force: bool) -> list[str]:
+    """Send one task per conversation; an unreachable broker is one line, not a traceback."""
+    from kombu.exceptions import OperationalError
+
+    from workers.tasks import enqueue
+
+    try:
+        return [enqueue(conversation, force=force) for conversation in conversations]
+    except OperationalError as exc:
+        fail(f"cannot reach the broker: {exc}")
+        raise AssertionError("unreachable") from None
 
 
 @app.command()

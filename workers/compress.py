@@ -14,18 +14,20 @@ meanwhile), of chunk shrinks and of retention re-asks; model errors worth retryi
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from sqlalchemy import Engine, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlmodel import Session
 
-from core import compression, store, sweep, tokens, toolresults
+from core import compression, policy, sweep, tokens
+from core import snapshot as snapshots
 from core.branch import applicable_summary
 from core.compression import CompressionParams, Rendered, Split
 from core.db import session_scope
@@ -35,17 +37,16 @@ from core.identifiers import identifiers_of_span, retention
 from core.models import CONVERSATIONS, SUMMARIES, CompactionLog, table_of, utcnow
 from core.prompts import SUMMARY_MESSAGE_PREFIX
 from core.records import ClearingRec, Msg, SummaryRec
+from core.redact import known_secrets, redact
 from core.settings import Settings
 from workers import events, lease
+from workers.reconcile import reconcile  # noqa: F401  (reconcile's home; importable here too)
 
 COMPACTION_LOG = table_of(CompactionLog)
 EXTRACTIVE_MODEL = "extractive"
 MAX_PASSES = 3  # the first pass plus up to two re-checks when new turns arrived meanwhile
 MAX_SHRINKS = 2  # a context-window error halves the summarizer's assumed window, at most twice
-RECONCILE_BATCH = 500  # conversations examined per reconcile pass
 ERROR_CHARS = 500  # an error stored in the log is cut here
-REASON_QUOTE_CHARS = 200  # a cooldown's reason quotes the last failure up to this length
-COOLDOWN_DOUBLINGS = compression.COOLDOWN_MAX_FACTOR.bit_length()  # failures read past the streak
 # An unknown summary model (a local model, a proxy alias) is assumed to take 8k tokens, which any
 # current chat model does; a context-window error from it halves the assumption.
 FALLBACK_SUMMARIZER_WINDOW = 8_192
@@ -109,27 +110,8 @@ class Outcome:
         }
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """Plain values copied out of the phase-1 read."""
-
-    conversation_id: str
-    model: str
-    encoding: str
-    leaf_id: int | None
-    branch: list[Msg]
-    summary: SummaryRec | None
-    clearings: dict[int, ClearingRec]
-    params: CompressionParams
-    failures: tuple[Failure, ...] = ()  # failed runs since the last summary, newest first
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A failed run, as the cooldown sees it."""
-
-    at: datetime
-    reason: str
+Snapshot = policy.Snapshot  # what a run decides from (no message text) and summarizes with
+Failure = policy.Failure
 
 
 @dataclass
@@ -146,47 +128,7 @@ class SummaryText:
     requests: list[list[Rendered]] = field(default_factory=list)
 
 
-# --- phase 1 -----------------------------------------------------------------------------------
-
-
-def load_state(session: Session, conversation_id: str, leaf: int | None) -> store.BranchState:
-    """The branch, its summary and clearings as plain values (Core reads, no ORM objects)."""
-    c = CONVERSATIONS.c
-    head = (
-        session.connection()
-        .execute(select(c.model, c.max_input_tokens).where(c.id == conversation_id))
-        .first()
-    )
-    if head is None:
-        raise NotFoundError(f"unknown conversation {conversation_id!r}")
-    branch = store.load_branch(session, conversation_id, leaf)
-    summaries = store.load_summaries(session, conversation_id)
-    return store.BranchState(
-        conversation_id=conversation_id,
-        model=str(head[0]),
-        max_input_tokens=head[1],
-        branch=branch,
-        summary=applicable_summary(summaries, {m.id for m in branch}),
-        clearings=store.load_clearings(session, conversation_id),
-    )
-
-
-def recent_failures(session: Session, conversation_id: str, settings: Settings) -> list[Failure]:
-    """The conversation's failed runs since its last summary, newest first (as many as the
-    cooldown can use)."""
-    c = COMPACTION_LOG.c
-    statement = (
-        select(c.action, c.created_at, c.reason)
-        .where(c.conversation_id == conversation_id, c.action.in_(("failed", "summarized")))
-        .order_by(c.id.desc())
-        .limit(settings.failure_streak + COOLDOWN_DOUBLINGS)
-    )
-    failures: list[Failure] = []
-    for action, at, reason in session.connection().execute(statement):
-        if action != "failed":
-            break
-        failures.append(Failure(store.as_utc(at) or utcnow(), str(reason)))
-    return failures
+# --- phase 1: claim, then read -----------------------------------------------------------------
 
 
 def read_snapshot(
@@ -196,60 +138,38 @@ def read_snapshot(
     leaf: int | None,
     *,
     with_failures: bool = True,
+    now: datetime | None = None,
 ) -> Snapshot:
-    """One short read session; everything after it works on plain values. ``with_failures``
-    reads the failed runs the cooldown needs (a check of the trigger alone does not)."""
+    """One short read session of the content-free snapshot (``core.snapshot``); ``with_failures``
+    reads the failed runs the cooldown needs."""
+    failures = settings.failure_streak if with_failures else 0
     with session_scope(engine) as session:
-        return snapshot_in(session, settings, conversation_id, leaf, with_failures=with_failures)
+        return snapshots.read_snapshot(
+            session, conversation_id, leaf, now=now or utcnow(), failures=failures
+        )
 
 
-def snapshot_in(
-    session: Session,
-    settings: Settings,
-    conversation_id: str,
-    leaf: int | None,
-    *,
-    with_failures: bool = True,
-) -> Snapshot:
-    """The snapshot read in an open session (the caller's transaction, as when claiming)."""
-    state = load_state(session, conversation_id, leaf)
-    failures = recent_failures(session, conversation_id, settings) if with_failures else []
-    return snapshot_of(state, settings, failures)
+def early_skip(
+    engine: Engine, settings: Settings, conversation_id: str, now: datetime
+) -> tuple[policy.Decision, int | None] | None:
+    """The decision's skip when an upper bound on the latest branch's history is under the
+    trigger (two aggregate reads, no message row), with the latest message id; else None."""
+    knobs = policy.Knobs.from_settings(settings)
+    with session_scope(engine) as session:
+        bound = snapshots.history_bound(session, conversation_id)
+        if bound is None:
+            return None
+        head = snapshots.head_snapshot(session, conversation_id, now=now)
+    decision = policy.early_skip(head, knobs, bound[0])
+    return (decision, bound[1]) if decision is not None else None
 
 
-def snapshot_of(
-    state: store.BranchState, settings: Settings, failures: Sequence[Failure] = ()
-) -> Snapshot:
-    """The decision's numbers for a loaded branch."""
-    window = tokens.context_window(state.model, state.max_input_tokens)
-    history = compression.request_history_tokens(state.branch, state.summary, state.clearings)
-    params = compression.get_compression_params(
-        window=window,
-        history_tokens=history,
-        reserve_tokens=tokens.TOKENS_REPLY_PRIMING,
-        safety_margin=settings.safety_margin,
-        trigger_ratio=settings.trigger_ratio,
-        recent_ratio=settings.recent_ratio,
-        recent_min_tokens=settings.recent_min_tokens,
-        recent_max_tokens=settings.recent_max_tokens,
-        keep_turns=settings.keep_turns,
-    )
-    return Snapshot(
-        conversation_id=state.conversation_id,
-        model=state.model,
-        encoding=tokens.encoding_name_for(state.model),
-        leaf_id=state.leaf_id,
-        branch=state.branch,
-        summary=state.summary,
-        clearings=state.clearings,
-        params=params,
-        failures=tuple(failures),
-    )
-
-
-def claim(engine: Engine, settings: Settings, run: Run) -> tuple[lease.Lease, Snapshot] | None:
-    """Take the conversation's lease and read it in one short transaction; None (and the
-    conversation marked dirty for its holder) when another run holds it."""
+def claim(
+    engine: Engine, settings: Settings, run: Run
+) -> tuple[lease.Lease, Snapshot | None] | None:
+    """Take the conversation's lease in one short transaction, committed before anything is
+    read (the snapshot is read by the first pass: None here); None, with the conversation
+    marked dirty for its holder, when another run holds it."""
     owner = lease.new_owner()
     now = run.clock()
     cid = run.conversation_id
@@ -257,13 +177,14 @@ def claim(engine: Engine, settings: Settings, run: Run) -> tuple[lease.Lease, Sn
         with session_scope(engine) as session:
             connection = session.connection()
             held = lease.take(connection, cid, owner=owner, now=now, seconds=settings.lease_seconds)
-            if held is not None:
-                return held, snapshot_in(session, settings, cid, run.leaf)
-            exists = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.id == cid)
-            if connection.execute(exists).first() is None:
-                raise NotFoundError(f"unknown conversation {cid!r}")
-            if lease.mark_dirty(connection, cid, now):
-                return None
+            if held is None:
+                exists = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.id == cid)
+                if connection.execute(exists).first() is None:
+                    raise NotFoundError(f"unknown conversation {cid!r}")
+                if lease.mark_dirty(connection, cid, now):
+                    return None
+        if held is not None:
+            return held, None
     return None
 
 
@@ -271,27 +192,9 @@ def claim(engine: Engine, settings: Settings, run: Run) -> tuple[lease.Lease, Sn
 
 
 def clearing_step(
-    engine: Engine,
-    settings: Settings,
-    conversation_id: str,
-    sent: Sequence[Msg],
-    clearings: Mapping[int, ClearingRec],
-    now: datetime,
-    *,
-    reason: str = toolresults.PRESSURE,
+    engine: Engine, conversation_id: str, plan: ClearingPlan, now: datetime
 ) -> tuple[int, int]:
-    """Clear eligible old tool results of ``sent`` (the messages a request carries after any
-    summary), by ``core.toolresults``'s policy; returns (results cleared, tokens reclaimed). Under
-    pressure only a saving of ``clear_at_least_tokens`` is worth a cold cache; right after a
-    summary any saving is."""
-    plan = toolresults.plan_clearings(
-        sent,
-        clearings,
-        keep_last=settings.keep_tool_results,
-        protected=settings.protected_tools,
-        min_tokens=toolresults.min_tokens_for(reason, settings.clear_at_least_tokens),
-        reason=reason,
-    )
+    """Record a decision's clearings; (results newly cleared, tokens they reclaim)."""
     if not plan:
         return 0, 0
     with session_scope(engine) as session:
@@ -472,6 +375,100 @@ def _reask(
 
 # --- phase 3 -----------------------------------------------------------------------------------
 
+# A write that fails because the database is unreachable (a restart, a failover) is tried again
+# with the summary kept in memory: waits from DB_RETRY_FIRST_SECONDS doubling to
+# DB_RETRY_MAX_SECONDS, for at most DB_RETRY_WINDOW_SECONDS and never past the lease's expiry
+# less LEASE_SAFETY_SECONDS; after that the run fails to Celery, which retries it with backoff.
+DB_RETRY_FIRST_SECONDS = 0.25  # a restart drops connections for a second or two
+DB_RETRY_MAX_SECONDS = 4.0  # one wait between write attempts is at most this
+DB_RETRY_WINDOW_SECONDS = 60.0  # long enough for a database restart or a managed failover
+LEASE_SAFETY_SECONDS = 5.0  # stop retrying while the lease is surely still ours
+# SQLSTATE classes of a database that is not there: connection exceptions (08xxx) and an
+# operator's intervention (57Pxx: shutting down, starting up, crash recovery).
+UNAVAILABLE_SQLSTATES = ("08", "57P")
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether a database error means "not reachable right now" (worth retrying), not a bad
+    statement or data."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    state = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    if state:
+        return str(state).startswith(UNAVAILABLE_SQLSTATES)
+    message = str(exc.orig).lower()
+    return "no such" not in message and "syntax" not in message  # SQLite: locked, I/O
+
+
+def _retry_window(run: Run, held: lease.Lease | None) -> float:
+    if held is None:
+        return DB_RETRY_WINDOW_SECONDS
+    left = (held.expires_at - run.clock()).total_seconds() - LEASE_SAFETY_SECONDS
+    return max(0.0, min(DB_RETRY_WINDOW_SECONDS, left))
+
+
+def durably(run: Run, held: lease.Lease | None, write: Callable[[], Any], what: str) -> Any:
+    """``write()``, tried again with backoff while the database is unavailable, within the
+    retry window (see above); the last error is raised when the window is spent."""
+    ends = time.monotonic() + _retry_window(run, held)
+    wait = DB_RETRY_FIRST_SECONDS
+    for tries in range(1, 1_000_000):
+        try:
+            return write()
+        except DBAPIError as exc:
+            left = ends - time.monotonic()
+            if not database_unavailable(exc) or left <= 0:
+                raise
+            events.log.warning(
+                "database_unavailable_retrying",
+                conversation_id=run.conversation_id,
+                task_id=run.task_id,
+                step=what,
+                tries=tries,
+                wait_s=round(min(wait, left), 2),
+                error=_first_line(exc),
+            )
+            time.sleep(min(wait, left))
+            wait = min(wait * 2, DB_RETRY_MAX_SECONDS)
+    raise AssertionError("unreachable")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _db_retry(run: Run, exc: DBAPIError) -> RetryLater | None:
+    """A database that stayed unavailable: a Celery retry with backoff while attempts are left
+    (None: let the error end the run)."""
+    if not database_unavailable(exc) or run.attempt + 1 >= run.settings.max_attempts:
+        return None
+    ceiling = min(run.settings.retry_backoff_max, DB_RETRY_MAX_SECONDS * 2**run.attempt)
+    return RetryLater(
+        f"the database is unavailable: {_first_line(exc)}", random.uniform(ceiling / 2, ceiling)
+    )
+
+
+def _release_after_failure(run: Run, held: lease.Lease, exc: BaseException) -> None:
+    """A run that raised lets its lease go (retried while the database is away) and says so; a
+    release that still fails leaves the lease to expire, and reconcile to pick it up."""
+    try:
+        state = durably(run, held, lambda: lease.release(run.engine, held, force=True), "release")
+    except Exception as release_error:  # best effort: the run's own error is what is raised
+        state = f"not released ({_first_line(release_error)}); it expires at {held.expires_at}"
+    if not isinstance(exc, RetryLater):
+        events.log.error(
+            "compression_run_error",
+            conversation_id=run.conversation_id,
+            task_id=run.task_id,
+            error=_first_line(exc),
+            lease=state,
+        )
+
 
 def _insert_summary(connection: Any, values: dict[str, Any]) -> int | None:
     """Insert unless (conversation, cutoff) exists; the new id, or None on a conflict."""
@@ -544,13 +541,14 @@ def write_run(
 
 
 def _log_values(run: Run, outcome: Outcome, duration_ms: int, now: datetime) -> dict[str, Any]:
+    secrets = known_secrets(run.settings)
     return {
         "conversation_id": run.conversation_id,
         "task_id": run.task_id,
         "trigger": run.trigger,
         "leaf_message_id": outcome.leaf_message_id,
         "action": outcome.action,
-        "reason": outcome.reason,
+        "reason": redact(outcome.reason, secrets),  # the row is a sink too: masked before stored
         "tokens_before": outcome.tokens_before,
         "tokens_after": outcome.tokens_after,
         "summary_id": outcome.summary_id,
@@ -559,7 +557,7 @@ def _log_values(run: Run, outcome: Outcome, duration_ms: int, now: datetime) -> 
         "output_tokens": outcome.output_tokens,
         "cost": outcome.cost,
         "duration_ms": duration_ms,
-        "error": (outcome.error or "")[:ERROR_CHARS] or None,
+        "error": redact(outcome.error or "", secrets)[:ERROR_CHARS] or None,
         "created_at": now,
     }
 
@@ -569,14 +567,8 @@ def _clear_after_summary(
 ) -> Outcome:
     """A new summary changed the request's prefix, so its prompt cache is cold anyway: clear the
     old tool results after the cutoff now, when it costs nothing."""
-    plan = toolresults.plan_clearings(
-        result.recent,
-        result.clearings,
-        keep_last=run.settings.keep_tool_results,
-        protected=run.settings.protected_tools,
-        min_tokens=toolresults.min_tokens_for(toolresults.POST_SUMMARY, 0),
-        reason=toolresults.POST_SUMMARY,
-    )
+    knobs = policy.Knobs.from_settings(run.settings)
+    plan = policy.post_summary_clearing(result.recent, result.clearings, knobs)
     if not plan:
         return outcome
     applied = sweep.apply_clearings(session, run.conversation_id, plan, now=run.clock())
@@ -620,47 +612,61 @@ class Run:
 
 
 def one_pass(run: Run, snapshot: Snapshot | None = None) -> PassResult:
-    """Read (unless given), decide and maybe summarize; the outcome and what to write."""
+    """Read (unless given), decide (``core.policy``), clear and maybe summarize; the outcome and
+    what to write. Without a leaf or force, a conversation far under its trigger is skipped from
+    two aggregates before its branch is read."""
+    knobs = policy.Knobs.from_settings(run.settings)
     if snapshot is None:
-        snapshot = read_snapshot(run.engine, run.settings, run.conversation_id, run.leaf)
-    params = snapshot.params
-    before = params.effective_tokens
-    base = Outcome("skipped", "", before, before, leaf_message_id=snapshot.leaf_id)
-    if not run.force and not params.over_trigger:
-        reason = f"under the trigger ({before} of {params.trigger_tokens} tokens)"
-        return PassResult(replace(base, reason=reason))
-    started = {k: v for k, v in _event_fields(run, base).items() if k != "action"}
-    events.emit(run.settings, events.STARTED, **started, forced=run.force)
-    if not run.force:
-        pending = compression.pending_messages(snapshot.branch, snapshot.summary)
-        cleared, reclaimed = clearing_step(
-            run.engine, run.settings, run.conversation_id, pending, snapshot.clearings, run.clock()
+        if run.leaf is None and not run.force:
+            early = early_skip(run.engine, run.settings, run.conversation_id, run.clock())
+            if early is not None:
+                decision, leaf = early
+                size = decision.pressure.history
+                skipped = Outcome("skipped", decision.reason, size, size, leaf_message_id=leaf)
+                return PassResult(skipped)
+        snapshot = read_snapshot(
+            run.engine, run.settings, run.conversation_id, run.leaf, now=run.clock()
         )
-        if cleared and before - reclaimed <= params.trigger_tokens:
+    decision = policy.decide(snapshot, knobs, force=run.force)
+    before = decision.pressure.history
+    base = Outcome("skipped", "", before, before, leaf_message_id=snapshot.leaf_id)
+    if decision.action == policy.SKIP and not decision.pressure.over_trigger and not run.force:
+        return PassResult(replace(base, reason=decision.reason))
+    started = {k: v for k, v in _event_fields(run, base).items() if k != "action"}
+    events.emit(run.settings, events.STARTED, **started, forced=run.force, urgent=decision.urgent)
+    if decision.clear:
+        cleared, reclaimed = clearing_step(
+            run.engine, run.conversation_id, decision.clear, run.clock()
+        )
+        after = before - decision.pressure.budget.history(reclaimed)
+        if decision.action == policy.CLEAR and cleared:
             reason = f"cleared {cleared} old tool results ({reclaimed} tokens)"
-            after = before - reclaimed
             return PassResult(replace(base, action="cleared", reason=reason, tokens_after=after))
-        if cleared:
-            snapshot = read_snapshot(run.engine, run.settings, run.conversation_id, run.leaf)
-    return summarize(run, snapshot, base)
+        base = replace(base, tokens_after=after)
+    if decision.action != policy.SUMMARIZE or decision.split is None:
+        return PassResult(replace(base, reason=decision.reason))
+    return summarize(run, replace(snapshot, clearings=decision.clearings), decision, base)
 
 
-def summarize(run: Run, snapshot: Snapshot, base: Outcome) -> PassResult:
-    """Plan the split, call the summarizer (no session held), validate; the row to insert."""
-    params = snapshot.params
-    pending = compression.pending_messages(snapshot.branch, snapshot.summary)
-    split = compression.plan_split(
-        pending,
-        recent_budget=params.recent_budget,
-        recent_cap=params.recent_cap,
-        keep_turns=params.keep_turns,
-        clearings=snapshot.clearings,
+def with_text(engine: Engine, conversation_id: str, split: Split) -> Split:
+    """The split with its messages' text: the only content a run reads."""
+    ids = [m.id for m in (*split.older, *split.recent)]
+    with session_scope(engine) as session:
+        rows = snapshots.load_contents(session, conversation_id, ids)
+    return Split(
+        tuple(rows[m.id] for m in split.older),
+        tuple(rows[m.id] for m in split.recent),
+        split.at_user,
     )
-    if split is None:
-        return PassResult(replace(base, reason="nothing older than the recent turns to summarize"))
-    resting = None if run.force else _cooldown_reason(run, snapshot)
-    if resting is not None:
-        return PassResult(replace(base, reason=resting))
+
+
+def summarize(
+    run: Run, snapshot: Snapshot, decision: policy.Decision, base: Outcome
+) -> PassResult:
+    """Read the split's text, call the summarizer (no session held), validate; the row to
+    insert."""
+    assert decision.split is not None
+    split = with_text(run.engine, run.conversation_id, decision.split)
     try:
         if run.settings.summary_model:
             result = summarize_with_model(
@@ -668,34 +674,19 @@ def summarize(run: Run, snapshot: Snapshot, base: Outcome) -> PassResult:
             )
         else:
             result = summarize_extractive(snapshot, split)
-    except SummaryFailed as exc:
-        return PassResult(replace(base, action="failed", reason=str(exc), error=str(exc)))
+    except SummaryFailed as exc:  # a provider's error can quote the key: masked here
+        reason = redact(str(exc), known_secrets(run.settings))
+        return PassResult(replace(base, action="failed", reason=reason, error=reason))
     return _validated(run, snapshot, split, result, base)
-
-
-def _cooldown_reason(run: Run, snapshot: Snapshot) -> str | None:
-    """Why the summarizer rests now after repeated failures, or None when it may run."""
-    failures = snapshot.failures
-    until = compression.cooldown_until(
-        [f.at for f in failures],
-        streak=run.settings.failure_streak,
-        first_minutes=run.settings.failure_cooldown_minutes,
-    )
-    if until is None or run.clock() >= until:
-        return None
-    return (
-        f"resting after {len(failures)} failed runs in a row (the last: "
-        f"{failures[0].reason[:REASON_QUOTE_CHARS]}); the summarizer is tried again after "
-        f"{until:%Y-%m-%d %H:%M} UTC, or now with force"
-    )
 
 
 def _validated(
     run: Run, snapshot: Snapshot, split: Split, result: SummaryText, base: Outcome
 ) -> PassResult:
     clearings = snapshot.clearings
+    encoding = tokens.encoding_name_for(snapshot.model)
     summary_tokens = tokens.count_message(
-        {"role": "user", "content": SUMMARY_MESSAGE_PREFIX + result.text}, snapshot.encoding
+        {"role": "user", "content": SUMMARY_MESSAGE_PREFIX + result.text}, encoding
     )
     replaced = (snapshot.summary.tokens if snapshot.summary else 0) + sum(
         compression.message_tokens(m, clearings) for m in split.older
@@ -713,7 +704,7 @@ def _validated(
     if problem is not None:
         reason = f"summary rejected: {problem}"
         return PassResult(replace(base, action="failed", reason=reason, error=reason))
-    after = base.tokens_before - replaced + summary_tokens
+    after = base.tokens_after - replaced + summary_tokens
     outcome = replace(
         base,
         action="summarized",
@@ -727,7 +718,7 @@ def _validated(
         "previous_summary_id": snapshot.summary.id if snapshot.summary else None,
         "text": result.text,
         "tokens": summary_tokens,
-        "encoding": snapshot.encoding,
+        "encoding": encoding,
         "model": result.model,
         "input_tokens": result.input_tokens,
         "output_tokens": result.output_tokens,
@@ -781,17 +772,28 @@ def compress_session(
         clock,
         deadline,
     )
-    claimed = claim(engine, settings, run)
+    try:
+        claimed = claim(engine, settings, run)
+    except DBAPIError as exc:  # the read failed: Celery tries again later
+        retry = _db_retry(run, exc)
+        if retry is None:
+            raise
+        _log_retry_if_possible(run, retry, started)
+        raise retry from exc
     if claimed is None:
         return _busy(run, started)
     held, snapshot = claimed
     try:
         outcome = _passes(run, held, snapshot, started)
     except BaseException as exc:
-        lease.release(engine, held, force=True)
-        if isinstance(exc, RetryLater):
-            _log_retry(run, exc, started)
-        raise
+        _release_after_failure(run, held, exc)
+        later = _db_retry(run, exc) if isinstance(exc, DBAPIError) else exc
+        if not isinstance(later, RetryLater):
+            raise
+        _log_retry_if_possible(run, later, started)
+        if later is exc:
+            raise
+        raise later from exc
     fields = {**_event_fields(run, outcome), "reason": outcome.reason}
     fields["duration_ms"] = _ms(started)
     events.emit(
@@ -812,11 +814,12 @@ def _passes(run: Run, held: lease.Lease, snapshot: Snapshot, started: float) -> 
         out_of_time = time.monotonic() >= run.deadline  # a dirty flag is left for reconcile
         last = number == MAX_PASSES - 1 or outcome.action == "failed" or out_of_time
         if number == 0 or outcome.action != "skipped" or result.row is not None:
-            outcome, state = write_run(
-                run.engine, current, result, held=held, force_release=last, duration_ms=_ms(started)
-            )
+            write = partial(write_run, run.engine, current, result, held=held, force_release=last)
+            outcome, state = durably(run, held, partial(write, duration_ms=_ms(started)), "write")
         else:
-            state = lease.release(run.engine, held, force=last)
+            state = durably(
+                run, held, partial(lease.release, run.engine, held, force=last), "release"
+            )
         first = _merge(first, outcome)
         if state != "dirty":
             break
@@ -843,17 +846,28 @@ def _busy(run: Run, started: float) -> dict[str, Any]:
 
 
 def _log_retry(run: Run, exc: RetryLater, started: float) -> None:
+    reason = redact(exc.reason, known_secrets(run.settings))
     events.log.warning(
         "compression_retry",
         conversation_id=run.conversation_id,
         task_id=run.task_id,
         attempt=run.attempt + 1,
         delay_s=round(exc.delay, 2),
-        error=exc.reason,
+        error=reason,
         duration_ms=_ms(started),
     )
-    outcome = Outcome("retry", f"retrying in {exc.delay:.1f} s", 0, 0, error=exc.reason)
+    outcome = Outcome("retry", f"retrying in {exc.delay:.1f} s", 0, 0, error=reason)
     write_run(run.engine, run, PassResult(outcome), held=None, duration_ms=_ms(started))
+
+
+def _log_retry_if_possible(run: Run, exc: RetryLater, started: float) -> None:
+    """``_log_retry``, whose row cannot be written while the database is away (the log line
+    still is)."""
+    try:
+        _log_retry(run, exc, started)
+    except DBAPIError as error:
+        if not database_unavailable(error):
+            raise
 
 
 def _ms(started: float) -> int:
@@ -884,56 +898,3 @@ def run_with_retries(
         except RetryLater as exc:
             sleep(exc.delay)
     raise AssertionError("unreachable: the last attempt never raises RetryLater")
-
-
-# --- reconcile ---------------------------------------------------------------------------------
-
-
-def reconcile(
-    engine: Engine,
-    settings: Settings,
-    enqueue: Callable[[str], object],
-    *,
-    now: datetime | None = None,
-) -> dict[str, Any]:
-    """Re-enqueue conversations still over their trigger whose last run is missing (activity
-    since it, or a dirty flag nobody picked up) or whose lease expired (the run died)."""
-    moment = now or utcnow()
-    c = CONVERSATIONS.c
-    free = or_(c.lease_owner.is_(None), c.lease_expires_at < moment)
-    stale = or_(
-        c.dirty.is_(True),
-        c.lease_owner.is_not(None),
-        c.last_compacted_at.is_(None),
-        c.last_compacted_at < c.last_activity_at,
-    )
-    statement = select(c.id, c.dirty).where(free, stale).order_by(c.last_activity_at)
-    with session_scope(engine) as session:
-        rows = list(session.connection().execute(statement.limit(RECONCILE_BATCH)))
-    enqueued = 0
-    for conversation_id, dirty in rows:
-        if dirty or _over_trigger(engine, settings, conversation_id):
-            enqueue(conversation_id)
-            enqueued += 1
-        else:
-            _mark_checked(engine, conversation_id, moment)
-    return {"enqueued": enqueued}
-
-
-def _over_trigger(engine: Engine, settings: Settings, conversation_id: str) -> bool:
-    try:
-        snapshot = read_snapshot(engine, settings, conversation_id, None, with_failures=False)
-        return snapshot.params.over_trigger
-    except tokens.UnknownModelError:
-        return False
-
-
-def _mark_checked(engine: Engine, conversation_id: str, now: datetime) -> None:
-    """Under its trigger: note the check and drop a dead run's lease, so the next pass skips it."""
-    c = CONVERSATIONS.c
-    with session_scope(engine) as session:
-        session.connection().execute(
-            update(CONVERSATIONS)
-            .where(c.id == conversation_id, or_(c.lease_owner.is_(None), c.lease_expires_at < now))
-            .values(last_compacted_at=now, lease_owner=None, lease_expires_at=None)
-        )

@@ -1,7 +1,9 @@
 """Compression events: one structlog line each, and the same JSON on a Redis channel when the
 broker is Redis (hosts subscribe to show a "compressing..." toast).
 
-Publishing is best effort: an event that cannot be published is logged, never raised.
+Every text field is masked (``core.redact``) before it is logged or published: a failure's reason
+can quote a provider's answer. Publishing is best effort: an event that cannot be published is
+logged, never raised.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from core.redact import known_secrets, redact
 from core.settings import Settings
 
 CHANNEL = "recap:events"  # hosts SUBSCRIBE here; one JSON object per message
@@ -46,6 +49,8 @@ def publishes(settings: Settings) -> bool:
 
 def emit(settings: Settings, event: str, **fields: Any) -> None:
     """Log the event, then publish it on ``CHANNEL`` when the broker is Redis."""
+    secrets = known_secrets(settings)
+    fields = {k: redact(v, secrets) if isinstance(v, str) else v for k, v in fields.items()}
     level = log.warning if event == FAILED else log.info
     level(event, **fields)
     if not publishes(settings):
@@ -54,4 +59,4 @@ def emit(settings: Settings, event: str, **fields: Any) -> None:
     try:
         _client(settings.broker_url).publish(CHANNEL, payload)
     except Exception as exc:  # best effort: the event is already in the log
-        log.warning("event_publish_failed", event_name=event, error=str(exc))
+        log.warning("event_publish_failed", event_name=event, error=redact(str(exc), secrets))

@@ -1,23 +1,28 @@
 """Compression tasks: thin wrappers over ``workers.compress`` (read, decide, call, write).
 
-``recap.compress_session`` retries what is worth retrying through Celery, with backoff and a
-bounded count; everything else ends in the JSON result. ``recap.reconcile`` re-enqueues what a
-lost message or a dead worker left behind.
+``recap.compress_session`` retries what is worth retrying through Celery (RETRY), with backoff
+and a bounded count. A run that ends ``failed`` is recorded as every run is, then the task raises
+``CompressionFailed`` with the masked reason, so Celery and Flower record FAILURE; skipped, busy,
+cleared and summarized runs return the contract's JSON (SUCCESS). ``recap.reconcile`` re-enqueues
+what a lost message or a dead worker left behind.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from celery.signals import celeryd_init, worker_process_init
+from celery.signals import before_task_publish, celeryd_init, worker_process_init
 from sqlalchemy import Engine
 
 from core.db import dispose_engines, get_engine
 from core.errors import RecapError
-from core.settings import get_settings
+from core.redact import error_text, known_secrets, redact
+from core.settings import Settings, get_settings
 from core.tokens import UnknownModelError
 from workers import compress, events
 from workers.app import app
+from workers.errors import CompressionFailed, CompressionRetry
 
 COMPRESS_TASK = "recap.compress_session"
 RECONCILE_TASK = "recap.reconcile"
@@ -42,30 +47,63 @@ def _fresh_pool(**_: Any) -> None:
     dispose_engines()
 
 
-@app.task(name=COMPRESS_TASK, bind=True, max_retries=None)
+@app.task(name=COMPRESS_TASK, bind=True, max_retries=None, throws=(CompressionFailed,))
 def compress_session(
     self: Any, conversation_id: str, leaf_message_id: int | None = None, force: bool = False
 ) -> dict[str, Any]:
-    """Compress one conversation if it needs it; safe to enqueue many times."""
+    """Compress one conversation if it needs it; safe to enqueue many times. A failed run ends
+    the task in FAILURE (``CompressionFailed``), a retryable one in RETRY."""
     settings = get_settings()
+    outcome = _run(self.request, settings, conversation_id, leaf_message_id, force)
+    # Raised here, outside any except block: the stored traceback chains no provider error.
+    if isinstance(outcome, compress.RetryLater):
+        reason = CompressionRetry(redact(outcome.reason, known_secrets(settings)))
+        raise self.retry(exc=reason, countdown=outcome.delay, max_retries=settings.max_attempts)
+    if outcome["action"] == "failed":
+        raise CompressionFailed(outcome["reason"])
+    return outcome
+
+
+def _run(
+    request: Any, settings: Settings, conversation_id: str, leaf: int | None, force: bool
+) -> dict[str, Any] | compress.RetryLater:
+    """The run's JSON with every text masked, or the ``RetryLater`` it asked for."""
+    secrets = known_secrets(settings)
     try:
-        return compress.compress_session(
+        payload = compress.compress_session(
             engine(),
             settings,
             conversation_id,
-            leaf_message_id,
+            leaf,
             force,
-            attempt=self.request.retries,
-            task_id=self.request.id,
+            attempt=request.retries,
+            task_id=request.id,
             trigger="manual" if force else "enqueue",
         )
     except compress.RetryLater as exc:
-        raise self.retry(countdown=exc.delay, max_retries=settings.max_attempts) from exc
+        return exc
     except (RecapError, UnknownModelError) as exc:
+        reason = redact(str(exc), secrets)
         events.log.warning(
-            "compress_session_rejected", conversation_id=conversation_id, error=str(exc)
+            "compress_session_rejected", conversation_id=conversation_id, error=reason
         )
-        return compress.Outcome("failed", str(exc), 0, 0).as_dict()
+        payload = compress.Outcome("failed", reason, 0, 0).as_dict()
+    except Exception as exc:  # an unexpected error still ends as one masked FAILURE
+        reason = error_text(exc, secrets)
+        events.log.exception("compress_session_error", conversation_id=conversation_id)
+        payload = compress.Outcome("failed", reason, 0, 0).as_dict()
+    return {k: redact(v, secrets) if isinstance(v, str) else v for k, v in payload.items()}
+
+
+@before_task_publish.connect
+def _json_reprs(headers: dict[str, Any] | None = None, body: Any = None, **_: Any) -> None:
+    """Flower shows a compress task's arguments as JSON (the conversation id first), which is
+    also what its API takes to run the task again; Celery's default is Python's repr."""
+    if not headers or headers.get("task") != COMPRESS_TASK:
+        return
+    if isinstance(body, list | tuple) and len(body) >= 2:
+        headers["argsrepr"] = json.dumps(list(body[0]))
+        headers["kwargsrepr"] = json.dumps(dict(body[1]))
 
 
 @app.task(name=RECONCILE_TASK)
@@ -74,6 +112,7 @@ def reconcile() -> dict[str, Any]:
     return compress.reconcile(engine(), get_settings(), enqueue)
 
 
-def enqueue(conversation_id: str) -> str:
+def enqueue(conversation_id: str, *, force: bool = False) -> str:
     """Send ``recap.compress_session`` for one conversation; the task id."""
-    return str(app.send_task(COMPRESS_TASK, args=[conversation_id]).id)
+    kwargs = {"force": True} if force else {}
+    return str(app.send_task(COMPRESS_TASK, args=[conversation_id], kwargs=kwargs).id)
