@@ -2,6 +2,9 @@
 
 Tests and benchmarks point litellm at it (``openai/<name>`` with ``api_base``) and script what it
 answers: summaries, 429s, 500s, 401s, blank text, slow replies, or a reply held until released.
+A request with ``"stream": true`` is answered as server-sent events (text in a few chunks, tool
+call arguments in two, a ``usage`` chunk when ``stream_options.include_usage`` asks for it), and a
+scripted reply can carry tool calls, reasoning, an error code, or a pause between chunks.
 Every request is recorded with its JSON body and, when a probe is given, the probe's reading at
 the moment the request arrived (the tests use it to count checked-out database connections).
 """
@@ -30,6 +33,10 @@ class Reply:
     delay: float = 0.0
     hold: bool = False
     error: str = "scripted error"
+    code: str | None = None  # the error's code, e.g. "context_length_exceeded"
+    tool_calls: list[dict[str, Any]] | None = None
+    reasoning: str | None = None
+    chunk_delay: float = 0.0  # seconds between streamed chunks
 
 
 @dataclass
@@ -140,8 +147,25 @@ class LLMServer:
             self._arrived.notify_all()
 
 
-def _completion(text: str, body: dict[str, Any]) -> dict[str, Any]:
+STREAM_WORDS_PER_CHUNK = 3  # a streamed reply arrives in several chunks, as from a real model
+
+
+def _usage(text: str, body: dict[str, Any]) -> dict[str, int]:
     prompt_chars = sum(len(str(m.get("content") or "")) for m in body.get("messages", []))
+    return {
+        "prompt_tokens": prompt_chars // 4,
+        "completion_tokens": len(text) // 4,
+        "total_tokens": prompt_chars // 4 + len(text) // 4,
+    }
+
+
+def _completion(text: str, body: dict[str, Any], reply: Reply | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reply is not None and reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+        message["content"] = text or None
+    if reply is not None and reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
     return {
         "id": f"chatcmpl-{time.monotonic_ns()}",
         "object": "chat.completion",
@@ -150,21 +174,72 @@ def _completion(text: str, body: dict[str, Any]) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": "stop",
+                "message": message,
+                "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
             }
         ],
-        "usage": {
-            "prompt_tokens": prompt_chars // 4,
-            "completion_tokens": len(text) // 4,
-            "total_tokens": prompt_chars // 4 + len(text) // 4,
-        },
+        "usage": _usage(text, body),
     }
+
+
+def _stream_deltas(text: str, reply: Reply) -> list[dict[str, Any]]:
+    """The deltas of a streamed reply: the role, reasoning, text in pieces, each tool call with
+    its arguments split in two."""
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if reply.reasoning:
+        deltas.append({"reasoning_content": reply.reasoning})
+    words = text.split(" ")
+    for start in range(0, len(words), STREAM_WORDS_PER_CHUNK):
+        piece = " ".join(words[start : start + STREAM_WORDS_PER_CHUNK])
+        deltas.append({"content": piece if start == 0 else " " + piece})
+    for index, call in enumerate(reply.tool_calls or ()):
+        arguments = str(call["function"].get("arguments", ""))
+        half = len(arguments) // 2
+        head = {"index": index, "id": call["id"], "type": "function"}
+        deltas.append(
+            {
+                "tool_calls": [
+                    {
+                        **head,
+                        "function": {
+                            "name": call["function"]["name"],
+                            "arguments": arguments[:half],
+                        },
+                    }
+                ]
+            }
+        )
+        deltas.append(
+            {"tool_calls": [{"index": index, "function": {"arguments": arguments[half:]}}]}
+        )
+    return deltas
+
+
+def _stream_events(text: str, body: dict[str, Any], reply: Reply) -> list[dict[str, Any]]:
+    """Every chunk object of a streamed reply, the usage chunk last when asked for."""
+    base = {
+        "id": f"chatcmpl-{time.monotonic_ns()}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": body.get("model", "stand-in"),
+    }
+    events = [
+        {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        for delta in _stream_deltas(text, reply)
+    ]
+    finish = "tool_calls" if reply.tool_calls else "stop"
+    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append({**base, "choices": [], "usage": _usage(text, body)})
+    return events
 
 
 def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # headers and body go out as separate writes: without this, Nagle holds the body until
+        # the client's delayed ACK (about 40 ms), a latency no real server adds
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             return
@@ -186,10 +261,32 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             if reply.delay:
                 time.sleep(max(0.0, arrived + reply.delay - time.monotonic()))
             if reply.status != 200:
-                error = {"error": {"message": reply.error, "type": "scripted", "code": None}}
+                error = {"error": {"message": reply.error, "type": "scripted", "code": reply.code}}
                 self._send(reply.status, error)
                 return
-            self._send(200, _completion(text, body))
+            if body.get("stream"):
+                self._stream(_stream_events(text, body, reply), reply.chunk_delay)
+                return
+            self._send(200, _completion(text, body, reply))
+
+        def _stream(self, events: list[dict[str, Any]], delay: float) -> None:
+            """Server-sent events in HTTP/1.1 chunks, one event per chunk, then ``[DONE]``."""
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                lines = [f"data: {json.dumps(event)}\n\n" for event in events]
+                for index, line in enumerate([*lines, "data: [DONE]\n\n"]):
+                    if delay and index:
+                        time.sleep(delay)
+                    data = line.encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client went away mid-stream
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()

@@ -1,0 +1,72 @@
+"""The ASGI app and its server: Starlette routes under uvicorn."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from core.aio import AsyncRecap
+from core.errors import RecapError
+from core.redact import error_text, known_secrets
+from core.settings import Settings, get_settings
+from workers.serve import routes
+from workers.serve.auth import KeyRing
+from workers.serve.errors import SERVER, ServeError
+from workers.serve.turns import Turns
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"  # local only unless asked: the endpoint spends the upstream key
+DEFAULT_PORT = 8400
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """The app for these settings (default: the environment's); refuses to start without
+    client keys, so an endpoint that spends the upstream key is never open to anyone."""
+    settings = settings or get_settings()
+    keys = KeyRing(settings.serve_keys)
+    if not keys:
+        raise RecapError("RECAP_SERVE_KEYS is empty: set at least one client key")
+    secrets = known_secrets(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        recap = AsyncRecap(settings=settings)
+        app.state.serve = routes.State(turns=Turns(recap, settings), keys=keys)
+        try:
+            yield
+        finally:
+            recap.close()
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        """Any other failure: an OpenAI-format 500 with a masked one-line message."""
+        log.error("serve_error", path=request.url.path, error=error_text(exc, secrets))
+        return ServeError(500, "internal error (logged by recap serve)", type=SERVER).response()
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/health", routes.health, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+        exception_handlers={Exception: unexpected},
+    )
+
+
+def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    """Run the endpoint under uvicorn until interrupted."""
+    import uvicorn
+
+    from workers.logs import configure_logging
+
+    settings = get_settings()
+    configure_logging(json_output=settings.log_json, level=settings.log_level)
+    app = create_app(settings)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

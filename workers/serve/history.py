@@ -1,0 +1,176 @@
+"""Storing a resent history and its reply: each in one short transaction that holds the
+conversation's append lock (the conversation row is updated first, which locks it on PostgreSQL
+and takes SQLite's write lock), so two processes serving one conversation never fork it."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, and_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session
+
+from core import store
+from core.db import session_scope
+from core.errors import NotFoundError
+from core.hashing import message_hash
+from core.models import CONVERSATIONS, MESSAGES, Conversation, utcnow
+from core.outputs import Ingest
+from core.validate import check_message, check_tool_pairing
+from workers.serve.prefix import SYSTEM_ROLES, Node, longest_stored_prefix, open_calls
+
+HASH_BATCH = 500  # hashes per IN list: far below every driver's parameter limit
+CREATE_ATTEMPTS = 2  # a conversation created by another process meanwhile is read on the retry
+
+
+@dataclass(frozen=True, slots=True)
+class Mapped:
+    """Where a request's history landed: the leaf of its branch, how many of its messages were
+    stored already, and the ids of those appended now."""
+
+    leaf_id: int | None
+    matched: int
+    appended: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who may use a conversation, and what a new one is created with."""
+
+    fingerprint: str
+    model: str
+    max_input_tokens: int | None
+
+
+def validate(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """The request's history, each message checked and its tool results paired with calls."""
+    checked = [check_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    check_tool_pairing(checked, "messages")
+    return checked
+
+
+def store_request(
+    engine: Engine,
+    ingest: Ingest,
+    conversation_id: str,
+    owner: Owner,
+    messages: Sequence[Mapping[str, Any]],
+) -> Mapped:
+    """Map ``messages`` onto the conversation (created for ``owner`` when new): the longest
+    stored prefix is reused, the rest appended after it. A conversation of another owner is a
+    ``NotFoundError``, as if it did not exist."""
+    hashes = [message_hash(m) for m in messages]
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            with session_scope(engine) as session:
+                conversation = _claim(session, conversation_id, owner)
+                return _append(session, conversation, ingest, messages, hashes)
+        except IntegrityError:  # created by another process between our read and insert
+            if attempt + 1 == CREATE_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+def store_reply(
+    engine: Engine,
+    ingest: Ingest,
+    conversation_id: str,
+    owner: Owner,
+    leaf_id: int | None,
+    reply: Mapping[str, Any],
+) -> int:
+    """Store the model's reply after ``leaf_id``; the same reply stored there already is reused
+    (a retried request stores nothing twice), a different one starts a branch."""
+    checked = check_message(reply, "reply")
+    digest = message_hash(checked)
+    with session_scope(engine) as session:
+        conversation = _claim(session, conversation_id, owner)
+        m = MESSAGES.c
+        parent = m.parent_id.is_(None) if leaf_id is None else m.parent_id == leaf_id
+        same = (
+            session.connection()
+            .execute(
+                select(m.id).where(
+                    and_(m.conversation_id == conversation_id, parent, m.content_hash == digest)
+                )
+            )
+            .first()
+        )
+        if same is not None:
+            return int(same[0])
+        values = store.prepared_values(checked, conversation.model, ingest)
+        return store.insert_chain(session, conversation.id, [values], leaf_id)[0]
+
+
+def _claim(session: Session, conversation_id: str, owner: Owner) -> Conversation:
+    """The conversation, locked for appending (created when new); another owner's is hidden."""
+    locked = session.execute(
+        update(CONVERSATIONS)
+        .where(CONVERSATIONS.c.id == conversation_id)
+        .values(last_activity_at=utcnow())
+    )
+    if locked.rowcount == 0:  # type: ignore[attr-defined]
+        conversation = store.create_conversation(
+            session, conversation_id, owner.model, owner.max_input_tokens
+        )
+        conversation.owner = owner.fingerprint
+        session.add(conversation)
+        session.flush()
+        return conversation
+    conversation = store.get_conversation(session, conversation_id)
+    if conversation.owner is None or not hmac.compare_digest(conversation.owner, owner.fingerprint):
+        raise NotFoundError(f"unknown conversation {conversation_id!r}")
+    return conversation
+
+
+def _append(
+    session: Session,
+    conversation: Conversation,
+    ingest: Ingest,
+    messages: Sequence[Mapping[str, Any]],
+    hashes: Sequence[str],
+) -> Mapped:
+    starts = _start_parents(session, conversation.id)
+    path = longest_stored_prefix(_candidates(session, conversation.id, hashes), hashes, starts)
+    new = messages[len(path) :]
+    if not new:
+        return Mapped(path[-1] if path else None, len(path), [])
+    check_tool_pairing(new, "messages", open_calls=open_calls(messages[: len(path)]))
+    parent = path[-1] if path else max((s for s in starts if s is not None), default=None)
+    rows = [store.prepared_values(dict(m), conversation.model, ingest) for m in new]
+    ids = store.insert_chain(session, conversation.id, rows, parent)
+    return Mapped(ids[-1], len(path), ids)
+
+
+def _start_parents(session: Session, conversation_id: str) -> list[int | None]:
+    """Where a history may begin: as a root, or under a stored root system prompt (a request
+    sends its own system prompt, which is not stored as history)."""
+    m = MESSAGES.c
+    rows = session.connection().execute(
+        select(m.id).where(
+            and_(
+                m.conversation_id == conversation_id,
+                m.parent_id.is_(None),
+                m.role.in_(SYSTEM_ROLES),
+            )
+        )
+    )
+    return [None, *sorted(int(row[0]) for row in rows)]
+
+
+def _candidates(session: Session, conversation_id: str, hashes: Sequence[str]) -> list[Node]:
+    """The stored messages whose hash is one of the request's: ids, parents and hashes only."""
+    m = MESSAGES.c
+    unique = sorted(set(hashes))
+    nodes: list[Node] = []
+    connection = session.connection()
+    for start in range(0, len(unique), HASH_BATCH):
+        batch = unique[start : start + HASH_BATCH]
+        statement = select(m.id, m.parent_id, m.content_hash).where(
+            and_(m.conversation_id == conversation_id, m.content_hash.in_(batch))
+        )
+        nodes.extend((int(r[0]), r[1], r[2]) for r in connection.execute(statement))
+    return nodes

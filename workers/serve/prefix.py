@@ -1,0 +1,79 @@
+"""Mapping a resent history onto the stored tree (pure).
+
+A client sends its whole history every turn. The stored tree already holds most of it: the
+longest stored path that the request repeats, message by message (compared by content hash), is
+reused, and only the messages after it are appended there. An edited or regenerated message
+differs in hash from the stored one, so the path ends before it and the edit starts a branch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+Node = tuple[int, int | None, str | None]
+"""A stored message as the lookup reads it: its id, its parent and its content hash."""
+
+SYSTEM_ROLES = ("system", "developer")
+
+
+def longest_stored_prefix(
+    nodes: Iterable[Node], hashes: Sequence[str], starts: Collection[int | None]
+) -> list[int]:
+    """Ids of the longest stored path whose hashes are ``hashes[:k]``, first message first.
+
+    The path begins under one of ``starts`` (``None`` for a root). Where two stored paths repeat
+    the request equally far (a message stored twice, by an explicit branch), the newest wins.
+    """
+    children: dict[tuple[int | None, str | None], list[int]] = {}
+    parents: dict[int, int | None] = {}
+    for node_id, parent, digest in nodes:
+        children.setdefault((parent, digest), []).append(node_id)
+        parents[node_id] = parent
+    frontier: list[int | None] = list(dict.fromkeys(starts))
+    matched: list[int] = []
+    depth = 0
+    for digest in hashes:
+        found = [child for parent in frontier for child in children.get((parent, digest), ())]
+        if not found:
+            break
+        matched, frontier, depth = found, list(found), depth + 1
+    if not matched:
+        return []
+    path = [max(matched)]
+    while len(path) < depth:
+        parent = parents[path[-1]]
+        assert parent is not None, "a matched message below the first has a parent"
+        path.append(parent)
+    return path[::-1]
+
+
+def split_system(
+    messages: Sequence[Mapping[str, Any]],
+) -> tuple[str | None, list[Mapping[str, Any]]]:
+    """The request's leading system (or developer) messages as one prompt, and the history."""
+    count = 0
+    while count < len(messages) and messages[count].get("role") in SYSTEM_ROLES:
+        count += 1
+    texts = [_text(m.get("content")) for m in messages[:count]]
+    prompt = "\n\n".join(t for t in texts if t) or None
+    return prompt, list(messages[count:])
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return ""
+
+
+def open_calls(messages: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The tool calls the messages make and do not answer."""
+    pending: set[str] = set()
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            pending.add(str(call.get("id", "")))
+        if message.get("role") == "tool":
+            pending.discard(str(message.get("tool_call_id")))
+    return pending

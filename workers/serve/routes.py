@@ -1,0 +1,286 @@
+"""The endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from core.errors import NotFoundError, RecapError
+from core.tokens import UnknownModelError
+from workers.serve import history, upstream
+from workers.serve.auth import KeyRing
+from workers.serve.errors import ServeError, bad_request, not_found, too_large, unauthorized
+from workers.serve.prefix import split_system
+from workers.serve.streaming import Relay, TurnStream
+from workers.serve.turns import Turn, Turns, reply_headers
+
+log = structlog.get_logger(__name__)
+
+CONVERSATION_HEADER = "x-recap-conversation"
+METADATA_KEY = "recap_conversation"  # the OpenAI `metadata` field may name the conversation
+MAX_CONVERSATION_ID = 255  # the conversations.id column
+PASSTHROUGH = {"X-Recap-Mode": "passthrough"}
+JSON_TYPE = "application/json"
+
+
+@dataclass
+class State:
+    """What every request handler shares."""
+
+    turns: Turns
+    keys: KeyRing
+
+
+def state_of(request: Request) -> State:
+    state: State = request.app.state.serve
+    return state
+
+
+def authorize(request: Request) -> str:
+    """The caller's key fingerprint; 401 for a missing or unknown key."""
+    owner = state_of(request).keys.owner(request.headers.get("authorization"))
+    if owner is None:
+        raise unauthorized()
+    return owner
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request body as a JSON object, refused with 413 past ``limit`` bytes (before reading
+    it when the length is declared, and as soon as the count passes it otherwise)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large(limit)
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise bad_request("The request body is not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return data
+
+
+def conversation_id(request: Request, body: dict[str, Any]) -> str | None:
+    """The conversation the request names (header, else ``metadata``), if any."""
+    header = request.headers.get(CONVERSATION_HEADER)
+    metadata = body.get("metadata")
+    named = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+    if header is not None and named is not None and header != named:
+        raise bad_request("X-Recap-Conversation and metadata.recap_conversation differ.")
+    value = header if header is not None else named
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_CONVERSATION_ID:
+        raise bad_request(f"A conversation id is 1 to {MAX_CONVERSATION_ID} characters.")
+    if not value.isprintable():
+        raise bad_request("A conversation id must not hold control characters.")
+    return value
+
+
+def checked_request(body: dict[str, Any]) -> tuple[str, list[Any], bool, dict[str, Any]]:
+    """The model, messages, stream flag and passed-on parameters of a request."""
+    model, messages, stream = body.get("model"), body.get("messages"), body.get("stream", False)
+    if not isinstance(model, str) or not model:
+        raise bad_request("`model` must be a non-empty string.", param="model")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("`messages` must be a non-empty list.", param="messages")
+    if not isinstance(stream, bool):
+        raise bad_request("`stream` must be true or false.", param="stream")
+    return model, messages, stream, upstream.parameters(body)
+
+
+def include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+async def chat_completions(request: Request) -> Response:
+    """OpenAI's chat completions: a stored turn when the request names a conversation, the
+    request passed through unchanged otherwise."""
+    started = time.perf_counter()
+    state = state_of(request)
+    try:
+        owner = authorize(request)
+        body = await read_json(request, state.turns.settings.serve_max_body_bytes)
+        model, messages, stream, params = checked_request(body)
+        cid = conversation_id(request, body)
+        model = upstream.resolve_model(model, state.turns.settings)
+        if cid is None:
+            return await passthrough(state, model, messages, params, stream, include_usage(body))
+        turn = new_turn(state, cid, owner, model, messages, params)
+        return await stored_turn(state, turn, stream, include_usage(body), started)
+    except ServeError as exc:
+        log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
+        return exc.response()
+
+
+def new_turn(
+    state: State, cid: str, owner: str, model: str, messages: list[Any], params: dict[str, Any]
+) -> Turn:
+    """A stored turn for a checked request."""
+    if params.get("n", 1) != 1:
+        raise bad_request("A stored conversation records one reply per turn: n must be 1.")
+    settings = state.turns.settings
+    system, rest = split_system(messages)
+    if not rest:
+        raise bad_request("`messages` holds no message besides the system prompt.")
+    try:
+        checked = history.validate(rest)
+    except RecapError as exc:
+        raise bad_request(str(exc), param="messages") from None
+    tools = params.get("tools")
+    return Turn(
+        conversation_id=cid,
+        owner=history.Owner(owner, model, settings.serve_max_input_tokens),
+        model=model,
+        system=system,
+        tools=tools if isinstance(tools, list) else None,
+        history=checked,
+        params=params,
+    )
+
+
+async def passthrough(
+    state: State,
+    model: str,
+    messages: list[Any],
+    params: dict[str, Any],
+    stream: bool,
+    usage: bool,
+) -> Response:
+    """The request sent upstream as it came, nothing stored."""
+    settings = state.turns.settings
+    try:
+        response = await upstream.complete(model, messages, params, settings, stream=stream)
+    except Exception as exc:
+        raise upstream.as_serve_error(exc, settings) from None
+    if not stream:
+        return Response(_json(response), media_type=JSON_TYPE, headers=PASSTHROUGH)
+    relay = Relay(response, include_usage=usage)
+    return TurnStream(relay, relay.close, headers=PASSTHROUGH)
+
+
+async def stored_turn(
+    state: State, turn: Turn, stream: bool, usage: bool, started: float
+) -> Response:
+    """Store the request, call upstream, store the reply; the conversation locked throughout."""
+    turns = state.turns
+    await turns.locks.acquire(turn.conversation_id)
+    handed_over = False
+    try:
+        mapped = await _prepare(turns, turn)
+        response = await turns.call(turn, stream=stream)
+        if stream:
+            handed_over = True
+            return _stream_turn(turns, turn, response, usage, mapped, started)
+        await turns.finish(turn, response)
+    finally:
+        if not handed_over:
+            turns.locks.release(turn.conversation_id)
+    _log_turn(turn, mapped, started, "stored")
+    return Response(
+        _json(response),
+        media_type=JSON_TYPE,
+        headers=dict(reply_headers(turn)),
+        background=BackgroundTask(turns.enqueue, turn.conversation_id, turn.leaf_id),
+    )
+
+
+async def _prepare(turns: Turns, turn: Turn) -> history.Mapped:
+    """The history stored and the request assembled, Recap's errors as OpenAI errors."""
+    try:
+        mapped = await turns.store_request(turn)
+        await turns.assemble(turn)
+    except NotFoundError:
+        raise not_found(turn.conversation_id) from None
+    except UnknownModelError as exc:
+        raise bad_request(
+            f"{exc.args[0].split(';')[0]}: set RECAP_SERVE_MAX_INPUT_TOKENS or map the name "
+            "to a known model in RECAP_MODEL_MAP",
+            param="model",
+        ) from None
+    except RecapError as exc:
+        raise bad_request(turns.error_text(exc)) from None
+    return mapped
+
+
+def _stream_turn(
+    turns: Turns, turn: Turn, stream: Any, usage: bool, mapped: history.Mapped, started: float
+) -> Response:
+    """The reply streamed through; stored, with its usage, once the stream has finished."""
+    relay = Relay(stream, include_usage=usage)
+
+    async def close() -> None:
+        outcome = "disconnected"
+        try:
+            await relay.close()
+            if relay.finished:
+                response = upstream.build_from_chunks(relay.chunks, turn.sent)
+                await turns.finish(turn, response)
+                outcome = "stored"
+        except Exception as exc:
+            outcome = "failed"
+            log.error("serve_reply_not_stored", error=turns.error_text(exc))
+        finally:
+            turns.locks.release(turn.conversation_id)
+        _log_turn(turn, mapped, started, outcome)
+        await turns.enqueue(turn.conversation_id, turn.leaf_id)
+
+    return TurnStream(relay, close, headers=dict(reply_headers(turn)))
+
+
+def _log_turn(turn: Turn, mapped: history.Mapped, started: float, outcome: str) -> None:
+    log.info(
+        "serve_turn",
+        conversation_id=turn.conversation_id,
+        outcome=outcome,
+        matched=mapped.matched,
+        appended=len(mapped.appended),
+        sent_messages=len(turn.sent),
+        duration_ms=round((time.perf_counter() - started) * 1000),
+    )
+
+
+def _json(response: Any) -> bytes:
+    return str(response.model_dump_json(exclude_none=True)).encode()
+
+
+async def models(request: Request) -> Response:
+    """The model names ``RECAP_MODEL_MAP`` offers (any litellm model string works as well)."""
+    try:
+        authorize(request)
+    except ServeError as exc:
+        return exc.response()
+    names = sorted(state_of(request).turns.settings.model_map)
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "recap"} for name in names]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    """Alive, and the database answers."""
+    turns = state_of(request).turns
+    try:
+        await turns.recap.run(_ping, turns.recap.recap.engine)
+    except Exception as exc:
+        return JSONResponse(
+            {"status": "unavailable", "error": turns.error_text(exc)}, status_code=503
+        )
+    return JSONResponse({"status": "ok"})
+
+
+def _ping(engine: Any) -> None:
+    from sqlalchemy import text
+
+    with engine.connect() as connection:
+        connection.execute(text("select 1"))

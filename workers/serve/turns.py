@@ -1,0 +1,215 @@
+"""One stored turn: map the resent history onto the tree, assemble the request, call the
+upstream model (compressing once and retrying when it does not fit), store the reply, record
+usage, enqueue compression.
+
+Turns of one conversation run one at a time in this process (an asyncio lock per conversation,
+held from the first read to the stored reply) and across processes (each write holds the
+database's append lock), so two requests at once never fork the conversation. Database and
+tokenizer work runs on ``AsyncRecap``'s thread pool: the event loop never waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from core.aio import AsyncRecap
+from core.errors import BudgetError
+from core.outputs import Ingest
+from core.redact import error_text, known_secrets
+from core.settings import Settings
+from workers.serve import history, upstream
+from workers.serve.errors import ServeError, context_too_long
+
+log = structlog.get_logger(__name__)
+
+
+class ConversationLocks:
+    """An asyncio lock per conversation, dropped when no request holds or awaits it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._users: dict[str, int] = {}
+
+    async def acquire(self, conversation_id: str) -> None:
+        lock = self._locks.setdefault(conversation_id, asyncio.Lock())
+        self._users[conversation_id] = self._users.get(conversation_id, 0) + 1
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._leave(conversation_id)
+            raise
+
+    def release(self, conversation_id: str) -> None:
+        self._locks[conversation_id].release()
+        self._leave(conversation_id)
+
+    def _leave(self, conversation_id: str) -> None:
+        self._users[conversation_id] -= 1
+        if self._users[conversation_id] == 0:
+            del self._users[conversation_id], self._locks[conversation_id]
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+@dataclass
+class Turn:
+    """A stored request, as read from the client and then placed on the tree."""
+
+    conversation_id: str
+    owner: history.Owner
+    model: str
+    system: str | None
+    tools: list[dict[str, Any]] | None
+    history: list[dict[str, Any]]
+    params: dict[str, Any]
+    leaf_id: int | None = None
+    sent: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Turns:
+    """Runs stored turns against one database and one upstream."""
+
+    def __init__(self, recap: AsyncRecap, settings: Settings) -> None:
+        self.recap = recap
+        self.settings = settings
+        self.ingest = Ingest.from_settings(settings)
+        self.locks = ConversationLocks()
+        self._secrets = known_secrets(settings)
+
+    async def store_request(self, turn: Turn) -> history.Mapped:
+        """The request's history on the tree (the longest stored prefix reused)."""
+        mapped = await self.recap.run(
+            history.store_request,
+            self.recap.recap.engine,
+            self.ingest,
+            turn.conversation_id,
+            turn.owner,
+            turn.history,
+        )
+        turn.leaf_id = mapped.leaf_id
+        return mapped
+
+    async def assemble(self, turn: Turn) -> list[dict[str, Any]]:
+        """Recap's request for the branch, compressing once if it does not fit."""
+        try:
+            request = await self._assemble(turn)
+        except BudgetError:
+            await self.compress_now(turn)
+            try:
+                request = await self._assemble(turn)
+            except BudgetError as exc:
+                raise context_too_long(str(exc)) from None
+        turn.sent = request
+        return request
+
+    async def _assemble(self, turn: Turn) -> list[dict[str, Any]]:
+        assembled = await self.recap.assemble(
+            turn.conversation_id, leaf=turn.leaf_id, system=turn.system, tools=turn.tools
+        )
+        return assembled.messages
+
+    async def call(self, turn: Turn, *, stream: bool) -> Any:
+        """The upstream reply (or stream); a context overflow compresses once and retries."""
+        try:
+            return await upstream.complete(
+                turn.model, turn.sent, turn.params, self.settings, stream=stream
+            )
+        except Exception as exc:
+            if not upstream.is_context_overflow(exc):
+                raise upstream.as_serve_error(exc, self.settings) from None
+        await self.compress_now(turn)
+        await self.assemble(turn)
+        try:
+            return await upstream.complete(
+                turn.model, turn.sent, turn.params, self.settings, stream=stream
+            )
+        except Exception as exc:
+            raise upstream.as_serve_error(exc, self.settings) from None
+
+    async def compress_now(self, turn: Turn) -> None:
+        """The synchronous compression: summarize now so the next assembly fits."""
+        from workers.compress import run_with_retries
+
+        outcome = await self.recap.run(
+            run_with_retries,
+            self.recap.recap.engine,
+            self.settings,
+            turn.conversation_id,
+            turn.leaf_id,
+            True,
+        )
+        log.info(
+            "serve_compressed_now",
+            conversation_id=turn.conversation_id,
+            action=outcome.get("action"),
+            reason=outcome.get("reason"),
+        )
+
+    async def finish(self, turn: Turn, response: Any) -> int:
+        """Store the reply and its usage; the reply's id."""
+        reply = upstream.reply_message(response)
+        reply_id = await self.recap.run(
+            history.store_reply,
+            self.recap.recap.engine,
+            self.ingest,
+            turn.conversation_id,
+            turn.owner,
+            turn.leaf_id,
+            reply,
+        )
+        usage = upstream.usage_of(response)
+        if usage is not None:
+            prompt, completion, cached = usage
+            await self.recap.record_usage(
+                turn.conversation_id,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                cached_tokens=cached,
+                leaf=turn.leaf_id,
+            )
+        return reply_id
+
+    async def enqueue(self, conversation_id: str, leaf_id: int | None) -> None:
+        """``recap.compress_session`` for the workers; a broker outage is logged, not raised:
+        the reply is already out, and reconcile picks the conversation up later."""
+        try:
+            await self.recap.run(_send_compress, conversation_id, leaf_id)
+        except Exception as exc:
+            log.warning(
+                "serve_enqueue_failed",
+                conversation_id=conversation_id,
+                error=error_text(exc, self._secrets),
+            )
+
+    def error_text(self, exc: BaseException) -> str:
+        return error_text(exc, self._secrets)
+
+
+def _send_compress(conversation_id: str, leaf_id: int | None) -> None:
+    """Enqueue on the configured broker, routed as the workers expect."""
+    try:
+        from workers.enqueue import compress_later  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        from workers.app import app
+
+        app.send_task(
+            "recap.compress_session",
+            args=[conversation_id],
+            kwargs={"leaf_message_id": leaf_id},
+        )
+        return
+    compress_later(conversation_id, leaf_id)
+
+
+def reply_headers(turn: Turn) -> Mapping[str, str]:
+    """What the response says about the stored turn."""
+    return {"X-Recap-Mode": "stored", "X-Recap-Conversation": turn.conversation_id}
+
+
+__all__ = ["ConversationLocks", "ServeError", "Turn", "Turns", "reply_headers"]
