@@ -56,7 +56,7 @@ def apply() -> bool:
     if original is None:
         return False
     if not getattr(original, PATCHED_FLAG, False):
-        channel._connparams = _connparams_or_connection_error(original)
+        channel._connparams = _connparams_or_connection_error(original)  # type: ignore[method-assign]
     return True
 
 
@@ -66,4 +66,4 @@ def remove() -> None:
 
     current = redis_transport.Channel._connparams
     if getattr(current, PATCHED_FLAG, False):
-        redis_transport.Channel._connparams = current.__wrapped__
+        redis_transport.Channel._connparams = current.__wrapped__  # type: ignore[attr-defined,method-assign]
