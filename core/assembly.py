@@ -96,6 +96,8 @@ class AssembledRequest:
     summary_id: int | None
     dropped_message_ids: list[int]
     forgotten_files: list[str]
+    truncated: bool = False  # older history was left out to fit the budget (never silently)
+    truncated_tokens: int = 0  # stored tokens of the older messages left out (as far as read)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of ``recap assemble --json``."""
@@ -107,6 +109,7 @@ class AssembledRequest:
             "summary_id": self.summary_id,
             "dropped_message_ids": self.dropped_message_ids,
             "forgotten_files": self.forgotten_files,
+            "truncated": self.truncated,
         }
 
 
@@ -146,6 +149,7 @@ def assemble(
     cache_breakpoints: bool = False,
     missing_outputs: Collection[str] = frozenset(),
     omitted: Sequence[int] = (),
+    budget: int | None = None,
 ) -> AssembledRequest:
     """The request for ``branch`` (root first) within ``window`` tokens of ``model``.
 
@@ -165,6 +169,9 @@ def assemble(
     ``omitted`` lists the oldest messages after the cutoff that the caller left out of ``branch``
     because no request within the window can hold them (see ``omittable``): the request is the
     same as with them passed, and they are reported as dropped.
+
+    ``budget`` is the request's limit in estimated tokens when the caller worked it out
+    (``core.budget``: output reserve and calibration included); else ``window x (1 - margin)``.
     """
     _check_knobs(window, safety_margin)
     encoding = tokens.encoding_name_for(model)
@@ -187,7 +194,8 @@ def assemble(
     tools_tokens = _tools_tokens(tools, encoding)
     fixed = system_tokens + summary_tokens + reminder_tokens + tools_tokens
     fixed += tokens.TOKENS_REPLY_PRIMING
-    budget = tokens.available_tokens(window, safety_margin)
+    if budget is None:
+        budget = tokens.available_tokens(window, safety_margin)
     tail_tokens = sum(unit.tokens for unit in tail)
     if fixed + tail_tokens > budget:
         raise _tail_error(tail_tokens, fixed, budget, window, safety_margin)
@@ -225,7 +233,28 @@ def assemble(
         summary_id=summary.id if summary is not None else None,
         dropped_message_ids=dropped,
         forgotten_files=forgotten,
+        truncated=bool(omitted) or kept_from > 0,
+        truncated_tokens=sum(unit.tokens for unit in older[:kept_from]),
     )
+
+
+def fixed_part_tokens(
+    branch: Sequence[Msg],
+    *,
+    model: str,
+    system: str | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    reminder: str | None = None,
+    context_files: Sequence[ContextFile] = (),
+) -> tuple[int, int, int, int]:
+    """Tokens of the system prompt (the given one, else the stored root), the tools, the
+    reminder and all the context files given, counted as ``assemble`` counts them (cached): the
+    request profile records them even for a request that does not fit."""
+    encoding = tokens.encoding_name_for(model)
+    _, system_tokens = _system_part(stored_prompt(branch), system, encoding)
+    reminder_tokens = _count(ADDED_ROLE, reminder, encoding) if reminder else 0
+    files = sum(_count(ADDED_ROLE, _context_message(f)["content"], encoding) for f in context_files)
+    return system_tokens, _tools_tokens(tools, encoding), reminder_tokens, files
 
 
 LightRow = tuple[str, int, str | None]

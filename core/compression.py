@@ -27,7 +27,6 @@ from core.records import ClearingRec, Msg, SummaryRec
 Counter = Callable[[Mapping[str, Any]], int]
 Rendered = dict[str, str]
 
-RECENT_SHARE_OF_TRIGGER_MAX = 0.5  # the recent part never takes more than half the trigger
 OLDER_RESULT_CHARS = 2_000  # a tool result being summarized is shown up to this size
 RECENT_RESULT_CHARS = 600  # a tool result shown only as context is cut harder
 ARGUMENT_CHARS = 500  # tool-call arguments shown to the summarizer are cut here
@@ -38,6 +37,9 @@ MIN_CHUNK_TOKENS = 500  # a chunk smaller than this summarizes nothing worth the
 REQUEST_PRIMING_TOKENS = 3  # every request is primed with the assistant's reply header
 TRIM_SAFETY = 0.9  # characters per token vary: trim a little below the computed share
 COOLDOWN_MAX_FACTOR = 16  # a cooldown doubles with each further failure, up to this many times
+# The words a "not smaller" rejection carries: the planner sent too small a span, so it is not
+# counted as a failure of the summarizer (``core.policy.Failure.counts``).
+REJECTED_NOT_SMALLER = "does not reduce the"
 
 ERROR_TEXT_RE = re.compile(
     r"^\s*(?:error\b|exception\b|traceback\b|internal server error|rate limit|"
@@ -45,61 +47,6 @@ ERROR_TEXT_RE = re.compile(
     r"<!doctype html|<html|\{\s*\"error\")",
     re.IGNORECASE,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class CompressionParams:
-    """The numbers one compression decision is made from, all in tokens."""
-
-    window: int
-    available: int
-    trigger_tokens: int
-    effective_tokens: int
-    recent_budget: int
-    recent_cap: int
-    keep_turns: int
-
-    @property
-    def over_trigger(self) -> bool:
-        """Whether the request would exceed the trigger share of the available window."""
-        return self.effective_tokens > self.trigger_tokens
-
-
-def get_compression_params(
-    *,
-    window: int,
-    history_tokens: int,
-    reserve_tokens: int = 0,
-    safety_margin: float,
-    trigger_ratio: float,
-    recent_ratio: float,
-    recent_min_tokens: int,
-    recent_max_tokens: int,
-    keep_turns: int,
-) -> CompressionParams:
-    """Effective tokens (summary + messages after its cutoff + system/tools reserve) against the
-    trigger, and the budget of the recent part a summary leaves in full.
-
-    ``history_tokens`` is the applicable summary plus the messages after its cutoff, cleared tool
-    results counted at their placeholder size. The recent budget is ``recent_ratio`` of the
-    available window clamped to ``recent_min_tokens..recent_max_tokens``, and never more than half
-    the trigger, so a summary plus the recent part lands under the trigger.
-    """
-    if window <= 0:
-        raise ValueError(f"window must be positive, got {window}")
-    available = int(window * (1 - safety_margin))
-    trigger = int(trigger_ratio * available)
-    cap = min(recent_max_tokens, int(trigger * RECENT_SHARE_OF_TRIGGER_MAX))
-    budget = min(max(int(recent_ratio * available), recent_min_tokens), recent_max_tokens, cap)
-    return CompressionParams(
-        window=window,
-        available=available,
-        trigger_tokens=trigger,
-        effective_tokens=history_tokens + reserve_tokens,
-        recent_budget=max(budget, 0),
-        recent_cap=max(cap, 0),
-        keep_turns=keep_turns,
-    )
 
 
 # --- what is pending ---------------------------------------------------------------------------
@@ -476,7 +423,7 @@ def rejection_reason(text: str | None, *, summary_tokens: int, replaced_tokens: 
         return f"the summary reads as an error message ({first!r})"
     if summary_tokens >= replaced_tokens:
         return (
-            f"the summary ({summary_tokens} tokens) does not reduce the {replaced_tokens} "
+            f"the summary ({summary_tokens} tokens) {REJECTED_NOT_SMALLER} {replaced_tokens} "
             "tokens it would replace"
         )
     return None

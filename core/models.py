@@ -166,6 +166,36 @@ class Usage(SQLModel, table=True):
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
 
 
+class RequestProfile(SQLModel, table=True):
+    """What the host last sent beside the stored history (token counts and a hash, never the
+    text), the latest provider reading that calibrates the estimate, and the conversation's
+    output reserve override: the inputs of ``core.budget`` that ``assemble`` and
+    ``record_usage`` learn, one row per conversation."""
+
+    __tablename__ = "request_profiles"
+
+    conversation_id: str = Field(
+        primary_key=True, foreign_key="conversations.id", max_length=255
+    )
+    system_tokens: int = 0
+    tools_tokens: int = 0
+    reminder_tokens: int = 0
+    context_tokens: int = 0
+    content_hash: str | None = Field(default=None, max_length=64)
+    assembled_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+    reserve_output_tokens: int | None = None
+    usage_estimated_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
+    usage_leaf_message_id: int | None = Field(
+        default=None, sa_column=Column(ID_TYPE, nullable=True)
+    )
+    usage_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+
+
 def table_of(model: type[SQLModel]) -> Table:
     """The Core table of a model, for hot-path reads that skip the ORM's per-row work."""
     table = model.__table__  # type: ignore[attr-defined]
@@ -177,3 +207,4 @@ CONVERSATIONS = table_of(Conversation)
 MESSAGES = table_of(Message)
 SUMMARIES = table_of(Summary)
 CLEARINGS = table_of(Clearing)
+REQUEST_PROFILES = table_of(RequestProfile)

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from core import assembly, outputs, reads, store, tokens
-from core.compression import request_history_tokens
+from core import assembly, outputs, policy, reads, store, tokens
+from core import budget as budgets
+from core import profile as profiles
+from core import snapshot as snapshots
 from core.db import session_scope
 from core.errors import InputError, RecapError
+from core.models import utcnow
 from core.records import ClearingRec, Msg
 from core.settings import Settings
 from core.validate import parse_json_line
 
 Prepare = Callable[[dict[str, Any]], dict[str, Any]]
+log = logging.getLogger("recap.assemble")
 
 
 class SchemaMissingError(RecapError):
@@ -148,11 +156,16 @@ def record_usage(
     completion_tokens: int = 0,
     cached_tokens: int = 0,
     leaf: int | None = None,
+    default_fixed: int = 0,
 ) -> dict[str, Any]:
-    """Record the provider's usage for the request sent at ``leaf`` (default: the latest)."""
+    """Record the provider's usage for the request sent at ``leaf`` (default: the latest),
+    beside Recap's estimate of the same request (history and the fixed parts the host last
+    sent, else ``default_fixed``): the calibration factor the budget applies from then on."""
+    now = utcnow()
     with session_scope(engine) as session:
-        state = store.load_token_index(session, conversation_id, leaf)
-        estimated = _estimate(state)
+        snapshot = snapshots.read_snapshot(session, conversation_id, leaf, now=now)
+        fixed = policy.fixed_tokens(snapshot, policy.Knobs(default_fixed_tokens=default_fixed))
+        estimated = fixed + policy.history_estimate(snapshot)
         store.record_usage(
             session,
             conversation_id,
@@ -160,42 +173,71 @@ def record_usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
-            leaf_message_id=state.leaf_id,
+            leaf_message_id=snapshot.leaf_id,
+        )
+        profiles.save_reading(
+            session.connection(),
+            conversation_id,
+            estimated=estimated,
+            measured=prompt_tokens,
+            leaf_id=snapshot.leaf_id,
+            now=now,
         )
     factor = tokens.Calibration(estimated, prompt_tokens).factor
     return {"estimated": estimated, "measured": prompt_tokens, "calibration": round(factor, 4)}
 
 
-def _estimate(state: store.TokenIndex) -> int:
-    """What the request for this branch carries: the root system prompt (sent even when a
-    summary covers it), the summary, and the messages after its cutoff."""
-    history = request_history_tokens(state.branch, state.summary, state.clearings)
-    return tokens.TOKENS_REPLY_PRIMING + history
+def set_output_reserve(engine: Engine, conversation_id: str, output_tokens: int | None) -> None:
+    """Keep ``output_tokens`` free for the reply in this conversation's requests (0: none), or
+    with None go back to the rule of ``core.budget.output_reserve``."""
+    if output_tokens is not None and output_tokens < 0:
+        raise InputError(f"the output reserve must not be negative, got {output_tokens}")
+    with session_scope(engine) as session:
+        store.get_conversation(session, conversation_id)
+        profiles.save_reserve(session.connection(), conversation_id, output_tokens)
 
 
 def conversation_stats(
     engine: Engine, conversation_id: str, settings: Settings, leaf: int | None = None
 ) -> dict[str, Any]:
-    """Context pressure from stored counts (and the latest provider reading), no model call."""
+    """Context pressure as the compression decision sees it (``core.policy``), no model call.
+
+    ``used`` is the whole request in provider tokens: the provider's reading when it is for this
+    very leaf (``basis`` "measured"), else Recap's estimate of the history and the fixed parts
+    the host last sent, scaled by the calibration factor (``basis`` "measured" when a reading
+    moved it, "estimated" when there is none). ``pressure`` is the history over the room the
+    budget leaves it (``available``); ``suggest_compress`` is the decision's own answer.
+    """
+    knobs = policy.Knobs.from_settings(settings)
     with session_scope(engine) as session:
-        state = store.load_token_index(session, conversation_id, leaf)
-        usage = store.latest_usage(session, conversation_id)
-    window = tokens.context_window(state.model, state.max_input_tokens)
-    estimated = _estimate(state)
-    used, basis = estimated, "estimated"
-    if usage is not None and usage.leaf_message_id == state.leaf_id:
-        used, basis = usage.prompt_tokens, "measured"
-    elif usage is not None:
-        factor = tokens.Calibration(usage.estimated_tokens, usage.prompt_tokens).factor
-        used = round(estimated * factor)
-    available = tokens.available_tokens(window, settings.safety_margin)
-    pressure = used / available if available > 0 else float("inf")
+        snapshot = snapshots.read_snapshot(
+            session, conversation_id, leaf, failures=settings.failure_streak
+        )
+    decision = policy.decide(snapshot, knobs)
+    p = decision.pressure
+    plan = p.budget
+    estimated = plan.fixed + p.history_estimate
+    reading = snapshot.profile.reading if snapshot.profile is not None else None
+    used = math.ceil(estimated * plan.calibration)
+    exact = reading is not None and reading.leaf_id == snapshot.leaf_id
+    measured = exact or plan.calibration != 1
+    if exact and reading is not None:
+        used = reading.measured
     return {
-        "window": window,
+        "window": plan.window,
         "used": used,
-        "basis": basis,
-        "pressure": round(pressure, 4),
-        "suggest_compress": used > settings.trigger_ratio * available,
+        "basis": "measured" if measured else "estimated",
+        "pressure": round(p.ratio, 4),
+        "suggest_compress": decision.action != policy.SKIP,
+        "estimated": estimated,
+        "calibration": round(plan.calibration, 4),
+        "fixed": plan.fixed,
+        "history": p.history,
+        "output_reserve": plan.output_reserve,
+        "available": p.available,
+        "trigger": p.trigger,
+        "decision": decision.action,
+        "reason": decision.reason,
     }
 
 
@@ -223,17 +265,55 @@ def assemble(
     """
     if max_input_tokens is not None and max_input_tokens <= 0:
         raise InputError(f"--max-input-tokens must be positive, got {max_input_tokens}")
+    now = utcnow()
     try:
         with session_scope(engine) as session:
             stored_model, stored_window = reads.conversation_head(session, conversation_id)
             target = model or stored_model
             override = stored_window if max_input_tokens is None and model is None else None
-            window = tokens.context_window(target, max_input_tokens or override)
-            budget = None if text_only else tokens.available_tokens(window, settings.safety_margin)
+            given = max_input_tokens or override
+            window = tokens.context_window(target, given)
+            profile = profiles.load_profile(session.connection(), conversation_id)
+            limit = _request_limit(settings, target, window, given is not None, profile, leaf, now)
+            budget = None if text_only else limit
             loaded = reads.load_request_branch(session, conversation_id, leaf, budget)
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
         raise
+    files = tuple(context_files)
+    parts = profiles.FixedParts(
+        *assembly.fixed_part_tokens(
+            loaded.branch,
+            model=target,
+            system=system,
+            tools=tools,
+            reminder=reminder,
+            context_files=files,
+        )
+    )
+    given_parts = (system, tools, reminder, files)
+    try:
+        request = _assembled(
+            loaded, settings, target, window, limit, given_parts, text_only, cache_breakpoints
+        )
+    finally:  # a request that does not fit still tells the decision what the host sends
+        _record_profile(engine, conversation_id, parts, profile, given_parts, now)
+    if request.truncated:
+        _log_truncation(conversation_id, request)
+    return request
+
+
+def _assembled(
+    loaded: reads.RequestBranch,
+    settings: Settings,
+    target: str,
+    window: int,
+    limit: int,
+    given: tuple[str | None, list[dict[str, Any]] | None, str | None, tuple[Any, ...]],
+    text_only: bool,
+    cache_breakpoints: bool,
+) -> assembly.AssembledRequest:
+    system, tools, reminder, files = given
     return assembly.assemble(
         loaded.branch,
         model=target,
@@ -244,11 +324,74 @@ def assemble(
         system=system,
         tools=tools,
         reminder=reminder,
-        context_files=tuple(context_files),
+        context_files=files,
         text_only=text_only,
         cache_breakpoints=cache_breakpoints,
         missing_outputs=_missing_outputs(loaded.branch, loaded.clearings),
         omitted=loaded.omitted,
+        budget=limit,
+    )
+
+
+def _request_limit(
+    settings: Settings,
+    model: str,
+    window: int,
+    window_given: bool,
+    profile: profiles.Profile | None,
+    leaf: int | None,
+    now: datetime,
+) -> int:
+    """The whole request's limit in estimated tokens: ``core.budget`` with the output reserve
+    and the calibration factor of the latest provider reading."""
+    reserve = budgets.output_reserve(
+        tokens.model_info(model),
+        window_given=window_given,
+        setting=settings.reserve_output_tokens,
+        override=profile.reserve_override if profile is not None else None,
+    )
+    reading = profile.reading if profile is not None else None
+    return budgets.request_budget(
+        window,
+        safety_margin=settings.safety_margin,
+        output_reserve=reserve,
+        calibration=budgets.calibration_factor(reading, leaf_id=leaf, now=now),
+    ).request
+
+
+def _record_profile(
+    engine: Engine,
+    conversation_id: str,
+    parts: profiles.FixedParts,
+    stored: profiles.Profile | None,
+    given: tuple[str | None, list[dict[str, Any]] | None, str | None, tuple[Any, ...]],
+    now: datetime,
+) -> None:
+    """Record the fixed parts this request was given, unless the stored profile already says
+    exactly that (the common case: no write on the request path)."""
+    system, tools, reminder, files = given
+    tools_text = json.dumps(tools, sort_keys=True, separators=(",", ":")) if tools else ""
+    digest = profiles.fingerprint(system, tools_text, reminder, files)
+    if stored is not None and stored.parts == parts and stored.content_hash == digest:
+        return
+    with session_scope(engine) as session:
+        profiles.save_parts(session.connection(), conversation_id, parts, digest, now)
+
+
+def _log_truncation(conversation_id: str, request: assembly.AssembledRequest) -> None:
+    """One structured event per request that left history out."""
+    dropped = len(request.dropped_message_ids)
+    log.warning(
+        "assemble_truncated conversation_id=%s dropped=%d tokens=%d",
+        conversation_id,
+        dropped,
+        request.truncated_tokens,
+        extra={
+            "event": "assemble_truncated",
+            "conversation_id": conversation_id,
+            "dropped": dropped,
+            "tokens": request.truncated_tokens,
+        },
     )
 
 

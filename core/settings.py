@@ -44,6 +44,14 @@ class Settings(BaseSettings):
     recent_max_tokens: int = Field(default=8_000, ge=1)
     keep_turns: int = Field(default=2, ge=0)
     safety_margin: float = Field(default=0.05, ge=0, lt=0.5)
+    # The request budget (core.budget): a reply needs room in windows that input and output share.
+    reserve_output_tokens: int = Field(default=4_096, ge=0)
+    # Fixed parts (system, tools, reminder, files) assumed until the host's first assemble.
+    default_fixed_tokens: int = Field(default=0, ge=0)
+    # At this pressure a run is urgent: no clear-at-least gate, no cooldown wait.
+    urgent_ratio: float = Field(default=0.95, gt=0, le=1)
+    # A span smaller than this is never sent to the summarizer: no summary would be smaller.
+    min_summary_span_tokens: int = Field(default=500, ge=0)
 
     idle_minutes: float = Field(default=60, gt=0)
     keep_tool_results: int = Field(default=3, ge=0)

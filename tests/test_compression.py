@@ -1,4 +1,4 @@
-"""Compression planning as tables of plain values: params, the split, the summarizer's input,
+"""Compression planning as tables of plain values: the split, the summarizer's input,
 chunking and the validation of a summary."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import pytest
 from core import compression, tokens
 from core.compression import (
     build_summary_messages,
-    get_compression_params,
     plan_split,
     plan_summary,
     rejection_reason,
@@ -29,36 +28,6 @@ KNOBS: dict[str, Any] = dict(
     recent_max_tokens=8_000,
     keep_turns=0,
 )
-
-
-@pytest.mark.parametrize(
-    ("window", "history", "reserve", "over", "trigger", "budget"),
-    [
-        (12_000, 8_000, 0, False, 8_550, 2_280),  # 0.2 x 11,400 = 2,280 lies inside 2k..8k
-        (12_000, 8_551, 0, True, 8_550, 2_280),  # one token over the trigger
-        (12_000, 8_500, 51, True, 8_550, 2_280),  # the system/tools reserve counts
-        (128_000, 50_000, 0, False, 91_200, 8_000),  # clamped to the maximum
-        (4_000, 3_000, 0, True, 2_850, 1_425),  # the minimum is capped at half the trigger
-        (100_000, 0, 0, False, 71_250, 8_000),  # an empty conversation is never over
-    ],
-)
-def test_params(
-    window: int, history: int, reserve: int, over: bool, trigger: int, budget: int
-) -> None:
-    """Effective tokens against trigger x available, and the clamped recent budget."""
-    params = get_compression_params(
-        window=window, history_tokens=history, reserve_tokens=reserve, **KNOBS
-    )
-    assert params.over_trigger is over
-    assert params.trigger_tokens == trigger
-    assert params.recent_budget == budget
-    assert params.effective_tokens == history + reserve
-
-
-def test_params_reject_a_zero_window() -> None:
-    """A window of zero tokens is an error, not a division."""
-    with pytest.raises(ValueError, match="window"):
-        get_compression_params(window=0, history_tokens=1, **KNOBS)
 
 
 def msg(i: int, role: str, size: int, **extra: Any) -> Msg:

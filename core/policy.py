@@ -1,0 +1,376 @@
+"""The compression decision (pure): skip, rest, clear or summarize, from a content-free snapshot.
+
+This is the one place Recap decides what to do with a conversation. The compress worker, the
+synchronous ``Recap.compress``, reconcile, ``stats``' suggestion and the cache benchmark
+(``core.replay.recap_policy``) call ``decide``; the idle sweep's set-based SQL takes its
+thresholds from the same ``Knobs``, and the clearing after a new summary is
+``post_summary_clearing``.
+
+The snapshot holds ids, parents, stored token counts, roles and tool-call ids and names, the
+clearings, the applicable summary's size, the request profile (``core.profile``), the failure
+history and the clock: no message text. Content is read afterwards, for the messages sent to the
+summarizer only.
+
+The decision, in order:
+
+1. ``pressure``: the history's provider tokens (the calibrated estimate) against the trigger,
+   ``trigger_ratio x available`` where ``available`` comes from ``core.budget``. Under it: skip.
+2. Urgent when the history takes ``urgent_ratio`` (0.95) of ``available`` or more: the next
+   request is about to lose history, so the clear-at-least gate and the cooldown's wait go.
+3. Clear old tool results when that reclaims ``clear_at_least_tokens`` (any saving when urgent);
+   when it brings the history under the trigger, that is all.
+4. Otherwise summarize: the split of ``core.compression.plan_split`` (at a user message, or inside
+   an agent turn at a step boundary, never between a call and its result). A span under
+   ``min_summary_span_tokens`` is not sent: no summary of it would be smaller. After repeated
+   failures the summarizer rests (``cooldown_until``); a "does not reduce" rejection is not a
+   failure of the summarizer and does not count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from core import budget as budgets
+from core import tokens
+from core.branch import effective_history_tokens
+from core.compression import (
+    REJECTED_NOT_SMALLER,
+    Split,
+    cooldown_until,
+    message_tokens,
+    pending_messages,
+    plan_split,
+    split_root,
+)
+from core.profile import Profile
+from core.records import ClearingRec, Msg, SummaryRec
+from core.toolresults import (
+    IDLE,
+    POST_SUMMARY,
+    PRESSURE,
+    ClearingPlan,
+    min_tokens_for,
+    plan_clearings,
+)
+
+SKIP = "skip"
+REST = "rest"
+CLEAR = "clear"
+SUMMARIZE = "summarize"
+RECENT_SHARE_OF_TRIGGER_MAX = 0.5  # the recent part never takes more than half the trigger
+REASON_QUOTE_CHARS = 200  # a cooldown's reason quotes the last failure up to this length
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """The settings the decision reads (see the README's configuration table)."""
+
+    safety_margin: float = 0.05
+    trigger_ratio: float = 0.75
+    recent_ratio: float = 0.2
+    recent_min_tokens: int = 2_000
+    recent_max_tokens: int = 8_000
+    keep_turns: int = 2
+    keep_tool_results: int = 3
+    idle_keep_tool_results: int = 1
+    protected_tools: tuple[str, ...] = ()
+    clear_at_least_tokens: int = 2_000
+    failure_streak: int = 3
+    failure_cooldown_minutes: float = 10
+    urgent_ratio: float = 0.95
+    min_summary_span_tokens: int = 500
+    default_fixed_tokens: int = 0
+    reserve_output_tokens: int = 4_096
+    idle_minutes: float = 60
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Knobs:
+        """The knobs of a ``core.settings.Settings``."""
+        names = cls.__dataclass_fields__
+        return cls(**{name: getattr(settings, name) for name in names})
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed run, as the cooldown sees it."""
+
+    at: datetime
+    reason: str
+
+    @property
+    def counts(self) -> bool:
+        """A summary rejected for not being smaller is the planner's miss, not the
+        summarizer's failure: it does not count towards the streak."""
+        return REJECTED_NOT_SMALLER not in self.reason
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the decision may look at: no message text."""
+
+    conversation_id: str
+    model: str
+    window_override: int | None
+    branch: Sequence[Msg]  # root first; ``content`` is not read
+    summary: SummaryRec | None  # the applicable one (its text is not read here)
+    clearings: Mapping[int, ClearingRec]
+    profile: Profile | None
+    now: datetime
+    failures: tuple[Failure, ...] = ()  # failed runs since the last summary, newest first
+
+    @property
+    def leaf_id(self) -> int | None:
+        return self.branch[-1].id if self.branch else None
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """The numbers of one decision, in provider tokens unless named otherwise."""
+
+    budget: budgets.Budget
+    history_estimate: int  # stored counts: summary and messages after its cutoff
+    history: int  # the same, calibrated
+    available: int
+    trigger: int
+
+    @property
+    def ratio(self) -> float:
+        return self.history / self.available if self.available > 0 else math.inf
+
+    @property
+    def over_trigger(self) -> bool:
+        return self.history > self.trigger
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do now; ``clear`` may come with ``summarize`` and ``rest`` (cleared first)."""
+
+    action: str
+    reason: str
+    pressure: Pressure
+    clear: ClearingPlan | None = None
+    split: Split | None = None
+    urgent: bool = False
+    clearings: Mapping[int, ClearingRec] = field(default_factory=dict)  # with ``clear`` applied
+
+
+# --- the budget of one snapshot ----------------------------------------------------------------
+
+
+def budget_of(snapshot: Snapshot, knobs: Knobs) -> budgets.Budget:
+    """``core.budget.request_budget`` for this conversation: its window, the output reserve,
+    the fixed parts the host last sent (else the default and the stored system prompt, plus the
+    reply priming) and the calibration factor."""
+    window = tokens.context_window(snapshot.model, snapshot.window_override)
+    profile = snapshot.profile
+    reserve = budgets.output_reserve(
+        tokens.model_info(snapshot.model),
+        window_given=snapshot.window_override is not None,
+        setting=knobs.reserve_output_tokens,
+        override=profile.reserve_override if profile is not None else None,
+    )
+    factor = budgets.calibration_factor(
+        profile.reading if profile is not None else None,
+        leaf_id=snapshot.leaf_id,
+        now=snapshot.now,
+    )
+    return budgets.request_budget(
+        window,
+        safety_margin=knobs.safety_margin,
+        output_reserve=reserve,
+        fixed=fixed_tokens(snapshot, knobs),
+        calibration=factor,
+    )
+
+
+def fixed_tokens(snapshot: Snapshot, knobs: Knobs) -> int:
+    """Estimated tokens a request carries beside the history: what the host last passed to
+    ``assemble`` (the stored system prompt when it passed none), else the default plus the
+    stored system prompt; and the reply priming."""
+    profile = snapshot.profile
+    if profile is not None and profile.parts is not None:
+        fixed = profile.parts.total
+    else:
+        root, _ = split_root(snapshot.branch)
+        fixed = knobs.default_fixed_tokens + (root.tokens if root is not None else 0)
+    return fixed + tokens.TOKENS_REPLY_PRIMING
+
+
+def history_estimate(snapshot: Snapshot) -> int:
+    """Stored tokens of the history a request carries: the summary and the messages after its
+    cutoff, cleared results at their placeholder size (the stored system prompt is a fixed part)."""
+    _, rest = split_root(snapshot.branch)
+    return effective_history_tokens(rest, snapshot.summary, snapshot.clearings)
+
+
+def pressure(snapshot: Snapshot, knobs: Knobs, history: int | None = None) -> Pressure:
+    """The snapshot's history against its budget; ``history`` (estimated) when already known,
+    for example as an upper bound read without the branch."""
+    plan = budget_of(snapshot, knobs)
+    estimate = history_estimate(snapshot) if history is None else history
+    available = plan.available
+    return Pressure(
+        plan,
+        estimate,
+        plan.history(estimate),
+        available,
+        int(knobs.trigger_ratio * max(available, 0)),
+    )
+
+
+def recent_budget(p: Pressure, knobs: Knobs) -> tuple[int, int]:
+    """The recent part a summary leaves in full, and its cap, in estimated tokens: a share of
+    the available room clamped to the settings, never more than half the trigger."""
+    factor = p.budget.calibration
+    available = max(int(p.available / factor), 0)
+    trigger = int(p.trigger / factor)
+    cap = min(knobs.recent_max_tokens, int(trigger * RECENT_SHARE_OF_TRIGGER_MAX))
+    wanted = max(int(knobs.recent_ratio * available), knobs.recent_min_tokens)
+    return max(min(wanted, knobs.recent_max_tokens, cap), 0), max(cap, 0)
+
+
+# --- the decision ------------------------------------------------------------------------------
+
+
+def decide(snapshot: Snapshot, knobs: Knobs, *, force: bool = False) -> Decision:
+    """Skip, rest, clear or summarize (see the module docstring). ``force`` summarizes whatever
+    the pressure, with no clearing first and no cooldown."""
+    p = pressure(snapshot, knobs)
+    if not force and not p.over_trigger:
+        return Decision(SKIP, f"under the trigger ({p.history} of {p.trigger} tokens)", p)
+    urgent = p.ratio >= knobs.urgent_ratio
+    pending = pending_messages(snapshot.branch, snapshot.summary)
+    clearings: Mapping[int, ClearingRec] = snapshot.clearings
+    plan: ClearingPlan | None = None
+    if not force:
+        gate = 1 if urgent else min_tokens_for(PRESSURE, knobs.clear_at_least_tokens)
+        plan = plan_clearings(
+            pending,
+            clearings,
+            keep_last=knobs.keep_tool_results,
+            protected=knobs.protected_tools,
+            min_tokens=gate,
+            reason=PRESSURE,
+        )
+        if plan:
+            saved = plan.tokens_reclaimed
+            reason = f"cleared {len(plan)} old tool results ({saved} tokens)"
+            clearings = with_plan(clearings, plan)
+            if p.history - p.budget.history(saved) <= p.trigger:
+                return Decision(CLEAR, reason, p, plan, urgent=urgent, clearings=clearings)
+        else:
+            plan = None
+    return _summarize(snapshot, knobs, p, plan, clearings, urgent=urgent, force=force)
+
+
+def _summarize(
+    snapshot: Snapshot,
+    knobs: Knobs,
+    p: Pressure,
+    plan: ClearingPlan | None,
+    clearings: Mapping[int, ClearingRec],
+    *,
+    urgent: bool,
+    force: bool,
+) -> Decision:
+    pending = pending_messages(snapshot.branch, snapshot.summary)
+    budget, cap = recent_budget(p, knobs)
+    split = plan_split(
+        pending,
+        recent_budget=budget,
+        recent_cap=cap,
+        keep_turns=knobs.keep_turns,
+        clearings=clearings,
+    )
+    fallback = CLEAR if plan else SKIP
+    if split is None:
+        reason = "nothing older than the recent turns to summarize"
+        return Decision(fallback, reason, p, plan, urgent=urgent, clearings=clearings)
+    span = sum(message_tokens(m, clearings) for m in split.older)
+    if span < knobs.min_summary_span_tokens:
+        reason = (
+            f"the {span} tokens before the recent turns are below the smallest span worth "
+            f"summarizing ({knobs.min_summary_span_tokens})"
+        )
+        return Decision(fallback, reason, p, plan, urgent=urgent, clearings=clearings)
+    resting = None if force or urgent else cooldown_reason(snapshot, knobs)
+    if resting is not None:
+        return Decision(REST, resting, p, plan, urgent=urgent, clearings=clearings)
+    return Decision(SUMMARIZE, "", p, plan, split, urgent=urgent, clearings=clearings)
+
+
+def cooldown_reason(snapshot: Snapshot, knobs: Knobs) -> str | None:
+    """Why the summarizer rests now after repeated failures, or None when it may run."""
+    failures = [f for f in snapshot.failures if f.counts]
+    until = cooldown_until(
+        [f.at for f in failures],
+        streak=knobs.failure_streak,
+        first_minutes=knobs.failure_cooldown_minutes,
+    )
+    if until is None or snapshot.now >= until:
+        return None
+    return (
+        f"resting after {len(failures)} failed runs in a row (the last: "
+        f"{failures[0].reason[:REASON_QUOTE_CHARS]}); the summarizer is tried again after "
+        f"{until:%Y-%m-%d %H:%M} UTC, or now with force"
+    )
+
+
+def with_plan(clearings: Mapping[int, ClearingRec], plan: ClearingPlan) -> dict[int, ClearingRec]:
+    """The clearings once ``plan`` is applied."""
+    applied = dict(clearings)
+    for item in plan:
+        applied.setdefault(
+            item.message_id, ClearingRec(item.message_id, plan.reason, item.tokens_reclaimed)
+        )
+    return applied
+
+
+# --- the other clearing moments ----------------------------------------------------------------
+
+
+def post_summary_clearing(
+    recent: Sequence[Msg], clearings: Mapping[int, ClearingRec], knobs: Knobs
+) -> ClearingPlan:
+    """After a new summary the request's prefix changed and its prompt cache is cold anyway:
+    clear the old results after the cutoff, any saving being worth it."""
+    return plan_clearings(
+        recent,
+        clearings,
+        keep_last=knobs.keep_tool_results,
+        protected=knobs.protected_tools,
+        min_tokens=min_tokens_for(POST_SUMMARY, 0),
+        reason=POST_SUMMARY,
+    )
+
+
+def idle_clearing(
+    sent: Sequence[Msg], clearings: Mapping[int, ClearingRec], knobs: Knobs
+) -> ClearingPlan:
+    """Past ``idle_minutes`` the provider's cache has expired: clear all but the last
+    ``idle_keep_tool_results``. The idle sweep does the same in set-based SQL
+    (``core.sweep``, with these knobs)."""
+    return plan_clearings(
+        sent,
+        clearings,
+        keep_last=knobs.idle_keep_tool_results,
+        protected=knobs.protected_tools,
+        min_tokens=min_tokens_for(IDLE, 0),
+        reason=IDLE,
+    )
+
+
+def early_skip(head: Snapshot, knobs: Knobs, history_bound: int) -> Decision | None:
+    """The skip ``decide`` would return, known from an upper bound on the history alone (the
+    snapshot's branch not read yet: ``core.snapshot.history_bound``), or None when the bound
+    does not settle it. The stored system prompt is inside the bound, so leaving it out of the
+    fixed parts here keeps the answer on the safe side."""
+    p = pressure(head, knobs, history=history_bound)
+    if p.over_trigger:
+        return None
+    return Decision(SKIP, f"under the trigger ({p.history} of {p.trigger} tokens)", p)

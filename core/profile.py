@@ -1,0 +1,158 @@
+"""The request profile: what the host sends beside the stored history, per conversation.
+
+``assemble`` records the token cost of the fixed parts it was given (system prompt, tool schemas,
+reminder, context files: counts and a hash, never the text), ``record_usage`` the provider's
+reading that calibrates Recap's estimate, and ``set_output_reserve`` a conversation's own output
+reserve. The compression decision, ``stats`` and reconcile plan with it (``core.budget``).
+
+The request path reads the stored hash with the branch (one primary-key read in the same
+session) and writes only when the fixed parts changed, so a host that sends the same tools every
+turn pays one small read per request and no write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from core.budget import Reading
+from core.models import REQUEST_PROFILES
+from core.store import as_utc
+
+HASH_BYTES = 16  # 128 bits: a collision between two versions of one host's parts is not a risk
+
+EMPTY_PARTS = {"system_tokens": 0, "tools_tokens": 0, "reminder_tokens": 0, "context_tokens": 0}
+
+P = REQUEST_PROFILES.c
+_ROW = select(
+    P.system_tokens,
+    P.tools_tokens,
+    P.reminder_tokens,
+    P.context_tokens,
+    P.content_hash,
+    P.assembled_at,
+    P.reserve_output_tokens,
+    P.usage_estimated_tokens,
+    P.usage_prompt_tokens,
+    P.usage_leaf_message_id,
+    P.usage_at,
+).where(P.conversation_id == bindparam("conversation_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class FixedParts:
+    """Token counts of what one ``assemble`` call was given beside the history."""
+
+    system: int = 0
+    tools: int = 0
+    reminder: int = 0
+    context: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.system + self.tools + self.reminder + self.context
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One conversation's stored profile as plain values."""
+
+    parts: FixedParts | None  # None until the first assemble
+    content_hash: str | None
+    reserve_override: int | None
+    reading: Reading | None
+
+
+def fingerprint(
+    system: str | None, tools_text: str, reminder: str | None, files: tuple[Any, ...]
+) -> str:
+    """A hash of the fixed parts' text (the tools as canonical JSON), to tell a change."""
+    digest = hashlib.blake2b(digest_size=HASH_BYTES)
+    for part in (system or "", tools_text, reminder or ""):
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part.encode("utf-8", "surrogatepass"))
+    for file in files:
+        for part in (file.name, file.text):
+            digest.update(len(part).to_bytes(8, "little"))
+            digest.update(part.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def load_profile(connection: Connection, conversation_id: str) -> Profile | None:
+    """The conversation's profile, or None when nothing was recorded yet."""
+    row = connection.execute(_ROW, {"conversation_id": conversation_id}).first()
+    if row is None:
+        return None
+    parts = None
+    if row[5] is not None:
+        parts = FixedParts(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
+    reading = None
+    if row[7] is not None and row[8] is not None:
+        reading = Reading(int(row[7]), int(row[8]), row[9], as_utc(row[10]))
+    return Profile(parts, row[4], row[6], reading)
+
+
+def _upsert(connection: Connection, conversation_id: str, values: Mapping[str, Any]) -> None:
+    dialect = connection.dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = (
+        insert(REQUEST_PROFILES)
+        .values({**EMPTY_PARTS, **values, "conversation_id": conversation_id})
+        .on_conflict_do_update(index_elements=["conversation_id"], set_=dict(values))
+    )
+    connection.execute(statement)
+
+
+def save_parts(
+    connection: Connection,
+    conversation_id: str,
+    parts: FixedParts,
+    content_hash: str,
+    now: datetime,
+) -> None:
+    """Record what ``assemble`` was given (one upsert)."""
+    _upsert(
+        connection,
+        conversation_id,
+        {
+            "system_tokens": parts.system,
+            "tools_tokens": parts.tools,
+            "reminder_tokens": parts.reminder,
+            "context_tokens": parts.context,
+            "content_hash": content_hash,
+            "assembled_at": now,
+        },
+    )
+
+
+def save_reading(
+    connection: Connection,
+    conversation_id: str,
+    *,
+    estimated: int,
+    measured: int,
+    leaf_id: int | None,
+    now: datetime,
+) -> None:
+    """Record the provider's latest reading beside Recap's estimate of the same request."""
+    _upsert(
+        connection,
+        conversation_id,
+        {
+            "usage_estimated_tokens": estimated,
+            "usage_prompt_tokens": measured,
+            "usage_leaf_message_id": leaf_id,
+            "usage_at": now,
+        },
+    )
+
+
+def save_reserve(connection: Connection, conversation_id: str, tokens: int | None) -> None:
+    """Set (or with None, drop) the conversation's own output reserve."""
+    _upsert(connection, conversation_id, {"reserve_output_tokens": tokens})

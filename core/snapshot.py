@@ -1,0 +1,201 @@
+"""Reading what the compression decision looks at (``core.policy.Snapshot``), and afterwards the
+text of the messages a summary covers.
+
+The snapshot is content-free: the branch comes from ids and parents (``core.reads.branch_path``),
+then the root and the messages after the applicable summary's cutoff are read without their
+text: role, stored tokens, tool-call ids and names (arguments dropped), the call a result answers,
+its tool name and saved-output path. Text is read by ``load_contents`` for the messages sent to
+the summarizer only. ``history_bound`` answers "is this conversation anywhere near its trigger"
+with one aggregate, so a run that skips costs about the same at 50 messages and at 5,000.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, case, func, select
+from sqlmodel import Session
+
+from core import policy, store
+from core.branch import applicable_summary
+from core.compression import COOLDOWN_MAX_FACTOR
+from core.errors import NotFoundError
+from core.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
+from core.profile import load_profile
+from core.reads import branch_path
+from core.records import Msg
+
+COMPACTION_LOG = table_of(CompactionLog)
+COOLDOWN_DOUBLINGS = COOLDOWN_MAX_FACTOR.bit_length()  # failures read past the streak
+ID_CHUNK = 500  # ids per IN list when reading rows by id: far below every bound-parameter limit
+
+M = MESSAGES.c
+_HEAD = select(CONVERSATIONS.c.model, CONVERSATIONS.c.max_input_tokens).where(
+    CONVERSATIONS.c.id == bindparam("conversation_id")
+)
+_LIGHT = select(
+    M.id, M.parent_id, M.role, M.tokens, M.tool_calls, M.tool_call_id, M.name, M.output_path
+).where(
+    M.conversation_id == bindparam("conversation_id"), M.id.in_(bindparam("ids", expanding=True))
+)
+_LATEST_SUMMARY = (
+    select(SUMMARIES.c.cutoff_message_id, SUMMARIES.c.tokens)
+    .where(SUMMARIES.c.conversation_id == bindparam("conversation_id"))
+    .order_by(SUMMARIES.c.cutoff_message_id.desc())
+    .limit(1)
+)
+
+
+def _head(connection: Connection, conversation_id: str) -> tuple[str, int | None]:
+    row = connection.execute(_HEAD, {"conversation_id": conversation_id}).first()
+    if row is None:
+        raise NotFoundError(f"unknown conversation {conversation_id!r}")
+    return str(row[0]), row[1]
+
+
+def read_snapshot(
+    session: Session,
+    conversation_id: str,
+    leaf: int | None = None,
+    *,
+    now: datetime | None = None,
+    failures: int = 0,
+) -> policy.Snapshot:
+    """The content-free snapshot of the branch ending at ``leaf`` (default: the latest message),
+    with up to ``failures`` of the newest failed runs since the last summary."""
+    connection = session.connection()
+    model, override = _head(connection, conversation_id)
+    path = branch_path(connection, conversation_id, leaf)
+    summary = applicable_summary(store.load_summaries(session, conversation_id), set(path))
+    clearings = store.load_clearings(session, conversation_id)
+    wanted = path
+    if summary is not None and summary.cutoff_message_id in path:
+        start = path.index(summary.cutoff_message_id)
+        wanted = [path[0], *path[start:]] if start else path
+    branch = load_index(connection, conversation_id, wanted)
+    return policy.Snapshot(
+        conversation_id=conversation_id,
+        model=model,
+        window_override=override,
+        branch=branch,
+        summary=summary,
+        clearings=clearings,
+        profile=load_profile(connection, conversation_id),
+        now=now or utcnow(),
+        failures=tuple(recent_failures(connection, conversation_id, failures)),
+    )
+
+
+def head_snapshot(
+    session: Session, conversation_id: str, *, now: datetime | None = None
+) -> policy.Snapshot:
+    """The snapshot without its branch: enough for the budget (``policy.pressure`` with a
+    history bound), not for a decision."""
+    connection = session.connection()
+    model, override = _head(connection, conversation_id)
+    return policy.Snapshot(
+        conversation_id=conversation_id,
+        model=model,
+        window_override=override,
+        branch=(),
+        summary=None,
+        clearings={},
+        profile=load_profile(connection, conversation_id),
+        now=now or utcnow(),
+    )
+
+
+def history_bound(session: Session, conversation_id: str) -> tuple[int, int | None] | None:
+    """An upper bound on the stored tokens of the latest branch's history, and the latest
+    message's id, from two aggregate reads and no message row, when the conversation never
+    forked (else None).
+
+    On one chain every summary lies on the latest branch and the one with the highest cutoff
+    applies, so the history is that summary and the messages after its cutoff; clearings can only
+    lower it, and the stored system prompt counted here as history makes it larger still.
+    """
+    connection = session.connection()
+    params = {"conversation_id": conversation_id}
+    latest = connection.execute(_LATEST_SUMMARY, params).first()
+    cutoff, summary_tokens = (int(latest[0]), int(latest[1])) if latest else (0, 0)
+    after = func.coalesce(func.sum(case((M.id > cutoff, M.tokens), else_=0)), 0)
+    shape = select(func.count(), func.count(M.parent_id.distinct()), after, func.max(M.id)).where(
+        M.conversation_id == conversation_id
+    )
+    count, parents, tokens, leaf = connection.execute(shape).one()
+    if int(count) and int(parents) != int(count) - 1:
+        return None
+    return summary_tokens + int(tokens), leaf
+
+
+def load_index(connection: Connection, conversation_id: str, ids: Sequence[int]) -> list[Msg]:
+    """The messages of ``ids`` (in that order) without their text."""
+    rows: dict[int, Any] = {}
+    for start in range(0, len(ids), ID_CHUNK):
+        chunk = list(ids[start : start + ID_CHUNK])
+        params = {"conversation_id": conversation_id, "ids": chunk}
+        rows.update((int(row[0]), row) for row in connection.execute(_LIGHT, params))
+    return [_light(rows[mid]) for mid in ids if mid in rows]
+
+
+def _light(row: Any) -> Msg:
+    mid, parent, role, count, calls, call_id, name, path = row
+    if isinstance(calls, str):
+        calls = json.loads(calls)
+    slim = tuple(
+        {"id": call.get("id", ""), "function": {"name": (call.get("function") or {}).get("name")}}
+        for call in calls or ()
+        if isinstance(call, dict)
+    )
+    return Msg(
+        id=mid,
+        parent_id=parent,
+        role=role,
+        content=None,
+        tokens=int(count),
+        tool_calls=slim,
+        tool_call_id=call_id,
+        name=name,
+        output_path=path,
+    )
+
+
+def load_contents(session: Session, conversation_id: str, ids: Iterable[int]) -> dict[int, Msg]:
+    """Whole rows (text included) of the given messages, by id."""
+    wanted = sorted(set(ids))
+    statement = select(*store.MESSAGE_COLUMNS).where(
+        M.conversation_id == bindparam("conversation_id"),
+        M.id.in_(bindparam("ids", expanding=True)),
+    )
+    connection = session.connection()
+    found: dict[int, Msg] = {}
+    for start in range(0, len(wanted), ID_CHUNK):
+        params = {"conversation_id": conversation_id, "ids": wanted[start : start + ID_CHUNK]}
+        for row in connection.execute(statement, params):
+            found[int(row[0])] = store._to_msg(row)  # the store's own row reader
+    return found
+
+
+def recent_failures(
+    connection: Connection, conversation_id: str, streak: int
+) -> list[policy.Failure]:
+    """The conversation's failed runs since its last summary, newest first (as many as the
+    cooldown can use: the streak and the doublings after it); none when ``streak`` is 0."""
+    if streak <= 0:
+        return []
+    c = COMPACTION_LOG.c
+    statement = (
+        select(c.action, c.created_at, c.reason)
+        .where(c.conversation_id == conversation_id, c.action.in_(("failed", "summarized")))
+        .order_by(c.id.desc())
+        .limit(streak + COOLDOWN_DOUBLINGS)
+    )
+    failures: list[policy.Failure] = []
+    for action, at, reason in connection.execute(statement):
+        if action != "failed":
+            break
+        failures.append(policy.Failure(store.as_utc(at) or utcnow(), str(reason)))
+    return failures
