@@ -1,7 +1,10 @@
-"""docker-compose.yml validates and wires every service with the contract's setting names."""
+"""docker-compose.yml validates, wires every service with the contract's setting names, and is
+safe by default: no default passwords, Flower on 127.0.0.1, Redis with a password and an
+append-only file, the model's API key only where the model is called."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,8 +27,29 @@ SERVICES = {
 }
 
 
-def compose_config() -> dict:  # type: ignore[type-arg]
-    """The resolved configuration as docker-compose prints it."""
+# The variables compose requires (no defaults), with test values.
+REQUIRED = {
+    "POSTGRES_PASSWORD": "pg-test-pass",
+    "REDIS_PASSWORD": "redis-test-pass",
+    "FLOWER_USER": "operator",
+    "FLOWER_PASSWORD": "flower-test-pass",
+}
+API_KEY = "sk-compose-test-key"
+MODEL_CALLERS = {"compress-worker"}  # the only service whose tasks call the model
+
+
+def compose_env(**values: str) -> dict[str, str]:
+    """The environment without any variable the compose file reads, plus ``values``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RECAP_", "FLOWER_")) and k not in REQUIRED
+    }
+    return {**env, **values}
+
+
+def run_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``docker-compose config`` (or ``docker compose config``) with this environment."""
     if shutil.which("docker-compose"):
         command = ["docker-compose", "config"]
     elif (
@@ -38,11 +62,23 @@ def compose_config() -> dict:  # type: ignore[type-arg]
         command = ["docker", "compose", "config"]
     else:
         need_service("docker-compose", "neither docker-compose nor `docker compose` is installed")
-    done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    return subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
     )
+
+
+def compose_config() -> dict:  # type: ignore[type-arg]
+    """The resolved configuration as docker-compose prints it, with the required variables set."""
+    done = run_config(compose_env(**REQUIRED, RECAP_SUMMARY_API_KEY=API_KEY))
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)
+
+
+def environment(service: dict) -> dict[str, str]:  # type: ignore[type-arg]
+    env = service.get("environment") or {}
+    if isinstance(env, dict):
+        return {k: str(v) for k, v in env.items()}
+    return dict(item.split("=", 1) for item in env)
 
 
 def test_compose_file_is_valid_and_complete() -> None:
@@ -74,3 +110,45 @@ def test_workers_serve_their_queue(service: str, queue: str) -> None:
     """Each worker service serves one queue, so each scales on its own."""
     command = compose_config()["services"][service]["command"]
     assert command[:2] == ["recap", "worker"] and queue in command
+
+
+@pytest.mark.parametrize("missing", sorted(REQUIRED))
+def test_a_missing_password_stops_compose_with_a_message(missing: str) -> None:
+    """Every password is required: without one, compose fails and names the variable."""
+    values = {k: v for k, v in REQUIRED.items() if k != missing}
+    done = run_config(compose_env(**values))
+    assert done.returncode != 0
+    assert f"set {missing}" in done.stderr + done.stdout
+
+
+def test_no_password_has_a_default_in_the_file() -> None:
+    """No `${..PASSWORD:-default}` or `${FLOWER_USER:-...}` anywhere in the file."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    for name in REQUIRED:
+        assert f"${{{name}:-" not in text and f"${{{name}-" not in text, name
+
+
+def test_flower_is_published_on_localhost_only_by_default() -> None:
+    """The host side of Flower's port is 127.0.0.1 unless FLOWER_BIND says otherwise."""
+    (port,) = compose_config()["services"]["flower"]["ports"]
+    published = port if isinstance(port, str) else f"{port.get('host_ip')}:{port['published']}"
+    assert published.startswith("127.0.0.1:")
+
+
+def test_redis_has_a_password_and_an_append_only_file() -> None:
+    """Redis requires the password the Recap services use and persists queued tasks."""
+    config = compose_config()
+    command = config["services"]["redis"]["command"]
+    assert command[command.index("--requirepass") + 1] == REQUIRED["REDIS_PASSWORD"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert any(":/data" in str(v) for v in config["services"]["redis"].get("volumes", []))
+    for name in SERVICES - {"redis", "postgres"}:
+        broker = environment(config["services"][name])["RECAP_BROKER_URL"]
+        assert broker.startswith(f"redis://:{REQUIRED['REDIS_PASSWORD']}@redis:")
+
+
+def test_the_api_key_reaches_only_the_services_that_call_the_model() -> None:
+    """RECAP_SUMMARY_API_KEY is set on the compress worker and nowhere else."""
+    services = compose_config()["services"]
+    holders = {name for name, s in services.items() if API_KEY in str(environment(s))}
+    assert holders == MODEL_CALLERS
