@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from core import render, tokens
+from core import media, render, tokens
 from core.errors import BudgetError, InputError
 from core.placeholders import cleared_placeholder
 from core.prompts import SUMMARY_MESSAGE_PREFIX
@@ -71,6 +71,7 @@ class TokenBreakdown:
     tools: int
     reminder: int
     total: int
+    media: int = 0  # images, audio and files sent in full (not in ``history``)
 
     def as_dict(self) -> dict[str, int]:
         """The breakdown as the CLI prints it."""
@@ -81,6 +82,7 @@ class TokenBreakdown:
             "context": self.context,
             "tools": self.tools,
             "reminder": self.reminder,
+            "media": self.media,
             "total": self.total,
         }
 
@@ -96,6 +98,9 @@ class AssembledRequest:
     summary_id: int | None
     dropped_message_ids: list[int]
     forgotten_files: list[str]
+    # Messages whose media all aged in this request: (id, tokens reclaimed), to record as
+    # ``media`` clearings so they stay aged (one-way).
+    media_aged: tuple[tuple[int, int], ...] = ()
     truncated: bool = False  # older history was left out to fit the budget (never silently)
     truncated_tokens: int = 0  # stored tokens of the older messages left out (as far as read)
 
@@ -150,6 +155,7 @@ def assemble(
     missing_outputs: Collection[str] = frozenset(),
     omitted: Sequence[int] = (),
     budget: int | None = None,
+    media_policy: media.MediaPolicy | None = None,
 ) -> AssembledRequest:
     """The request for ``branch`` (root first) within ``window`` tokens of ``model``.
 
@@ -172,11 +178,21 @@ def assemble(
 
     ``budget`` is the request's limit in estimated tokens when the caller worked it out
     (``core.budget``: output reserve and calibration included); else ``window x (1 - margin)``.
+
+    Media (``media_policy``, see ``core.media``): parts older than the last ``keep_turns`` user
+    turns, of a message recorded as aged, beyond the per-request caps, or in a text-only request
+    are sent as placeholders; the byte guard then ages the oldest parts still sent in full until
+    the request is within ``max_request_bytes``, and stored bytes are put back by its loader.
+    Messages whose media all aged here are listed in ``media_aged``, to be recorded.
     """
     _check_knobs(window, safety_margin)
     encoding = tokens.encoding_name_for(model)
     cleared = clearings or {}
+    policy = media_policy or media.MediaPolicy()
     root = stored_prompt(branch)
+    branch, root, media_aged = _age_media(
+        branch, root, summary, cleared, policy, model=model, text_only=text_only
+    )
     system_message, system_tokens = _system_part(root, system, encoding)
     after = _after_cutoff(branch[1:] if root is not None else branch, summary, root)
     if not after and summary is None:
@@ -212,6 +228,9 @@ def assemble(
     messages.extend(fitted.messages)
     if reminder_message is not None:
         messages.append(reminder_message)
+    finished = media.finish(messages, policy, model=model, count=_media_counter(model))
+    messages = finished.messages
+    history_tokens += finished.tokens_delta - finished.media_tokens
     if cache_breakpoints:
         _mark_prefix(messages, system_message is not None, summary_message is not None)
 
@@ -223,7 +242,8 @@ def assemble(
         context=context_tokens,
         tools=tools_tokens,
         reminder=reminder_tokens,
-        total=fixed + history_tokens + context_tokens,
+        media=finished.media_tokens,
+        total=fixed + history_tokens + context_tokens + finished.media_tokens,
     )
     return AssembledRequest(
         messages=messages,
@@ -233,6 +253,7 @@ def assemble(
         summary_id=summary.id if summary is not None else None,
         dropped_message_ids=dropped,
         forgotten_files=forgotten,
+        media_aged=media_aged,
         truncated=bool(omitted) or kept_from > 0,
         truncated_tokens=sum(unit.tokens for unit in older[:kept_from]),
     )
@@ -302,6 +323,63 @@ def omittable(
         if total > budget and last_user is not None:
             return min(index + 1, last_user)
     return 0
+
+
+def _age_media(
+    branch: Sequence[Msg],
+    root: Msg | None,
+    summary: SummaryRec | None,
+    cleared: Mapping[int, ClearingRec],
+    policy: media.MediaPolicy,
+    *,
+    model: str,
+    text_only: bool,
+) -> tuple[Sequence[Msg], Msg | None, tuple[tuple[int, int], ...]]:
+    """The branch with aged media parts as placeholders and every message with media counted
+    anew for ``model``; the root prompt's media ages once a summary covers it. Also the
+    messages whose media all aged now, not recorded yet, with the tokens that saves."""
+    if not any(m.content_parts and media.has_media(m.content_parts) for m in branch):
+        return branch, root, ()
+    after = _after_cutoff(branch[1:] if root is not None else branch, summary, root)
+    recorded = {mid for mid, c in cleared.items() if c.reason == media.RECORDED}
+    considered = [root, *after] if root is not None else list(after)
+    plan = media.plan_ageing(
+        considered, policy=policy, model=model, recorded=recorded, text_only=text_only
+    )
+    aged = dict(plan.aged)
+    if root is not None and summary is not None:
+        aged[root.id] = frozenset(media.media_positions(root.content_parts))
+    encoding = tokens.encoding_name_for(model)
+    out: list[Msg] = []
+    new_records: list[tuple[int, int]] = []
+    for message in branch:
+        positions = media.media_positions(message.content_parts)
+        clearing = cleared.get(message.id)
+        if not positions or (clearing is not None and clearing.reason != media.RECORDED):
+            out.append(message)
+            continue
+        parts = media.age_parts(message.content_parts or (), aged.get(message.id, ()))
+        changed = message._replace(content_parts=parts)
+        changed = changed._replace(
+            tokens=tokens.count_message(changed.to_openai(), encoding, model=model)
+        )
+        out.append(changed)
+        whole = set(aged.get(message.id, ())) == set(positions)
+        if (
+            whole
+            and message is not root
+            and message.role != "tool"
+            and message.id not in recorded
+            and plan.reasons.get(message.id) in (media.TURNS, media.CAP)
+        ):
+            new_records.append((message.id, max(message.tokens - changed.tokens, 0)))
+    new_root = out[0] if root is not None else None
+    return out, new_root, tuple(new_records)
+
+
+def _media_counter(model: str) -> media.Counter:
+    encoding = tokens.encoding_name_for(model)
+    return lambda message: tokens.count_message(message, encoding, model=model)
 
 
 def _check_knobs(window: int, safety_margin: float) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from core import media
 from core.branch import effective_history_tokens, messages_after_cutoff
 from core.prompts import (
     CUTOFF_MARKER,
@@ -240,10 +241,7 @@ def render_message(
     """
     text = message.content or ""
     if message.content_parts:
-        text = "\n".join(
-            str(part.get("text", "[non-text part]")) if isinstance(part, dict) else str(part)
-            for part in message.content_parts
-        )
+        text = media.parts_text(message.content_parts)  # media as kind, name, size, caption
     if message.role == "tool":
         name = message.name or names.get(message.tool_call_id or "", "tool")
         body = "(output cleared earlier)" if cleared else trim_text(text, result_chars)

@@ -2,8 +2,9 @@
 
 Used when no summary model is configured. It quotes rather than paraphrases: the first request as
 the goal, the user's constraints, the tool calls made, the assistant's stated decisions, the errors
-seen, and every identifier verbatim. Given the previous summary it merges into it, keeping each
-section bounded, so a long conversation's summary does not grow without end.
+seen, the media shared (kind, name, size), and every identifier verbatim. Given the previous
+summary it merges into it, keeping each section bounded, so a long conversation's summary does
+not grow without end.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from core import media
 from core.compression import describe_calls, tool_names, trim_text
 from core.identifiers import ERROR_RE, identifiers_of_span
 from core.prompts import EXTRACTIVE_NOTE
@@ -28,6 +30,7 @@ SECTION_ITEMS = {  # newest items kept per section when merging with the previou
     "Key decisions": 8,
     "Next steps": 2,
     "Critical context": 8,
+    "Media": 20,
     "Identifiers": 60,
     "Relevant files": 40,
 }
@@ -87,15 +90,24 @@ def parse_sections(summary: str | None) -> dict[str, list[str]]:
     return sections
 
 
+def _text(message: Msg) -> str:
+    return media.text_of(message.content, message.content_parts)
+
+
 def _collect(messages: Sequence[Msg], clearings: Mapping[int, ClearingRec]) -> dict[str, list[str]]:
     names = tool_names(messages)
     found: dict[str, list[str]] = {key: [] for key in SECTION_ITEMS}
-    users = [m for m in messages if m.role == "user" and m.content]
+    users = [m for m in messages if m.role == "user" and _text(m)]
     if users:
-        found["Goal"].append(_quote(users[0].content or "", GOAL_CHARS))
-        found["Next steps"].append("Latest request: " + _quote(users[-1].content or ""))
+        found["Goal"].append(_quote(_text(users[0]), GOAL_CHARS))
+        found["Next steps"].append("Latest request: " + _quote(_text(users[-1])))
     for message in messages:
-        text = message.content or ""
+        text = _text(message)
+        found["Media"] += [
+            f"{media.describe(part)} ({message.role}, message {message.id})"
+            for part in message.content_parts or ()
+            if media.kind_of(part)
+        ]
         if message.role in ("system", "developer") and text.strip():
             found["Critical context"].append("Instructions: " + _quote(text, GOAL_CHARS))
         elif message.role == "user":
@@ -153,6 +165,7 @@ def extractive_summary(
     lines += ["## Key decisions", *_bullets(sections["Key decisions"]), ""]
     lines += ["## Next steps", *_bullets(sections["Next steps"]), ""]
     lines += ["## Critical context", *_bullets(sections["Critical context"])]
+    lines += ["### Media", *_bullets(sections["Media"])]
     lines += ["### Identifiers", *_bullets(sections["Identifiers"]), ""]
     lines += ["## Relevant files", *_bullets(sections["Relevant files"])]
     return "\n".join(trim_text(line, QUOTE_CHARS * 2) for line in lines)

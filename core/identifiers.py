@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from core import media
 from core.records import Msg
 
 MAX_COMMAND_CHARS = 120  # a longer command is kept by its first line, cut here
@@ -128,14 +129,16 @@ def command_of_call(arguments: str) -> str | None:
 def identifiers_of_message(message: Msg) -> set[str]:
     """The identifiers a message contributes to a span.
 
-    User and assistant text, tool-call arguments and the commands the calls ran all count; of a
+    User and assistant text, tool-call arguments, the commands the calls ran and the names of
+    media parts (``screenshot.png``) all count; of a
     tool result only the error names count (a directory listing's hundred paths are data the
     summary is not expected to carry, the error it raised is not).
     """
-    text = message.content or ""
+    text = media.text_of(message.content, message.content_parts)
     if message.role == "tool":
         return {m.group(0) for m in ERROR_RE.finditer(text)}
     found = identifiers_in_text(text) | commands_in_text(text)
+    found.update(name for name in media.names(message.content_parts or ()) if len(name) > 1)
     for call in message.tool_calls:
         function = call.get("function") or {}
         arguments = str(function.get("arguments") or "")

@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from core import media
 from core.errors import InputError
 from core.records import Msg
 from core.settings import Settings
@@ -32,6 +33,7 @@ SUFFIX = ".txt"
 TEMP_PREFIX = ".tmp-"
 FOLDER_MODE = 0o700
 FILE_MODE = 0o600
+MEDIA_INLINE_BYTES = 32_768  # the settings' default: a thumbnail stays in the row, a screenshot not
 # The keys ingest adds to a message for its output_path and original_bytes columns.
 OUTPUT_PATH_KEY, ORIGINAL_BYTES_KEY = INGEST_KEYS
 
@@ -99,6 +101,51 @@ def output_exists(path: str | None) -> bool:
     return bool(path) and os.path.isfile(str(path))
 
 
+# --- media -------------------------------------------------------------------------------------
+# Inline media over ``RECAP_MEDIA_INLINE_BYTES`` is saved like a full tool output (its base64
+# text under its content hash, so the same screenshot twice is one file) and the stored part
+# says ``recap-media:<name>``. The name is all the row keeps: the file's path is always rebuilt
+# under the output folder from a name that can only be 32 hex digits, never read from a row.
+
+
+def media_path(root: Path, ref: str) -> Path | None:
+    """Where the stored copy named ``ref`` lives under ``root`` (None for a malformed name)."""
+    if media.REF_RE.match(media.REF_SCHEME + ref) is None:
+        return None
+    return Path(os.path.abspath(root)) / ref[:2] / f"{ref}{SUFFIX}"
+
+
+def read_media(root: Path, ref: str) -> str | None:
+    """The base64 text stored as ``ref``, or None when it is gone or does not match its name."""
+    path = media_path(root, ref)
+    if path is None or not path.is_file() or path.is_symlink():
+        return None
+    return read_output(str(path))
+
+
+def media_loader(root: Path) -> media.Loader:
+    """``read_media`` bound to an output folder: what the request view puts stored media back
+    with."""
+    return lambda ref: read_media(root, ref)
+
+
+def export_parts(message: dict[str, Any], root: Path, *, full: bool) -> dict[str, Any]:
+    """An exported message's media parts without Recap's key; with ``full``, a stored part's
+    data field holds its bytes again (as the data URL, or the base64 audio) while its file
+    exists, else it keeps its ``recap-media:`` reference."""
+    content = message.get("content")
+    if not isinstance(content, list) or not media.has_media(content):
+        return message
+    parts = []
+    for part in content:
+        ref = media.ref_of(part) if media.kind_of(part) else None
+        encoded = read_media(root, ref) if full and ref is not None else None
+        if encoded is not None:
+            part = media.with_data(part, media.data_field(media.meta_of(part), encoded))
+        parts.append(media.strip_meta(part))
+    return {**message, "content": parts}
+
+
 # --- ingest ------------------------------------------------------------------------------------
 
 
@@ -109,6 +156,7 @@ class Ingest:
     root: Path
     limits: Limits
     max_argument_chars: int
+    media_inline_bytes: int = MEDIA_INLINE_BYTES  # RECAP_MEDIA_INLINE_BYTES
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Ingest:
@@ -116,15 +164,38 @@ class Ingest:
             root=settings.output_dir,
             limits=Limits(settings.max_output_lines, settings.max_output_bytes),
             max_argument_chars=settings.max_argument_chars,
+            media_inline_bytes=settings.media_inline_bytes,
         )
 
     def __call__(self, message: dict[str, Any]) -> dict[str, Any]:
         """The message as it should be stored (a copy; the input is left as it is)."""
+        if media.has_media(message.get("content")):
+            return self._store_media(message)
         if message.get("role") == "tool" and isinstance(message.get("content"), str):
             return self._truncate_output(message)
         if message.get("role") == "assistant" and message.get("tool_calls"):
             return self._trim_calls(message)
         return message
+
+    def _store_media(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Each media part with Recap's metadata; inline data over the limit saved to a file
+        and replaced by its reference (kept inline when the file cannot be written)."""
+        parts = []
+        for index, part in enumerate(message["content"]):
+            if not media.kind_of(part):
+                parts.append(part)
+                continue
+            checked = media.check_part(part, f"message part {index}")
+            meta = dict(checked.meta)
+            value = media.data_of(part) or ""
+            if checked.data is not None and len(value) > self.media_inline_bytes:
+                encoded = "".join(value.split(",", 1)[-1].split())
+                path = self._save(encoded, message)
+                if path is not None:
+                    meta["ref"] = Path(path).stem
+                    part = media.with_data(part, media.REF_SCHEME + meta["ref"])
+            parts.append({**media.strip_meta(part), media.META_KEY: meta})
+        return {**message, "content": parts}
 
     def _save(self, text: str, message: Mapping[str, Any]) -> str | None:
         try:

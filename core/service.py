@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from core import assembly, outputs, policy, reads, store, tokens
+from core import assembly, media, outputs, policy, reads, store, tokens
 from core import budget as budgets
 from core import profile as profiles
 from core import snapshot as snapshots
@@ -21,7 +21,7 @@ from core.db import session_scope
 from core.errors import InputError, RecapError
 from core.models import utcnow
 from core.records import ClearingRec, Msg
-from core.settings import Settings
+from core.settings import Settings, get_settings
 from core.validate import parse_json_line
 
 Prepare = Callable[[dict[str, Any]], dict[str, Any]]
@@ -125,7 +125,10 @@ def export_conversation(
         meta = dict(conversation.meta or {})
     out: dict[str, Any] = {"id": conversation_id, **meta}
     render = outputs.restore if full else Msg.to_openai
-    out["messages"] = [{"id": m.id, **render(m)} for m in branch]
+    root = get_settings().output_dir
+    out["messages"] = [
+        {"id": m.id, **outputs.export_parts(render(m), root, full=full)} for m in branch
+    ]
     return out
 
 
@@ -298,6 +301,7 @@ def assemble(
         )
     finally:  # a request that does not fit still tells the decision what the host sends
         _record_profile(engine, conversation_id, parts, profile, given_parts, now)
+    _record_media(engine, conversation_id, request)
     if request.truncated:
         _log_truncation(conversation_id, request)
     return request
@@ -330,6 +334,7 @@ def _assembled(
         missing_outputs=_missing_outputs(loaded.branch, loaded.clearings),
         omitted=loaded.omitted,
         budget=limit,
+        media_policy=media_policy(settings),
     )
 
 
@@ -404,3 +409,28 @@ def _missing_outputs(branch: list[Msg], clearings: Mapping[int, ClearingRec]) ->
         and message.id in clearings
         and not outputs.output_exists(message.output_path)
     )
+
+
+def media_policy(settings: Settings) -> media.MediaPolicy:
+    """What of a request's media is sent in full, from the settings; stored media is read back
+    from the output folder."""
+    return media.MediaPolicy(
+        keep_turns=settings.keep_media,
+        max_parts=settings.max_media_parts,
+        max_tokens=settings.max_media_tokens,
+        max_request_bytes=settings.max_request_bytes,
+        load=outputs.media_loader(settings.output_dir),
+    )
+
+
+def _record_media(engine: Engine, conversation_id: str, request: assembly.AssembledRequest) -> None:
+    """Record the messages whose media aged in this request as ``media`` clearings (one short
+    write, only when something aged anew), so they stay aged whatever the next request holds."""
+    if not request.media_aged:
+        return
+    from core.sweep import apply_clearings
+    from core.toolresults import ClearingPlan, PlannedClearing
+
+    items = tuple(PlannedClearing(mid, reclaimed) for mid, reclaimed in request.media_aged)
+    with session_scope(engine) as session:
+        apply_clearings(session, conversation_id, ClearingPlan(media.RECORDED, items))

@@ -64,6 +64,15 @@ class Settings(BaseSettings):
     max_output_bytes: int = Field(default=50_000, ge=1_000)
     max_argument_chars: int = Field(default=2_000, ge=200)
     output_retention_days: float = Field(default=7, gt=0)
+    # Media (core.media): inline base64 over this many bytes is stored out of the row; only the
+    # last keep_media user turns send their media in full, within the per-request caps; the
+    # assembled request is kept under max_request_bytes (Gemini's 20 MB inline request limit,
+    # the strictest of the common providers: Anthropic takes 32 MB, OpenAI 50 MB).
+    media_inline_bytes: int = Field(default=32_768, ge=0)
+    keep_media: int = Field(default=2, ge=0)
+    max_media_parts: int = Field(default=20, ge=0)
+    max_media_tokens: int = Field(default=16_000, ge=0)
+    max_request_bytes: int = Field(default=20_000_000, ge=100_000)
     sweep_batch_size: int = Field(default=5_000, ge=1)  # ~30 ms of SQLite writing per batch
 
     task_time_limit: int = Field(default=300, ge=5)

@@ -17,6 +17,7 @@ from typing import Any
 
 import tiktoken
 
+from core import media
 from core.errors import RecapError
 
 O200K = "o200k_base"
@@ -88,20 +89,27 @@ def count_short(text: str, encoding: str) -> int:
 
 
 def content_text(content: Any) -> str:
-    """The text of a message's content: a string, or the text parts of a list of parts."""
+    """The text of a message's content: a string, or the text parts of a list of parts (media
+    parts have no text; ``count_message`` counts them by their own rule)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+        texts = [p for p in content if isinstance(p, dict) and not media.kind_of(p)]
+        return "\n".join(str(part.get("text", "")) for part in texts)
     return str(content)
 
 
-def count_message(message: Mapping[str, Any], encoding: str) -> int:
-    """Tokens one OpenAI-format message costs in a request, overheads included."""
+def count_message(message: Mapping[str, Any], encoding: str, *, model: str | None = None) -> int:
+    """Tokens one OpenAI-format message costs in a request, overheads included; media parts
+    (images, audio, files) by the published rule of ``model``'s provider family
+    (``core.media.part_tokens``)."""
     total = TOKENS_PER_MESSAGE + count_short(str(message.get("role", "")), encoding)
-    total += count_text(content_text(message.get("content")), encoding)
+    content = message.get("content")
+    total += count_text(content_text(content), encoding)
+    if isinstance(content, list):
+        total += sum(media.part_tokens(part, model) for part in content if media.kind_of(part))
     name = message.get("name")
     if name:
         total += TOKENS_PER_NAME + count_short(str(name), encoding)

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from core import media
 from core.errors import InputError
 from core.records import ROLES
 
@@ -22,6 +23,8 @@ def check_message(message: Any, where: str) -> dict[str, Any]:
     content = message.get("content")
     if content is not None and not isinstance(content, str | list):
         raise InputError(f"{where}: content must be a string, a list of parts, or null")
+    if isinstance(content, list):
+        media.check_parts(content, where)
     calls = message.get("tool_calls")
     if calls is not None:
         if role != "assistant":
