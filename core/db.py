@@ -1,4 +1,9 @@
-"""Engines and sessions: SQLite with WAL and a busy timeout, PostgreSQL as configured."""
+"""Engines and sessions: SQLite with WAL and a busy timeout, PostgreSQL as configured.
+
+Only ``recap init`` (and a host that asks for it) creates a database: every other use opens an
+SQLite file read-write without creating it, so a mistyped path or a read command before
+``recap init`` changes nothing on disk and says what to do.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, NoSuchModuleError
 from sqlmodel import Session
 
+from core.errors import DatabaseUrlError, InputError, SchemaMissingError
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # writers wait for each other instead of failing at once
+URL_SETTING = "RECAP_DATABASE_URL"
+INIT_HINT = "run `recap init` first"
+SCHEMA_TABLE = "conversations"  # present once the first migration has run
+POSTGRES_UNDEFINED_TABLE = "42P01"  # SQLSTATE of a query on a table that does not exist
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -23,29 +36,83 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine for any SQLAlchemy URL; SQLite files get their folder, WAL and a busy timeout."""
+def url_problem(url: str | URL) -> str | None:
+    """Why ``url`` names no database SQLAlchemy can open, or None when it does."""
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return (
+            f"not a database URL Recap can use ({reason}); expected for example "
+            "sqlite:///./recap.db or postgresql+psycopg://user@host/db"
+        )
+    return None
+
+
+def parse_url(url: str | URL) -> URL:
+    """The URL, checked for a database SQLAlchemy knows; a ``DatabaseUrlError`` otherwise."""
+    problem = url_problem(url)
+    if problem is not None:
+        raise DatabaseUrlError(f"{URL_SETTING}: {problem}")
+    return make_url(url)
+
+
+def sqlite_file(url: str | URL) -> Path | None:
+    """The file of a file-backed SQLite URL; None for other databases and in-memory SQLite."""
     parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        database = parsed.database
-        if database and database != ":memory:" and not database.startswith("file:"):
-            Path(database).parent.mkdir(parents=True, exist_ok=True)
-        kwargs.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
-        engine = create_engine(url, **kwargs)
-        event.listen(engine, "connect", _sqlite_pragmas)
-        return engine
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database:
+        return None
+    if database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
 
 
-_engines: dict[str, Engine] = {}
+def make_engine(url: str | URL, *, create: bool = True, **kwargs: Any) -> Engine:
+    """An engine for any SQLAlchemy URL; SQLite files get WAL and a busy timeout.
+
+    With ``create`` an SQLite file and its folder are created when missing (``recap init``);
+    without it a missing file is a ``SchemaMissingError`` and the file is opened in read-write
+    mode, so SQLite never creates it behind the caller's back.
+    """
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        kwargs.setdefault("pool_pre_ping", True)
+        return create_engine(parsed, **kwargs)
+    path = sqlite_file(parsed)
+    if path is not None and create:
+        _make_folder(path.parent)
+    elif path is not None:
+        if not path.is_file():
+            raise SchemaMissingError(f"the database {path} does not exist; {INIT_HINT}")
+        target = str(path.resolve())
+        parsed = parsed.set(
+            database=f"file:{quote(target)}", query={**parsed.query, "mode": "rw", "uri": "true"}
+        )
+    kwargs.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
+    engine = create_engine(parsed, **kwargs)
+    event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
 
 
-def get_engine(url: str) -> Engine:
-    """The process-wide engine for a URL, created on first use."""
-    engine = _engines.get(url)
+def _make_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DatabaseUrlError(
+            f"{URL_SETTING}: cannot create the folder {folder} for the SQLite database "
+            f"({exc.strerror or exc})"
+        ) from None
+
+
+_engines: dict[tuple[str, bool], Engine] = {}
+
+
+def get_engine(url: str, *, create: bool = True) -> Engine:
+    """The process-wide engine for a URL, created on first use (see ``make_engine``)."""
+    engine = _engines.get((url, create))
     if engine is None:
-        engine = _engines[url] = make_engine(url)
+        engine = _engines[(url, create)] = make_engine(url, create=create)
     return engine
 
 
@@ -56,15 +123,44 @@ def dispose_engines() -> None:
     _engines.clear()
 
 
+def is_schema_missing(exc: BaseException) -> bool:
+    """Whether a database error says a Recap table does not exist (no ``recap init`` yet)."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    if getattr(exc.orig, "sqlstate", None) == POSTGRES_UNDEFINED_TABLE:
+        return True
+    return "no such table" in str(exc.orig).lower()
+
+
+def require_schema(engine: Engine) -> None:
+    """A ``SchemaMissingError`` unless the database has Recap's tables."""
+    if not inspect(engine).has_table(SCHEMA_TABLE):
+        raise SchemaMissingError(f"the database has no Recap schema; {INIT_HINT}")
+
+
 @contextmanager
 def session_scope(engine: Engine) -> Iterator[Session]:
-    """A short session: committed on success, rolled back on error, always closed."""
+    """A short session: committed on success, rolled back on error, always closed.
+
+    A value the database refuses (a number beyond its column, text it cannot hold) is an
+    ``InputError`` after the rollback, for the input checks of ``core.limits`` to have missed.
+    """
     session = Session(engine, expire_on_commit=False)
     try:
         yield session
         session.commit()
+    except (DataError, OverflowError) as exc:
+        session.rollback()
+        raise InputError(f"a value does not fit its database column ({_first_line(exc)})") from exc
     except BaseException:
         session.rollback()
         raise
     finally:
         session.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -17,3 +17,11 @@ class NotFoundError(RecapError, LookupError):
 
 class BudgetError(RecapError, ValueError):
     """The part of a request that must be sent does not fit the window."""
+
+
+class SchemaMissingError(RecapError):
+    """The database has no Recap schema (or no database file) yet: ``recap init`` creates it."""
+
+
+class DatabaseUrlError(RecapError, ValueError):
+    """``RECAP_DATABASE_URL`` names no database Recap can open or create."""
