@@ -89,6 +89,14 @@ def read_snapshot(
     )
 
 
+def check_leaf(session: Session, conversation_id: str, leaf: int) -> None:
+    """A ``NotFoundError`` unless ``leaf`` is a message of the conversation."""
+    statement = select(M.id).where(M.conversation_id == conversation_id, M.id == leaf)
+    if session.connection().execute(statement).first() is None:
+        _head(session.connection(), conversation_id)  # an unknown conversation says so first
+        raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
+
+
 def head_snapshot(
     session: Session, conversation_id: str, *, now: datetime | None = None
 ) -> policy.Snapshot:

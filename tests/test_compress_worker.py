@@ -368,8 +368,9 @@ def test_a_blank_or_error_summary_is_rejected(harness: Harness, reply: Reply) ->
 
 def test_repeated_failures_rest_the_summarizer_until_forced(harness: Harness) -> None:
     """After RECAP_FAILURE_STREAK failed runs in a row, later runs skip without a model call
-    and say until when; a forced run calls it again, and a stored summary ends the streak."""
-    cid = harness.new(turns=12)
+    and say until when; a forced run calls it again, and a stored summary ends the streak.
+    Nine turns are over the trigger but under the urgent ratio, where the rest would not hold."""
+    cid = harness.new(turns=9)
     streak = harness.settings.failure_streak
     harness.server.script(*[Reply(text="   ")] * streak)
     for _ in range(streak):

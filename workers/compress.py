@@ -22,23 +22,23 @@ from datetime import datetime
 from functools import lru_cache, partial
 from typing import Any
 
-from sqlalchemy import Engine, insert, or_, select, update
+from sqlalchemy import Engine, insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlmodel import Session
 
 from core import compression, policy, sweep, tokens
 from core import snapshot as snapshots
-from core.branch import applicable_summary
-from core.compression import CompressionParams, Rendered, Split
+from core.compression import Rendered, Split
 from core.db import session_scope
 from core.errors import NotFoundError
 from core.extractive import extractive_summary
 from core.identifiers import identifiers_of_span, retention
 from core.models import CONVERSATIONS, SUMMARIES, CompactionLog, table_of, utcnow
 from core.prompts import SUMMARY_MESSAGE_PREFIX
-from core.records import ClearingRec, Msg, SummaryRec
+from core.records import ClearingRec, Msg
 from core.redact import known_secrets, redact
 from core.settings import Settings
+from core.toolresults import ClearingPlan
 from workers import events, lease
 from workers.reconcile import reconcile  # noqa: F401  (reconcile's home; importable here too)
 
@@ -173,6 +173,9 @@ def claim(
     owner = lease.new_owner()
     now = run.clock()
     cid = run.conversation_id
+    if run.leaf is not None:  # an unknown leaf is the caller's error: no lease taken for it
+        with session_scope(engine) as session:
+            snapshots.check_leaf(session, cid, run.leaf)
     for _ in range(lease.ACQUIRE_TRIES):
         with session_scope(engine) as session:
             connection = session.connection()
