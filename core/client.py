@@ -96,6 +96,23 @@ class Recap:
             leaf=leaf,
         )
 
+    def compress(
+        self, conversation_id: str, *, leaf: int | None = None, force: bool = False
+    ) -> dict[str, Any]:
+        """Compress now, in this process, so that the next request fits: the worker's own run
+        (``recap.compress_session``'s code path and lease, so it never races a worker; when a
+        worker holds the lease this waits for it, then checks again). Returns the object
+        ``recap compress --json`` prints. Call it on ``BudgetError`` or on the provider's
+        context-overflow error, then retry the request once."""
+        from workers.compress import compress_now  # no Celery: the run, not the task
+
+        return compress_now(self.engine, self.settings, conversation_id, leaf, force)
+
+    def set_output_reserve(self, conversation_id: str, output_tokens: int | None) -> None:
+        """Keep ``output_tokens`` free for the reply in this conversation (0: none, as for a
+        model whose window is for input alone); None returns to the default rule."""
+        service.set_output_reserve(self.engine, conversation_id, output_tokens)
+
     def stats(self, conversation_id: str, *, leaf: int | None = None) -> dict[str, Any]:
         """Context pressure without calling any model."""
         return service.conversation_stats(self.engine, conversation_id, self.settings, leaf)

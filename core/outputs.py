@@ -15,7 +15,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +51,39 @@ def _private_folder(folder: Path) -> None:
         os.chmod(folder, FOLDER_MODE)
 
 
-def save_output(root: Path, text: str) -> Path:
+@dataclass
+class WriteJournal:
+    """The files one unit of work (an import, an add) created or refreshed, so a unit that fails
+    can take them back: created files are deleted, refreshed ones get their old times again.
+    Files that were there before the unit are never deleted, nor a created file that another
+    writer has refreshed since (its time moved on: someone else now uses it)."""
+
+    created: list[tuple[Path, int]] = field(default_factory=list)  # path, mtime once written
+    refreshed: list[tuple[Path, int, int]] = field(default_factory=list)  # path, atime, mtime
+
+    def undo(self) -> None:
+        """Delete what the unit created and restore the times of what it refreshed."""
+        for path, mtime_ns in reversed(self.created):
+            try:
+                if os.stat(path, follow_symlinks=False).st_mtime_ns == mtime_ns:
+                    path.unlink()
+            except FileNotFoundError:
+                continue
+        for path, atime_ns, mtime_ns in self.refreshed:
+            try:
+                os.utime(path, ns=(atime_ns, mtime_ns), follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+        self.created.clear()
+        self.refreshed.clear()
+
+
+def save_output(root: Path, text: str, journal: WriteJournal | None = None) -> Path:
     """Write a full output under ``root`` by its content hash; returns its absolute path.
 
     Writing the same text again only refreshes the file's time, so the retention counts from the
-    latest use. Raises ``OSError`` when the folder cannot be written.
+    latest use. Raises ``OSError`` when the folder cannot be written. ``journal`` records the
+    file as created or refreshed.
     """
     data = text.encode("utf-8")
     name = digest_of(data)
@@ -68,6 +96,8 @@ def save_output(root: Path, text: str) -> Path:
         info = os.stat(path, follow_symlinks=False)
         if stat.S_ISREG(info.st_mode) and info.st_size == len(data):
             os.utime(path)
+            if journal is not None:
+                journal.refreshed.append((path, info.st_atime_ns, info.st_mtime_ns))
             return path
     except FileNotFoundError:
         pass
@@ -79,6 +109,8 @@ def save_output(root: Path, text: str) -> Path:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    if journal is not None:
+        journal.created.append((path, os.stat(path, follow_symlinks=False).st_mtime_ns))
     return path
 
 
@@ -156,6 +188,7 @@ class Ingest:
     root: Path
     limits: Limits
     max_argument_chars: int
+    journal: WriteJournal | None = None  # set per unit of work by ``journaled``
     media_inline_bytes: int = MEDIA_INLINE_BYTES  # RECAP_MEDIA_INLINE_BYTES
 
     @classmethod
@@ -166,6 +199,10 @@ class Ingest:
             max_argument_chars=settings.max_argument_chars,
             media_inline_bytes=settings.media_inline_bytes,
         )
+
+    def journaled(self, journal: WriteJournal) -> Ingest:
+        """The same step, recording the files it writes in ``journal``."""
+        return replace(self, journal=journal)
 
     def __call__(self, message: dict[str, Any]) -> dict[str, Any]:
         """The message as it should be stored (a copy; the input is left as it is)."""
@@ -199,7 +236,7 @@ class Ingest:
 
     def _save(self, text: str, message: Mapping[str, Any]) -> str | None:
         try:
-            return str(save_output(self.root, text))
+            return str(save_output(self.root, text, self.journal))
         except OSError as exc:
             log.error(
                 "tool_output_not_saved",

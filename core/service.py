@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,8 @@ from core import assembly, media, outputs, policy, reads, store, tokens
 from core import budget as budgets
 from core import profile as profiles
 from core import snapshot as snapshots
-from core.db import session_scope
-from core.errors import InputError, RecapError
+from core.db import is_schema_missing, session_scope
+from core.errors import InputError, SchemaMissingError
 from core.models import utcnow
 from core.records import ClearingRec, Msg
 from core.settings import Settings, get_settings
@@ -28,16 +29,26 @@ Prepare = Callable[[dict[str, Any]], dict[str, Any]]
 log = logging.getLogger("recap.assemble")
 
 
-class SchemaMissingError(RecapError):
-    """The database has no Recap schema yet."""
-
-
 def _guard_schema(exc: Exception) -> None:
-    text = str(exc).lower()
-    if "no such table" in text or "does not exist" in text:
+    if is_schema_missing(exc):
         raise SchemaMissingError(
             "the database has no Recap schema; run `recap init` first"
         ) from None
+
+
+@contextmanager
+def _undone_on_error(prepare: Prepare | None) -> Iterator[Prepare | None]:
+    """The ingest step for one unit of work: if the unit fails, the output files it wrote are
+    deleted again (files that were there before are kept), so a refused import leaves none."""
+    if not isinstance(prepare, outputs.Ingest):
+        yield prepare
+        return
+    journal = outputs.WriteJournal()
+    try:
+        yield prepare.journaled(journal)
+    except BaseException:
+        journal.undo()
+        raise
 
 
 def read_import_file(path: Path) -> list[dict[str, Any]]:
@@ -67,14 +78,14 @@ def import_conversations(
 ) -> list[tuple[str, int]]:
     """Import records in one transaction: all of them, or none."""
     try:
-        with session_scope(engine) as session:
+        with _undone_on_error(prepare) as ingest, session_scope(engine) as session:
             return store.import_records(
                 session,
                 list(records),
                 default_model=settings.default_model,
                 model=model,
                 max_input_tokens=max_input_tokens,
-                prepare=prepare,
+                prepare=ingest,
             )
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
@@ -107,8 +118,8 @@ def add_message(
 ) -> int:
     """Append one message (or branch from ``parent_id``); returns its id."""
     try:
-        with session_scope(engine) as session:
-            return store.add_message(session, conversation_id, message, parent_id, prepare)
+        with _undone_on_error(prepare) as ingest, session_scope(engine) as session:
+            return store.add_message(session, conversation_id, message, parent_id, ingest)
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
         raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +11,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.errors import RecapError
+from core.limits import INT32_MAX
 from core.prompts import DEFAULT_SUMMARY_PROMPT, PREVIOUS_SUMMARY_PLACEHOLDER
 
 DEFAULT_BROKER_URL = "filesystem://"  # kombu's file transport: works across processes, no server
@@ -24,7 +26,11 @@ class Settings(BaseSettings):
     """Every knob of Recap; see the README's configuration table."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RECAP_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+        env_prefix="RECAP_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        allow_inf_nan=False,  # NaN would pass every bound below; infinity is never meant
     )
 
     database_url: str = "sqlite:///./recap.db"
@@ -142,6 +148,24 @@ class Settings(BaseSettings):
     def _url_has_scheme(cls, value: str) -> str:
         if "://" not in value:
             raise ValueError("must be an SQLAlchemy URL such as sqlite:///./recap.db")
+        from core.db import url_problem
+
+        problem = url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("*")
+    @classmethod
+    def _storable_number(cls, value: object) -> object:
+        """Every number setting is finite and within what its arithmetic and the database hold
+        (NaN passes any ``gt``/``ge`` bound it is compared with, and infinity passes them all)."""
+        if isinstance(value, float) and not (
+            math.isfinite(value) and abs(value) <= MAX_FLOAT_SETTING
+        ):
+            raise ValueError(f"must be a finite number no larger than {MAX_FLOAT_SETTING:g}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT32_MAX:
+            raise ValueError(f"must be at most {INT32_MAX}")
         return value
 
     @model_validator(mode="after")
@@ -167,6 +191,9 @@ class Settings(BaseSettings):
         return self.task_time_limit + self.retry_backoff_max + LEASE_GRACE_SECONDS
 
 
+# Largest float setting: 1e8 minutes is 190 years, and a cooldown that doubles from it still
+# fits a datetime; anything larger is a typo that would overflow date arithmetic.
+MAX_FLOAT_SETTING = 1e8
 LEASE_GRACE_SECONDS = 30  # room for the worker to notice its time limit and let go
 # Seconds between a run's own deadline (the soft limit) and the hard kill; a fifth of the limit
 # when that is less, so a short limit (tests, a fast model) still leaves the run most of it.
@@ -182,7 +209,7 @@ def load_settings(**overrides: object) -> Settings:
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"]) or "settings"
             name = f"RECAP_{field.upper()}" if error["loc"] else field
-            problems.append(f"{name}: {error['msg']}")
+            problems.append(f"{name}: {error['msg'].removeprefix('Value error, ')}")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from core import media
+from core import limits, media
 from core.errors import InputError
 from core.records import ROLES
 
@@ -37,7 +36,16 @@ def check_message(message: Any, where: str) -> dict[str, Any]:
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
             raise InputError(f"{where}: a tool message needs a tool_call_id")
+    _check_storable(message, where)
     return dict(message)
+
+
+def _check_storable(message: Mapping[str, Any], where: str) -> None:
+    """What both databases can hold: short names, text without NUL, finite numbers."""
+    for key in ("tool_call_id", "name"):
+        limits.check_name(message.get(key), f"{where}: {key}", optional=True)
+    for key, value in message.items():
+        limits.check_value(value, f"{where}: {key}")
 
 
 def _check_call(call: Any, where: str) -> None:
@@ -73,15 +81,17 @@ def check_record(record: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
     """Every message of one imported conversation, checked, with its tool pairs checked."""
     messages = [check_message(m, f"{where} message {i}") for i, m in enumerate(record["messages"])]
     check_tool_pairing(messages, where)
+    if record.get("id") is not None:
+        limits.check_name(str(record["id"]), f"{where}: id")
+    for key, value in record.items():
+        if key not in ("id", "messages"):
+            limits.check_value(value, f"{where}: {key}")
     return messages
 
 
 def parse_json_line(line: str, where: str) -> dict[str, Any]:
     """One line of an import file: a JSON object with a ``messages`` list."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+    record = limits.loads(line, where)
     if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
         raise InputError(f"{where}: expected an object with a 'messages' list")
     if "id" in record and not isinstance(record["id"], str | int):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -13,8 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 from core.errors import RecapError
+from core.limits import INT32_MAX, MESSAGE_ID_MAX, TOKENS_MAX
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -33,7 +36,41 @@ class _OnFirstUse:
 
 service: Any = _OnFirstUse("core.service")
 
+
+class _OneLineErrors(TyperGroup):
+    """Usage errors (a missing option, a value out of range) as one line on stderr, like every
+    other error: click's and typer's own rendering spans a usage block or a box."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except Exception as exc:  # typer vendors click: its exceptions are matched by shape
+            sys.exit(_usage_error(exc))
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(exc: Exception) -> int:
+    """Print a usage error as one line; its exit code. Anything else is re-raised."""
+    kind = type(exc).__name__
+    if kind == "NoArgsIsHelpError":
+        exc.show()  # type: ignore[attr-defined]  # `recap` alone prints the help
+    elif kind == "Abort":
+        typer.echo("recap: error: aborted", err=True)
+        return 1
+    elif hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int):
+        context = getattr(exc, "ctx", None)
+        hint = f" (see `{context.command_path} --help`)" if context is not None else ""
+        message = " ".join(exc.format_message().split())
+        typer.echo(f"recap: error: {message}{hint}", err=True)
+    else:
+        raise exc
+    return int(exc.exit_code)  # type: ignore[attr-defined]
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="recap",
     help="Keep LLM conversations inside their context window, compressed in the background.",
     no_args_is_help=True,
@@ -45,9 +82,36 @@ F = TypeVar("F", bound=Callable[..., Any])
 USER_ERRORS = (RecapError,)  # settings, model and input errors all derive from it
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+# Every integer option is bounded by the column it ends up in, on SQLite and PostgreSQL alike
+# (core.limits): message ids are 64-bit, token counts and windows 32-bit.
+MESSAGE_ID = {"min": 1, "max": MESSAGE_ID_MAX}
+WINDOW = {"min": 1, "max": TOKENS_MAX}
+TOKEN_COUNT = {"min": 0, "max": INT32_MAX}
 LeafOption = Annotated[
-    int | None, typer.Option("--leaf", help="Leaf message id of the branch (default: latest).")
+    int | None,
+    typer.Option("--leaf", help="Leaf message id of the branch (default: latest).", **MESSAGE_ID),
 ]
+WindowOption = Annotated[int | None, typer.Option(help="Window override (tokens).", **WINDOW)]
+MAX_DAYS = 36_500  # a hundred years: any longer retention or idle time is a typo
+
+
+def finite(low: float, high: float, *, open_low: bool) -> Callable[[str], float]:
+    """A parser for a float option: a finite number in ``low..high`` (``open_low`` excludes
+    ``low``). NaN would pass any comparison-based guard, so it is refused here, by type."""
+
+    def parse(text: str) -> float:
+        try:
+            number = float(text)
+        except ValueError:
+            raise typer.BadParameter(f"{text!r} is not a number") from None
+        too_low = number <= low if open_low else number < low
+        if not math.isfinite(number) or too_low or number > high:
+            bound = ">" if open_low else ">="
+            raise typer.BadParameter(f"{text} is not a finite number {bound} {low:g}, <= {high:g}")
+        return number
+
+    return parse
 
 
 @app.callback()
@@ -88,13 +152,77 @@ def handles_errors(func: F) -> F:
         except USER_ERRORS as exc:
             fail(str(exc))
         except Exception as exc:
-            from sqlalchemy.exc import OperationalError
-
-            if isinstance(exc, OperationalError):
-                fail(f"database error: {str(exc.orig).strip().splitlines()[0]}")
-            raise
+            message = _environment_error(exc)
+            if message is None:
+                raise
+            fail(message)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _environment_error(exc: Exception) -> str | None:
+    """One line for what is wrong around the command (database, broker, files), or None for a
+    defect, which keeps its traceback."""
+    if isinstance(exc, RecursionError):
+        return "the input is nested too deeply to read"
+    broker_error = _broker_error(exc)
+    if broker_error is not None:
+        return broker_error
+    if "sqlalchemy" in sys.modules:
+        from sqlalchemy.exc import DBAPIError
+
+        from core.db import INIT_HINT, is_schema_missing
+
+        if is_schema_missing(exc):
+            return f"the database has no Recap schema; {INIT_HINT}"
+        if isinstance(exc, DBAPIError):
+            reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+            return f"database error ({_database_named()}): {reason or type(exc.orig).__name__}"
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror or exc}{where}"
+    return None
+
+
+def _database_named() -> str:
+    """``RECAP_DATABASE_URL`` and its value, password hidden, for a database error."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(settings().database_url).render_as_string(hide_password=True)
+    return f"RECAP_DATABASE_URL={url}"
+
+
+def _broker_error(exc: Exception) -> str | None:
+    if "kombu" not in sys.modules:
+        return None
+    from kombu.exceptions import OperationalError
+
+    if not isinstance(exc, OperationalError):
+        return None
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"cannot reach the broker (RECAP_BROKER_URL): {reason}"
+
+
+# A broker that has not answered after these tries (about a second) is down: say so, rather
+# than let kombu retry for minutes or print its traceback.
+BROKER_CONNECT_RETRIES = 2
+BROKER_RETRY_SECONDS = 0.3
+BROKER_CONNECT_TIMEOUT = 2.0
+
+
+def require_broker() -> None:
+    """Check that the configured broker answers, with bounded retries, before a command sends
+    anything (or changes anything in the database on the way)."""
+    from workers.app import app as celery_app
+
+    with celery_app.connection_for_write() as connection:
+        connection.ensure_connection(
+            max_retries=BROKER_CONNECT_RETRIES,
+            interval_start=BROKER_RETRY_SECONDS,
+            interval_step=BROKER_RETRY_SECONDS,
+            interval_max=BROKER_RETRY_SECONDS,
+            timeout=BROKER_CONNECT_TIMEOUT,
+        )
 
 
 def settings() -> Settings:
@@ -108,11 +236,12 @@ def settings() -> Settings:
     return loaded
 
 
-def engine() -> Any:
-    """The engine for ``RECAP_DATABASE_URL``."""
+def engine(*, create: bool = False) -> Any:
+    """The engine for ``RECAP_DATABASE_URL``. Only ``create`` (``recap init``) creates an SQLite
+    file: any other command on a missing one says to run ``recap init`` and leaves no file."""
     from core.db import get_engine
 
-    return get_engine(settings().database_url)
+    return get_engine(settings().database_url, create=create)
 
 
 def emit(
@@ -167,7 +296,7 @@ def init(as_json: JsonFlag = False) -> None:
     """Create or migrate the database schema."""
     from core.migrate import upgrade
 
-    revision = upgrade(engine())
+    revision = upgrade(engine(create=True))
     url = engine().url.render_as_string(hide_password=True)
     emit(
         {"database": url, "revision": revision},
@@ -181,9 +310,7 @@ def init(as_json: JsonFlag = False) -> None:
 def import_(
     file: Annotated[Path, typer.Argument(help="JSON lines: {id?, messages: [...]} per line.")],
     model: Annotated[str | None, typer.Option(help="Host model of these conversations.")] = None,
-    max_input_tokens: Annotated[
-        int | None, typer.Option(help="Window override (tokens) for these conversations.")
-    ] = None,
+    max_input_tokens: WindowOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Import OpenAI-format conversations, all or nothing."""
@@ -218,7 +345,7 @@ def new(
         str | None, typer.Option("--id", help="Id (default: a UUID).")
     ] = None,
     model: Annotated[str | None, typer.Option(help="Host model.")] = None,
-    max_input_tokens: Annotated[int | None, typer.Option(help="Window override.")] = None,
+    max_input_tokens: WindowOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Create an empty conversation."""
@@ -240,7 +367,9 @@ def add(
     ] = None,
     name: Annotated[str | None, typer.Option(help="Tool name of a tool result.")] = None,
     tool_calls: Annotated[str | None, typer.Option(help="Assistant tool calls as JSON.")] = None,
-    parent: Annotated[int | None, typer.Option(help="Branch from this message id.")] = None,
+    parent: Annotated[
+        int | None, typer.Option(help="Branch from this message id.", **MESSAGE_ID)
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Append one message, or branch from --parent."""
@@ -264,16 +393,12 @@ def _message_from_options(
     if content is not None and content_file is not None:
         raise InputError("give --content or --content-file, not both")
     if content_file is not None:
-        try:
-            content = content_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read {content_file}: {exc}") from None
+        content = _read_text(content_file)
     message: dict[str, Any] = {"role": role, "content": content}
     if tool_calls is not None:
-        try:
-            message["tool_calls"] = json.loads(tool_calls)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--tool-calls is not valid JSON ({exc.msg})") from None
+        from core.limits import loads
+
+        message["tool_calls"] = loads(tool_calls, "--tool-calls")
     if tool_call_id is not None:
         message["tool_call_id"] = tool_call_id
     if name is not None:
@@ -297,7 +422,11 @@ def export(
 @handles_errors
 def sweep(
     idle_minutes: Annotated[
-        float | None, typer.Option(help="Idle time before clearing (default: RECAP_IDLE_MINUTES).")
+        float | None,
+        typer.Option(
+            help="Idle time before clearing (default: RECAP_IDLE_MINUTES).",
+            parser=finite(0, MAX_DAYS * 24 * 60, open_low=True),
+        ),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -315,7 +444,10 @@ def sweep(
 def cleanup(
     retention_days: Annotated[
         float | None,
-        typer.Option(help="Keep saved outputs this long (default: RECAP_OUTPUT_RETENTION_DAYS)."),
+        typer.Option(
+            help="Keep saved outputs this long (default: RECAP_OUTPUT_RETENTION_DAYS).",
+            parser=finite(0, MAX_DAYS, open_low=False),
+        ),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -347,7 +479,7 @@ def assemble(
         typer.Option(help="File shown just before the last user message (repeatable)."),
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model the request is for.")] = None,
-    max_input_tokens: Annotated[int | None, typer.Option(help="Window override (tokens).")] = None,
+    max_input_tokens: WindowOption = None,
     text_only: Annotated[bool, typer.Option(help="Render tool turns as plain text.")] = False,
     cache: Annotated[
         bool, typer.Option(help="Add Anthropic-style cache breakpoints after the prefix.")
@@ -397,11 +529,9 @@ def _read_text(path: Path) -> str:
 def _read_tools(path: Path) -> list[dict[str, Any]]:
     """Tool schemas from a JSON file: a list of objects, or an object with a ``tools`` list."""
     from core.errors import InputError
+    from core.limits import loads
 
-    try:
-        data = json.loads(_read_text(path))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+    data = loads(_read_text(path), str(path))
     if isinstance(data, dict):
         data = data.get("tools")
     if not isinstance(data, list) or not all(isinstance(tool, dict) for tool in data):
@@ -453,9 +583,15 @@ def summaries(
 @handles_errors
 def usage(
     conversation: Annotated[str, typer.Argument(help="Conversation id.")],
-    prompt_tokens: Annotated[int, typer.Option(help="Input tokens the provider reported.")],
-    completion_tokens: Annotated[int, typer.Option(help="Output tokens reported.")] = 0,
-    cached_tokens: Annotated[int, typer.Option(help="Cached input tokens reported.")] = 0,
+    prompt_tokens: Annotated[
+        int, typer.Option(help="Input tokens the provider reported.", **TOKEN_COUNT)
+    ],
+    completion_tokens: Annotated[
+        int, typer.Option(help="Output tokens reported.", **TOKEN_COUNT)
+    ] = 0,
+    cached_tokens: Annotated[
+        int, typer.Option(help="Cached input tokens reported.", **TOKEN_COUNT)
+    ] = 0,
     leaf: LeafOption = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -484,6 +620,7 @@ def compress(
     if enqueue:
         from workers.app import app as celery_app
 
+        require_broker()
         options = {"leaf_message_id": leaf, "force": force}
         task = celery_app.send_task("recap.compress_session", args=[conversation], kwargs=options)
         emit({"task_id": str(task.id)}, as_json, lambda: typer.echo(str(task.id)))
@@ -505,6 +642,7 @@ def reconcile(as_json: JsonFlag = False) -> None:
     from workers.compress import reconcile as reconcile_pass
     from workers.tasks import enqueue
 
+    require_broker()  # before the pass marks anything checked
     payload = reconcile_pass(engine(), settings(), enqueue)
     emit(payload, as_json, lambda: typer.echo(f"enqueued {payload['enqueued']}"))
 
@@ -618,7 +756,7 @@ def _enqueue_all(conversations: list[str], *, force: bool) -> list[str]:
 def replay(
     file: Annotated[Path, typer.Argument(help="Conversations in the import format (JSON lines).")],
     window: Annotated[
-        int | None, typer.Option(help="Window to replay at (default: the model's).")
+        int | None, typer.Option(help="Window to replay at (default: the model's).", **WINDOW)
     ] = None,
     idle_gap: Annotated[
         bool, typer.Option("--idle-gap", help="Insert one idle gap at each run's middle step.")
@@ -652,7 +790,9 @@ def replay(
 @app.command()
 @handles_errors
 def demo(
-    window: Annotated[int, typer.Option(help="Window of the demo conversation (tokens).")] = 6_000,
+    window: Annotated[
+        int, typer.Option(help="Window of the demo conversation (tokens).", **WINDOW)
+    ] = 6_000,
     chart: Annotated[Path, typer.Option(help="Where to write the PNG chart.")] = Path(
         ".recap/demo.png"
     ),

@@ -55,6 +55,8 @@ COUNT_CACHE_SIZE = 4_096  # rendered messages whose token counts are kept
 # or half the run is less): a summary cut off by the deadline is paid for and thrown away.
 CALL_FLOOR_SECONDS = 10
 DEADLINE_SLACK_SECONDS = 0.5  # a timeout this close to the deadline is the deadline's doing
+BUSY_FIRST_PAUSE = 0.05  # a host waiting for a worker's run checks the lease this soon
+BUSY_MAX_PAUSE = 1.0  # and then at most this far apart
 
 Clock = Callable[[], datetime]
 
@@ -875,6 +877,32 @@ def _log_retry_if_possible(run: Run, exc: RetryLater, started: float) -> None:
 
 def _ms(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
+
+
+def compress_now(
+    engine: Engine,
+    settings: Settings,
+    conversation_id: str,
+    leaf_message_id: int | None = None,
+    force: bool = False,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """``run_with_retries`` for a host that needs the next request to fit: when another run
+    holds the lease, wait for it to let go (at most a lease's lifetime), then run once more."""
+    result = run_with_retries(engine, settings, conversation_id, leaf_message_id, force)
+    if result["action"] != "busy":
+        return result
+    give_up = time.monotonic() + settings.lease_seconds
+    pause = BUSY_FIRST_PAUSE
+    while time.monotonic() < give_up:
+        sleep(pause)
+        pause = min(pause * 2, BUSY_MAX_PAUSE)
+        if lease.is_free(engine, conversation_id, utcnow()):
+            result = run_with_retries(engine, settings, conversation_id, leaf_message_id, force)
+            if result["action"] != "busy":
+                return result
+    return result
 
 
 def run_with_retries(

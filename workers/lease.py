@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, or_, update
+from sqlalchemy import Connection, Engine, and_, or_, select, update
 
 from core.db import session_scope
 from core.models import CONVERSATIONS
@@ -107,3 +107,17 @@ def release(engine: Engine, lease: Lease, *, force: bool = False) -> str:
     """``release_on`` in a short transaction of its own."""
     with session_scope(engine) as session:
         return release_on(session.connection(), lease, force=force)
+
+
+def is_free(engine: Engine, conversation_id: str, now: datetime) -> bool:
+    """Whether nobody holds a live lease on the conversation (one short read)."""
+    c = CONVERSATIONS.c
+    statement = select(c.lease_owner, c.lease_expires_at).where(c.id == conversation_id)
+    with session_scope(engine) as session:
+        row = session.connection().execute(statement).first()
+    if row is None or row[0] is None:
+        return True
+    expires = row[1]
+    if expires is not None and expires.tzinfo is None:
+        expires = expires.replace(tzinfo=now.tzinfo)
+    return expires is None or expires < now
