@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from core import assembly, service
-from core.db import get_engine
+from core.db import get_engine, require_schema
 from core.outputs import Ingest
 from core.settings import Settings, get_settings
 
@@ -22,9 +22,24 @@ from core.settings import Settings, get_settings
 class Recap:
     """Conversations in one database, read and written with one set of settings."""
 
-    def __init__(self, settings: Settings | None = None, engine: Engine | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        engine: Engine | None = None,
+        *,
+        create_schema: bool = False,
+    ) -> None:
+        """Open the database; a ``SchemaMissingError`` (``run recap init``) when it has no
+        Recap schema. ``create_schema=True`` creates or migrates it instead, as ``recap init``
+        does: for tests and single-process scripts (deployments run ``recap init`` once)."""
         self.settings = settings or get_settings()
-        self.engine = engine or get_engine(self.settings.database_url)
+        self.engine = engine or get_engine(self.settings.database_url, create=create_schema)
+        if create_schema:
+            from core.migrate import upgrade
+
+            upgrade(self.engine)
+        else:
+            require_schema(self.engine)
         self._ingest = Ingest.from_settings(self.settings)
 
     def new(
