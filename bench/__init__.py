@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Module names under bench/, run in this order.
-BENCHES: tuple[str, ...] = ("tokens", "sweep", "cache", "assemble", "add", "compress")
+BENCHES: tuple[str, ...] = ("tokens", "sweep", "cache", "assemble", "add", "compress", "load", "media")
 
 
 @dataclass(frozen=True)

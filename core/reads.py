@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Select, Text, and_, bindparam, func, or_, sel
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlmodel import Session
 
-from core import assembly, store
+from core import assembly, media, store
 from core.branch import applicable_summary, branch_ids
 from core.errors import NotFoundError
 from core.models import CONVERSATIONS, MESSAGES
@@ -32,6 +32,7 @@ COLUMNS = tuple(
     for column in store.MESSAGE_COLUMNS
 )
 ROLE, TOKENS, TOOL_CALLS, TOOL_CALL_ID = 2, 4, 5, 6  # positions in store.MESSAGE_COLUMNS
+PARTS = [column.name for column in store.MESSAGE_COLUMNS].index("content_parts")
 # Statements built once, with parameters: building one costs several times what running it does.
 _IN_CONVERSATION = MESSAGES.c.conversation_id == bindparam("conversation_id")
 _HEAD = select(CONVERSATIONS.c.model, CONVERSATIONS.c.max_input_tokens).where(
@@ -178,6 +179,8 @@ def _omittable(
         row = rows.by_id[mid]
         cleared = clearings.get(mid)
         count = row[TOKENS] - (cleared.tokens_reclaimed if cleared is not None else 0)
+        if cleared is None and _holds_media(row[PARTS]):
+            count = 0  # its media may be sent as placeholders: only a lower bound is known
         seen[0] += 1
         seen[1] += count
         return row[ROLE], count, row[TOOL_CALL_ID]
@@ -241,6 +244,16 @@ class _Rows:
             path,
             size,
         )
+
+
+def _holds_media(parts: Any) -> bool:
+    """Whether stored content parts hold media (``core.media``), from the column's text or its
+    decoded value, without decoding the text."""
+    if isinstance(parts, str):
+        return f'"{media.META_KEY}"' in parts
+    return isinstance(parts, list) and any(
+        isinstance(p, dict) and media.META_KEY in p for p in parts
+    )
 
 
 def plain_rows(

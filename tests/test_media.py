@@ -544,3 +544,13 @@ def test_settings_defaults(settings: Settings) -> None:
     assert (settings.keep_media, settings.max_request_bytes) == (2, 20_000_000)
     assert settings.media_inline_bytes == 32_768
     assert os.environ.get("RECAP_KEEP_MEDIA") is None
+
+
+def test_unrecorded_media_does_not_cut_history(sqlite_engine: Engine) -> None:
+    """Forty screenshots at a 32k window: their full counts exceed the window, but the first
+    request (before any ageing is recorded) still keeps every turn, images aged."""
+    _import(sqlite_engine, screenshot_turns(40, pad=0), window=32_000)
+    request = service.assemble(sqlite_engine, "v", get_settings())
+    assert request.dropped_message_ids == [] and not request.truncated
+    assert len(request.messages) == 81
+    assert request.tokens.media == 2 * 1105
