@@ -1,4 +1,5 @@
-"""Operations end to end: task logs as an operator reads them, and Flower re-running a task.
+"""Operations end to end: task logs as an operator reads them. Flower finding and re-running a
+failed task is in test_failures.py, which shares this module's stack and Flower helpers.
 
 A real worker runs as a child process (``celery -A workers.app worker``) on Redis, over a real
 database, calling the local model server through litellm; Flower runs as another child process.
@@ -28,7 +29,7 @@ from core import service
 from core.db import make_engine
 from core.migrate import upgrade
 from core.settings import get_settings
-from tests.llm_server import LLMServer, Reply
+from tests.llm_server import LLMServer
 from tests.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -238,44 +239,3 @@ def _http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[in
         return exc.code, None
     except OSError:
         return 0, None
-
-
-def test_flower_reruns_a_failed_compression(services: tuple[str, str], tmp_path: Path) -> None:
-    """A compress_session that failed (the model answered 500, no attempts left) succeeds when
-    re-run through Flower's HTTP API with its JSON arguments."""
-    pytest.importorskip("flower", reason="flower is in the dev extra")
-    with stack(*services, tmp_path, RECAP_MAX_ATTEMPTS="1") as s:
-        cid = s.new_conversation()
-        s.server.script(Reply(status=500))
-        failed = _enqueue(s, cid)
-        assert failed["action"] == "failed", failed
-        assert service.list_summaries(s.engine, cid) == []
-        port = free_port()
-        flower = _flower(s.env, port, tmp_path / "flower.log")
-        base = f"http://127.0.0.1:{port}"
-        try:
-            _wait(
-                lambda: _http("GET", f"{base}/api/workers")[0] == 200,
-                READY_TIMEOUT,
-                "Flower to answer",
-            )
-            assert _http("GET", f"{base}/api/workers")[0] == 200
-            unauthenticated = urllib.request.Request(f"{base}/api/workers")
-            with pytest.raises(urllib.error.HTTPError):
-                urllib.request.urlopen(unauthenticated, timeout=10)
-            status, sent = _http(
-                "POST", f"{base}/api/task/async-apply/recap.compress_session", {"args": [cid]}
-            )
-            assert status == 200, (status, (tmp_path / "flower.log").read_text()[-2000:])
-            task_id = sent["task-id"]
-
-            def finished() -> Any:
-                code, body = _http("GET", f"{base}/api/task/result/{task_id}")
-                return body if code == 200 and body and body.get("state") == "SUCCESS" else None
-
-            result = _wait(finished, 90, "the re-run to finish")
-        finally:
-            stop_group(flower)
-    assert result["result"]["action"] == "summarized", result
-    summaries = service.list_summaries(s.engine, cid)
-    assert len(summaries) == 1

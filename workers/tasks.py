@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from celery.signals import before_task_publish, celeryd_init, worker_process_init
+from celery.signals import celeryd_init, task_received, worker_process_init
 from sqlalchemy import Engine
 
 from core.db import dispose_engines, get_engine
@@ -95,15 +95,15 @@ def _run(
     return {k: redact(v, secrets) if isinstance(v, str) else v for k, v in payload.items()}
 
 
-@before_task_publish.connect
-def _json_reprs(headers: dict[str, Any] | None = None, body: Any = None, **_: Any) -> None:
+@task_received.connect
+def _json_reprs(request: Any = None, **_: Any) -> None:
     """Flower shows a compress task's arguments as JSON (the conversation id first), which is
-    also what its API takes to run the task again; Celery's default is Python's repr."""
-    if not headers or headers.get("task") != COMPRESS_TASK:
+    what its API takes to run the task again; Celery's default is Python's repr. Set on the
+    worker, before its ``task-received`` event, so it holds whoever sent the task."""
+    if request is None or request.name != COMPRESS_TASK:
         return
-    if isinstance(body, list | tuple) and len(body) >= 2:
-        headers["argsrepr"] = json.dumps(list(body[0]))
-        headers["kwargsrepr"] = json.dumps(dict(body[1]))
+    request._argsrepr = json.dumps(list(request.args or ()))
+    request._kwargsrepr = json.dumps(dict(request.kwargs or {}))
 
 
 @app.task(name=RECONCILE_TASK)
