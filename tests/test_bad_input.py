@@ -133,23 +133,57 @@ def _integer_rows() -> list[Row]:
         Row("stats-leaf-huge", ("stats", "c", "--leaf", "9" * 30), USAGE, "--leaf"),
         Row("assemble-leaf-negative", ("assemble", "c", "--leaf", "-1"), USAGE, "--leaf"),
         Row("compress-leaf-over-int64", ("compress", "c", "--leaf", OVER_INT64), USAGE, "--leaf"),
-        Row("usage-leaf-over-int64", ("usage", "c", "--prompt-tokens", "5", "--leaf", OVER_INT64),
-            USAGE, "--leaf"),  # fmt: skip
-        Row("assemble-window-zero", ("assemble", "c", "--max-input-tokens", "0"), USAGE,
-            "--max-input-tokens"),  # fmt: skip
-        Row("new-window-over-int32", ("new", "--id", "n", "--max-input-tokens", OVER_INT32),
-            USAGE, "--max-input-tokens", both=True),  # fmt: skip
-        Row("new-window-over-int64", ("new", "--id", "n", "--max-input-tokens", OVER_INT64),
-            USAGE, "--max-input-tokens"),  # fmt: skip
-        Row("import-window-zero", ("import", "{good_then_bad_import}", "--max-input-tokens", "0"),
-            USAGE, "--max-input-tokens"),  # fmt: skip
-        Row("usage-over-int32", ("usage", "c", "--prompt-tokens", OVER_INT32), USAGE,
-            "--prompt-tokens", both=True),  # fmt: skip
+        Row(
+            "usage-leaf-over-int64",
+            ("usage", "c", "--prompt-tokens", "5", "--leaf", OVER_INT64),
+            USAGE,
+            "--leaf",
+        ),
+        Row(
+            "assemble-window-zero",
+            ("assemble", "c", "--max-input-tokens", "0"),
+            USAGE,
+            "--max-input-tokens",
+        ),
+        Row(
+            "new-window-over-int32",
+            ("new", "--id", "n", "--max-input-tokens", OVER_INT32),
+            USAGE,
+            "--max-input-tokens",
+            both=True,
+        ),
+        Row(
+            "new-window-over-int64",
+            ("new", "--id", "n", "--max-input-tokens", OVER_INT64),
+            USAGE,
+            "--max-input-tokens",
+        ),
+        Row(
+            "import-window-zero",
+            ("import", "{good_then_bad_import}", "--max-input-tokens", "0"),
+            USAGE,
+            "--max-input-tokens",
+        ),
+        Row(
+            "usage-over-int32",
+            ("usage", "c", "--prompt-tokens", OVER_INT32),
+            USAGE,
+            "--prompt-tokens",
+            both=True,
+        ),
         Row("usage-negative", ("usage", "c", "--prompt-tokens", "-1"), USAGE, "--prompt-tokens"),
-        Row("usage-cached-over-int32", ("usage", "c", "--prompt-tokens", "1", "--cached-tokens",
-            OVER_INT32), USAGE, "--cached-tokens"),  # fmt: skip
-        Row("replay-window-zero", ("replay", "{good_then_bad_import}", "--window", "0"), USAGE,
-            "--window"),  # fmt: skip
+        Row(
+            "usage-cached-over-int32",
+            ("usage", "c", "--prompt-tokens", "1", "--cached-tokens", OVER_INT32),
+            USAGE,
+            "--cached-tokens",
+        ),
+        Row(
+            "replay-window-zero",
+            ("replay", "{good_then_bad_import}", "--window", "0"),
+            USAGE,
+            "--window",
+        ),
         Row("demo-window-over-int32", ("demo", "--window", OVER_INT32), USAGE, "--window"),
     ]
 
@@ -201,8 +235,13 @@ def _database_rows() -> list[Row]:
         ("sweep",),
     ]
     return [
-        Row(f"missing-db-{args[0]}", args, FAILED, "recap init",
-            env={"RECAP_DATABASE_URL": "{missing_db}"})  # fmt: skip
+        Row(
+            f"missing-db-{args[0]}",
+            args,
+            FAILED,
+            "recap init",
+            env={"RECAP_DATABASE_URL": "{missing_db}"},
+        )
         for args in commands
     ]
 
@@ -223,42 +262,91 @@ def _json_rows() -> list[Row]:
         Row("import-not-object", ("import", "{not_object_import}"), FAILED, "messages"),
         Row("import-bad-role", ("import", "{bad_role_import}"), FAILED, "unknown role"),
         Row("import-content-number", ("import", "{bad_content_import}"), FAILED, "content"),
-        Row("tools-not-list", ("assemble", "c", "--tools", "{tools_not_list}"), FAILED,
-            "tool schemas"),  # fmt: skip
-        Row("import-fails-after-good-record", ("import", "{good_then_bad_import}"), FAILED,
-            "'c' already exists", both=True),  # fmt: skip
+        Row(
+            "tools-not-list",
+            ("assemble", "c", "--tools", "{tools_not_list}"),
+            FAILED,
+            "tool schemas",
+        ),
+        Row(
+            "import-fails-after-good-record",
+            ("import", "{good_then_bad_import}"),
+            FAILED,
+            "'c' already exists",
+            both=True,
+        ),
     ]
 
 
 def _text_rows() -> list[Row]:
     add = ("add", "c", "--role")
     return [
-        Row("content-file-nul", (*add, "user", "--content-file", "{nul_text}"), FAILED,
-            "message: content contains a NUL character", both=True),  # fmt: skip
+        Row(
+            "content-file-nul",
+            (*add, "user", "--content-file", "{nul_text}"),
+            FAILED,
+            "message: content contains a NUL character",
+            both=True,
+        ),
         Row("import-nul", ("import", "{nul_import}"), FAILED, "content contains a NUL", both=True),
         Row("import-surrogate", ("import", "{surrogate_import}"), FAILED, "surrogate", both=True),
         Row("new-id-256", ("new", "--id", "x" * 256), FAILED, "conversation id is 256", both=True),
         Row("import-id-256", ("import", "{long_id_import}"), FAILED, "id is 256", both=True),
-        Row("new-model-256", ("new", "--id", "n", "--model", "m" * 256, "--max-input-tokens",
-            "1000"), FAILED, "model is 256", both=True),  # fmt: skip
-        Row("tool-call-id-256", (*add, "tool", "--tool-call-id", "t" * 256, "--content", "x"),
-            FAILED, "tool_call_id is 256", both=True),  # fmt: skip
-        Row("name-300", (*add, "user", "--name", "n" * 300, "--content", "x"), FAILED,
-            "name is 300", both=True),  # fmt: skip
+        Row(
+            "new-model-256",
+            ("new", "--id", "n", "--model", "m" * 256, "--max-input-tokens", "1000"),
+            FAILED,
+            "model is 256",
+            both=True,
+        ),
+        Row(
+            "tool-call-id-256",
+            (*add, "tool", "--tool-call-id", "t" * 256, "--content", "x"),
+            FAILED,
+            "tool_call_id is 256",
+            both=True,
+        ),
+        Row(
+            "name-300",
+            (*add, "user", "--name", "n" * 300, "--content", "x"),
+            FAILED,
+            "name is 300",
+            both=True,
+        ),
         Row("unknown-role", (*add, "wizard", "--content", "x"), FAILED, "unknown role"),
         Row("empty-role", (*add, "", "--content", "x"), FAILED, "unknown role"),
-        Row("tool-without-call", (*add, "tool", "--tool-call-id", "nope", "--content", "x"),
-            FAILED, "answers no earlier call"),  # fmt: skip
-        Row("unknown-conversation", ("add", "nope", "--role", "user", "--content", "x"), FAILED,
-            "unknown conversation"),  # fmt: skip
+        Row(
+            "tool-without-call",
+            (*add, "tool", "--tool-call-id", "nope", "--content", "x"),
+            FAILED,
+            "answers no earlier call",
+        ),
+        Row(
+            "unknown-conversation",
+            ("add", "nope", "--role", "user", "--content", "x"),
+            FAILED,
+            "unknown conversation",
+        ),
         Row("export-unknown", ("export", "nope"), FAILED, "unknown conversation"),
-        Row("leaf-not-in-conversation", ("export", "c", "--leaf", "999999"), FAILED,
-            "not in conversation"),  # fmt: skip
+        Row(
+            "leaf-not-in-conversation",
+            ("export", "c", "--leaf", "999999"),
+            FAILED,
+            "not in conversation",
+        ),
         Row("conversation-exists", ("new", "--id", "c"), FAILED, "already exists"),
-        Row("unknown-model", ("new", "--id", "n", "--model", "no-such-model-xyz"), FAILED,
-            "no-such-model-xyz"),  # fmt: skip
-        Row("content-and-file", (*add, "user", "--content", "x", "--content-file", "{nul_text}"),
-            FAILED, "not both"),  # fmt: skip
+        Row(
+            "unknown-model",
+            ("new", "--id", "n", "--model", "no-such-model-xyz"),
+            FAILED,
+            "no-such-model-xyz",
+        ),
+        Row(
+            "content-and-file",
+            (*add, "user", "--content", "x", "--content-file", "{nul_text}"),
+            FAILED,
+            "not both",
+        ),
     ]
 
 
@@ -274,8 +362,12 @@ def _file_rows() -> list[Row]:
         Row("import-empty", ("import", "{empty_import}"), FAILED, "no conversations"),
         Row("replay-missing", ("replay", "{missing}"), FAILED, "cannot read"),
         Row("tools-missing", ("assemble", "c", "--tools", "{missing}"), FAILED, "cannot read"),
-        Row("context-file-directory", ("assemble", "c", "--context-file", "{dir}"), FAILED,
-            "cannot read"),  # fmt: skip
+        Row(
+            "context-file-directory",
+            ("assemble", "c", "--context-file", "{dir}"),
+            FAILED,
+            "cannot read",
+        ),
     ]
 
 
@@ -291,8 +383,14 @@ def _usage_rows() -> list[Row]:
 def _broker_rows() -> list[Row]:
     down = {"RECAP_BROKER_URL": "redis://127.0.0.1:1/0"}
     return [
-        Row("enqueue-broker-down", ("compress", "c", "--enqueue"), FAILED, "broker", env=down,
-            process=True),  # fmt: skip
+        Row(
+            "enqueue-broker-down",
+            ("compress", "c", "--enqueue"),
+            FAILED,
+            "broker",
+            env=down,
+            process=True,
+        ),
         Row("reconcile-broker-down", ("reconcile",), FAILED, "broker", env=down, process=True),
     ]
 
@@ -317,8 +415,10 @@ def snapshot(engine: Engine, tmp: Path) -> dict[str, Any]:
             for name, table in metadata.tables.items()
         }
     files = {
-        str(path.relative_to(tmp)): (hashlib.sha256(path.read_bytes()).hexdigest(),
-                                     path.stat().st_mtime_ns)  # fmt: skip
+        str(path.relative_to(tmp)): (
+            hashlib.sha256(path.read_bytes()).hexdigest(),
+            path.stat().st_mtime_ns,
+        )
         for path in sorted(tmp.rglob("*"))
         if path.is_file() and not path.name.startswith(SEEDED_DB)
     }
@@ -361,8 +461,12 @@ def _run(row: Row, paths: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Re
     return recap(*args)
 
 
-@pytest.mark.parametrize(("row", "seeded"), [(c.values[0], c.values[1]) for c in CASES],
-                         ids=[c.id for c in CASES], indirect=["seeded"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("row", "seeded"),
+    [(c.values[0], c.values[1]) for c in CASES],
+    ids=[c.id for c in CASES],
+    indirect=["seeded"],
+)
 def test_bad_input_is_one_line_and_changes_nothing(
     row: Row, seeded: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -392,8 +496,12 @@ def test_limits_match_the_columns() -> None:
     window = CONVERSATIONS.c.max_input_tokens.type
     assert isinstance(window, Integer) and not isinstance(window, BigInteger)
     assert limits.TOKENS_MAX == 2**31 - 1
-    for column in (CONVERSATIONS.c.id, CONVERSATIONS.c.model, MESSAGES.c.tool_call_id,
-                   MESSAGES.c.name):  # fmt: skip
+    for column in (
+        CONVERSATIONS.c.id,
+        CONVERSATIONS.c.model,
+        MESSAGES.c.tool_call_id,
+        MESSAGES.c.name,
+    ):
         assert getattr(column.type, "length", None) == limits.NAME_MAX_CHARS, column
     widths = {
         type(column.type)
@@ -439,8 +547,7 @@ def test_check_value_accepts_what_both_databases_store(value: Any) -> None:
 
 @pytest.mark.parametrize(
     ("text", "fragment"),
-    [("{", "malformed JSON"), ("[NaN]", "NaN"), ("[Infinity]", "Infinity"),
-     ("[" * DEEP, "nested")],  # fmt: skip
+    [("{", "malformed JSON"), ("[NaN]", "NaN"), ("[Infinity]", "Infinity"), ("[" * DEEP, "nested")],
 )
 def test_loads_turns_every_bad_document_into_one_input_error(text: str, fragment: str) -> None:
     """Malformed text, non-JSON constants and any depth are an InputError, never a crash."""
@@ -480,9 +587,7 @@ def test_client_on_an_uninitialized_postgres(postgres_url: str) -> None:
     assert Recap(settings, create_schema=True).new("x") == "x"
 
 
-def test_failed_import_keeps_files_it_did_not_create(
-    sqlite_engine: Engine, tmp_path: Path
-) -> None:
+def test_failed_import_keeps_files_it_did_not_create(sqlite_engine: Engine, tmp_path: Path) -> None:
     """An import that fails deletes the output it wrote, and gives a file that already held the
     same content its old time back, instead of deleting it."""
     seed = tmp_path / "seed.jsonl"

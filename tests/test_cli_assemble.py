@@ -138,7 +138,7 @@ BAD: list[tuple[list[str], str]] = [
     (["assemble", "c", "--tools", "missing.json"], "cannot read"),
     (["assemble", "c", "--context-file", "missing.md"], "cannot read"),
     (["assemble", "c", "--max-input-tokens", "20"], "last user message"),
-    (["assemble", "c", "--max-input-tokens", "0"], "must be positive"),
+    (["assemble", "c", "--max-input-tokens", "0"], "--max-input-tokens"),
     (["assemble", "c", "--model", "no-such-model"], "unknown model"),
 ]
 
