@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from core import media, render, tokens
+from core import media, reasoning, render, tokens
 from core.errors import BudgetError, InputError
 from core.placeholders import cleared_placeholder
 from core.prompts import SUMMARY_MESSAGE_PREFIX
@@ -48,6 +48,9 @@ SYSTEM_ROLES = ("system", "developer")
 # accepts a user message anywhere, while a system message after the first is rejected by several
 # chat templates and folded into the system prompt by others (which would move it out of order).
 ADDED_ROLE = "user"
+# A clearing of this reason records that an older assistant message's thinking is no longer sent
+# (its turn ended), with the tokens that saves: decisions that read no content plan without it.
+REASONING_CLEARING = "reasoning"
 GAP_NOTE = "[Earlier messages of this conversation are left out here to fit the context window.]"
 COUNT_CACHE_SIZE = 512  # distinct system prompts, summaries, reminders and files kept counted
 
@@ -72,6 +75,7 @@ class TokenBreakdown:
     reminder: int
     total: int
     media: int = 0  # images, audio and files sent in full (not in ``history``)
+    reasoning: int = 0  # reasoning and thinking content sent (not in ``history``)
 
     def as_dict(self) -> dict[str, int]:
         """The breakdown as the CLI prints it."""
@@ -83,6 +87,7 @@ class TokenBreakdown:
             "tools": self.tools,
             "reminder": self.reminder,
             "media": self.media,
+            "reasoning": self.reasoning,
             "total": self.total,
         }
 
@@ -103,6 +108,9 @@ class AssembledRequest:
     media_aged: tuple[tuple[int, int], ...] = ()
     truncated: bool = False  # older history was left out to fit the budget (never silently)
     truncated_tokens: int = 0  # stored tokens of the older messages left out (as far as read)
+    # Older assistant messages whose thinking this request no longer sends: (id, tokens), to
+    # record as ``reasoning`` clearings so that decisions without content plan without them.
+    reasoning_dropped: tuple[tuple[int, int], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of ``recap assemble --json``."""
@@ -203,6 +211,10 @@ def assemble(
     )
     split = _last_user_unit(units)
     older, tail = units[:split], units[split:]
+    family = reasoning.family_of(model)
+    reasoning_dropped = _drop_reasoning(
+        older, tail, cleared, family, model=model, text_only=text_only
+    )
 
     summary_message, summary_tokens = _summary_part(summary, encoding)
     reminder_message = {"role": ADDED_ROLE, "content": reminder} if reminder else None
@@ -218,7 +230,9 @@ def assemble(
     room = budget - fixed - tail_tokens
     context, context_tokens, forgotten = _fit_context(context_files, room, encoding)
     room -= context_tokens
-    parts = _Parts(context, tail, cleared, missing_outputs, encoding, repeated)
+    parts = _Parts(
+        context, tail, cleared, missing_outputs, encoding, repeated, family, text_only
+    )
     fitted = _fit_history(older, room, parts, cut=bool(omitted))
     history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
     if fixed + history_tokens + context_tokens > budget:  # the tail's fresh call ids did it
@@ -231,6 +245,8 @@ def assemble(
     finished = media.finish(messages, policy, model=model, count=_media_counter(model))
     messages = finished.messages
     history_tokens += finished.tokens_delta - finished.media_tokens
+    reasoning_tokens = sum(tokens.count_reasoning(m, encoding) for m in messages)
+    history_tokens -= reasoning_tokens
     if cache_breakpoints:
         _mark_prefix(messages, system_message is not None, summary_message is not None)
 
@@ -243,7 +259,8 @@ def assemble(
         tools=tools_tokens,
         reminder=reminder_tokens,
         media=finished.media_tokens,
-        total=fixed + history_tokens + context_tokens + finished.media_tokens,
+        reasoning=reasoning_tokens,
+        total=fixed + history_tokens + context_tokens + finished.media_tokens + reasoning_tokens,
     )
     return AssembledRequest(
         messages=messages,
@@ -256,6 +273,7 @@ def assemble(
         media_aged=media_aged,
         truncated=bool(omitted) or kept_from > 0,
         truncated_tokens=sum(unit.tokens for unit in older[:kept_from]),
+        reasoning_dropped=reasoning_dropped,
     )
 
 
@@ -650,6 +668,8 @@ class _Parts:
     missing_outputs: Collection[str]
     encoding: str
     repeated_call_ids: bool  # some call id is used twice among the messages considered
+    family: str = reasoning.OPENAI  # what reasoning the provider takes back (core.reasoning)
+    text_only: bool = False  # a text-only request sends no reasoning
 
 
 @dataclass(frozen=True, slots=True)
@@ -675,9 +695,9 @@ def _fit_history(older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bool)
 def _history_within(older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bool) -> _Fitted:
     start, gap_tokens = _fit_older(older, room, parts.encoding, cut=cut)
     messages = [{"role": ADDED_ROLE, "content": GAP_NOTE}] if gap_tokens else []
-    _extend(messages, older[start:], parts.clearings, parts.missing_outputs)
+    _extend(messages, older[start:], parts, in_progress=False)
     messages.extend(parts.context)
-    _extend(messages, parts.tail, parts.clearings, parts.missing_outputs)
+    _extend(messages, parts.tail, parts, in_progress=True)
     renamed = unique_call_ids(messages, parts.encoding) if parts.repeated_call_ids else 0
     kept_tokens = sum(unit.tokens for unit in older[start:])
     return _Fitted(start, gap_tokens, kept_tokens, messages, renamed)
@@ -724,14 +744,70 @@ def unique_call_ids(messages: list[dict[str, Any]], encoding: str) -> int:
 
 
 def _extend(
-    messages: list[dict[str, Any]],
-    units: Sequence[_Unit],
-    clearings: Mapping[int, ClearingRec],
-    missing_outputs: Collection[str],
+    messages: list[dict[str, Any]], units: Sequence[_Unit], parts: _Parts, *, in_progress: bool
 ) -> None:
+    """The units' messages as sent, with the reasoning the provider takes back and no other."""
     for unit in units:
         for item in unit.items:
-            messages.append(_render(item, clearings, missing_outputs))
+            out = _render(item, parts.clearings, parts.missing_outputs)
+            if isinstance(item, Msg) and (item.extra or item.content_parts):
+                out = reasoning.as_sent(
+                    out, parts.family, in_progress=in_progress, text_only=parts.text_only
+                )
+            messages.append(out)
+
+
+def _drop_reasoning(
+    older: Sequence[_Unit],
+    tail: Sequence[_Unit],
+    clearings: Mapping[int, ClearingRec],
+    family: str,
+    *,
+    model: str,
+    text_only: bool,
+) -> tuple[tuple[int, int], ...]:
+    """Take out of the units' stored counts the reasoning this request does not send (a stored
+    count holds what the message sends while its turn is in progress: ``tokens.count_reasoning``).
+
+    Returns the older messages whose thinking is left out and not yet recorded: (id, tokens).
+    """
+    records: list[tuple[int, int]] = []
+    for in_progress, units in ((False, older), (True, tail)):
+        for unit in units:
+            item = unit.items[0]
+            if not isinstance(item, Msg) or item.role != "assistant":
+                continue
+            if not (item.extra or item.content_parts):
+                continue
+            clearing = clearings.get(item.id)
+            dropped = _reasoning_dropped(
+                item, clearing, family, model=model, in_progress=in_progress, text_only=text_only
+            )
+            unit.tokens -= dropped
+            if dropped and clearing is None and not in_progress and not text_only:
+                records.append((item.id, dropped))
+    return tuple(records)
+
+
+def _reasoning_dropped(
+    message: Msg,
+    clearing: ClearingRec | None,
+    family: str,
+    *,
+    model: str,
+    in_progress: bool,
+    text_only: bool,
+) -> int:
+    """Tokens of the message's stored count that hold reasoning this request does not send."""
+    if clearing is not None and clearing.reason == REASONING_CLEARING and not text_only:
+        return 0 if in_progress else clearing.tokens_reclaimed
+    raw = message.to_openai()
+    if not reasoning.carries(raw):
+        return 0
+    encoding = tokens.encoding_name_for(model)
+    sent = reasoning.as_sent(raw, family, in_progress=in_progress, text_only=text_only)
+    stored = tokens.count_reasoning(raw, encoding, model=model)
+    return max(stored - tokens.count_reasoning(sent, encoding), 0)
 
 
 def _mark_prefix(messages: list[dict[str, Any]], has_system: bool, has_summary: bool) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import tiktoken
 
-from core import media
+from core import media, reasoning
 from core.errors import RecapError
 
 O200K = "o200k_base"
@@ -104,7 +104,7 @@ def content_text(content: Any) -> str:
 def count_message(message: Mapping[str, Any], encoding: str, *, model: str | None = None) -> int:
     """Tokens one OpenAI-format message costs in a request, overheads included; media parts
     (images, audio, files) by the published rule of ``model``'s provider family
-    (``core.media.part_tokens``)."""
+    (``core.media.part_tokens``); reasoning and thinking content as ``count_reasoning`` says."""
     total = TOKENS_PER_MESSAGE + count_short(str(message.get("role", "")), encoding)
     content = message.get("content")
     total += count_text(content_text(content), encoding)
@@ -118,7 +118,43 @@ def count_message(message: Mapping[str, Any], encoding: str, *, model: str | Non
         total += count_text(str(tool_call_id), encoding)
     for call in message.get("tool_calls") or ():
         total += count_tool_call(call, encoding)
-    return total
+    return total + count_reasoning(message, encoding, model=model)
+
+
+TOKENS_PER_REASONING_BLOCK = 3  # a thinking block's type tag, or the reasoning field's key
+REASONING_CACHE_SIZE = 2_048  # reasoning texts kept counted: a request resends the same ones
+
+
+@lru_cache(maxsize=REASONING_CACHE_SIZE)
+def _count_reasoning_text(text: str, encoding: str) -> int:
+    return count_text(text, encoding)
+
+
+def count_reasoning(message: Mapping[str, Any], encoding: str, *, model: str | None = None) -> int:
+    """Tokens of the reasoning and thinking content in a message's count (``core.reasoning``).
+
+    With ``model``: what that model's family sends of it while the message is in the turn in
+    progress, the most it is ever sent (a stored count; assembly subtracts what it drops).
+    Without: every reasoning string the message carries (a message as it is sent).
+    """
+    if not reasoning.carries(message):
+        return 0
+    if model is not None:
+        message = reasoning.as_sent(
+            dict(message), reasoning.family_of(model), in_progress=True
+        )
+    return sum(
+        _count_reasoning_text(text, encoding) + (TOKENS_PER_REASONING_BLOCK if first else 0)
+        for text, first in reasoning.strings(message)
+    )
+
+
+def count_basis(message: Mapping[str, Any], encoding: str, *, model: str | None = None) -> str:
+    """What ``count_message(message, encoding, model=model)`` was made with, as the ``encoding``
+    column stores it: the encoding, and the reasoning family when the message carries reasoning
+    (``core.reasoning.basis``; ``all`` without a model: every reasoning string counted)."""
+    family = reasoning.family_of(model) if model is not None else reasoning.ALL
+    return reasoning.basis(encoding, family, message)
 
 
 def count_tool_call(call: Mapping[str, Any], encoding: str) -> int:
