@@ -230,9 +230,7 @@ def assemble(
     room = budget - fixed - tail_tokens
     context, context_tokens, forgotten = _fit_context(context_files, room, encoding)
     room -= context_tokens
-    parts = _Parts(
-        context, tail, cleared, missing_outputs, encoding, repeated, family, text_only
-    )
+    parts = _Parts(context, tail, cleared, missing_outputs, encoding, repeated, family, text_only)
     fitted = _fit_history(older, room, parts, cut=bool(omitted))
     history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
     if fixed + history_tokens + context_tokens > budget:  # the tail's fresh call ids did it
