@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from core import assembly, media, outputs, policy, reads, store, tokens
+from core import assembly, media, outputs, policy, reads, recount, store, tokens
 from core import budget as budgets
 from core import profile as profiles
 from core import snapshot as snapshots
@@ -291,6 +291,9 @@ def assemble(
             limit = _request_limit(settings, target, window, given is not None, profile, leaf, now)
             budget = None if text_only else limit
             loaded = reads.load_request_branch(session, conversation_id, leaf, budget)
+            loaded, recounted = recount.refreshed(
+                session.connection(), conversation_id, loaded, target
+            )
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
         raise
@@ -313,6 +316,8 @@ def assemble(
     finally:  # a request that does not fit still tells the decision what the host sends
         _record_profile(engine, conversation_id, parts, profile, given_parts, now)
     _record_media(engine, conversation_id, request)
+    if recount.current_bases(target) == recount.current_bases(stored_model):  # not a preview
+        recount.record(engine, conversation_id, recounted, request.reasoning_dropped)
     if request.truncated:
         _log_truncation(conversation_id, request)
     return request

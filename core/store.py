@@ -98,7 +98,7 @@ def row_values(
         "name": message.get("name"),
         "extra": extra or None,
         "tokens": tokens.count_message(message, encoding, model=model),
-        "encoding": encoding,
+        "encoding": tokens.count_basis(message, encoding, model=model),
         "output_path": message.get("_output_path"),
         "original_bytes": message.get("_original_bytes"),
         "content_hash": message_hash(message if source is None else source),
