@@ -3,16 +3,18 @@
 Each SWE-agent, OpenHands and tau-bench run is replayed one request per assistant step with one
 idle gap (longer than ``RECAP_IDLE_MINUTES``) before its middle step (``core.replay``). Three
 policies: never clearing; clearing all but the last 3 tool results before every request (the
-common default elsewhere); and Recap's (clear when the cache is cold or under pressure).
+common default elsewhere); and Recap's production decision (``core.policy``: the idle sweep's
+clearing after the gap, ``decide``'s pressure clearing otherwise).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench import Figure
 from bench.data import load
 from core import tokens
+from core.policy import Knobs
 from core.replay import (
     RunCost,
     keep_last_every_request,
@@ -67,15 +69,10 @@ def replay_source(name: str, idle_keep: int | None = None) -> Totals:
     how many results Recap keeps at the idle gap)."""
     settings = load_settings()
     encoding = tokens.encoding_name_for(MODEL)
-    window = tokens.context_window(MODEL)
-    trigger = int(settings.trigger_ratio * tokens.available_tokens(window, settings.safety_margin))
-    recap = recap_policy(
-        keep_last=settings.keep_tool_results,
-        protected=settings.protected_tools,
-        clear_at_least_tokens=settings.clear_at_least_tokens,
-        trigger_tokens=trigger,
-        idle_keep_last=settings.idle_keep_tool_results if idle_keep is None else idle_keep,
-    )
+    knobs = Knobs.from_settings(settings)
+    if idle_keep is not None:
+        knobs = replace(knobs, idle_keep_tool_results=idle_keep)
+    recap = recap_policy(knobs, model=MODEL)  # the production decision, the model's own window
     keep3 = keep_last_every_request(BASELINE_KEEP)
     totals = Totals()
     for record in load(name):

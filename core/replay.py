@@ -15,14 +15,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from core import tokens
 from core.placeholders import cleared_placeholder
+from core.policy import Knobs, Snapshot, decide, idle_clearing
 from core.records import ClearingRec, Msg
-from core.toolresults import IDLE, PRESSURE, min_tokens_for, plan_clearings
+from core.toolresults import IDLE, plan_clearings
 
 UNCACHED_PRICE = 1.25  # writing the prompt cache costs a quarter more than plain input
 CACHED_PRICE = 0.1  # reading it costs a tenth
+REPLAY_CLOCK = datetime(2026, 1, 1, tzinfo=UTC)  # the decision's clock: no failures to age
 
 
 @dataclass(frozen=True)
@@ -69,36 +72,29 @@ def keep_last_every_request(keep: int) -> Policy:
     return policy
 
 
-def recap_policy(
-    *,
-    keep_last: int,
-    protected: Sequence[str],
-    clear_at_least_tokens: int,
-    trigger_tokens: int,
-    idle_keep_last: int | None = None,
-) -> Policy:
-    """Recap's policy: clear when the cache is cold (after the idle gap, keeping
-    ``idle_keep_last`` results, default ``keep_last``), or under pressure when enough would be
-    reclaimed; otherwise leave the prefix alone so the cache stays warm."""
+def recap_policy(knobs: Knobs, *, model: str, window: int | None = None) -> Policy:
+    """Recap's production decision (``core.policy``): after the idle gap, what the idle sweep
+    clears (``idle_clearing``, the sweep's own knobs); otherwise whatever ``decide`` clears
+    under pressure (nothing while the request is under the trigger, so the cache stays warm).
+    Summaries are not priced here: no summarizer runs in a replay of clearings."""
 
-    def policy(moment: Moment) -> list[int]:
+    def chosen(moment: Moment) -> list[int]:
         if moment.after_gap:
-            reason = IDLE
-        elif moment.history_tokens > trigger_tokens:
-            reason = PRESSURE
-        else:
-            return []
-        plan = plan_clearings(
-            moment.branch,
-            moment.clearings,
-            keep_last=keep_last if reason != IDLE or idle_keep_last is None else idle_keep_last,
-            protected=protected,
-            min_tokens=min_tokens_for(reason, clear_at_least_tokens),
-            reason=reason,
+            return idle_clearing(moment.branch, moment.clearings, knobs).message_ids
+        snapshot = Snapshot(
+            conversation_id="replay",
+            model=model,
+            window_override=window,
+            branch=moment.branch,
+            summary=None,
+            clearings=moment.clearings,
+            profile=None,
+            now=REPLAY_CLOCK,
         )
-        return plan.message_ids
+        decision = decide(snapshot, knobs)
+        return decision.clear.message_ids if decision.clear else []
 
-    return policy
+    return chosen
 
 
 def to_msgs(messages: Sequence[Mapping[str, object]], encoding: str) -> list[Msg]:

@@ -36,6 +36,7 @@ from core.db import session_scope
 from core.errors import InputError
 from core.models import CLEARINGS, CONVERSATIONS, MESSAGES, SUMMARIES, utcnow
 from core.placeholders import DEFAULT_TOOL_NAME
+from core.policy import Knobs
 from core.settings import Settings
 from core.tokens import TOKENS_PER_NAME
 from core.toolresults import DIGIT_RUN_BOUNDS, IDLE, ClearingPlan, placeholder_base_tokens
@@ -295,15 +296,16 @@ def sweep_idle(
     if idle_minutes is not None and idle_minutes < 0:
         raise InputError(f"--idle-minutes must not be negative, got {idle_minutes:g}")
     result = SweepResult(last_message_id=after_id)
+    knobs = Knobs.from_settings(settings)  # the decision's own knobs (``policy.idle_clearing``)
     seen: set[str] = set()
     while max_batches is None or result.batches < max_batches:
         with session_scope(engine) as session:
             batch = sweep_batch(
                 session,
                 now=now,
-                idle_minutes=settings.idle_minutes if idle_minutes is None else idle_minutes,
-                keep_last=settings.idle_keep_tool_results,
-                protected=settings.protected_tools,
+                idle_minutes=knobs.idle_minutes if idle_minutes is None else idle_minutes,
+                keep_last=knobs.idle_keep_tool_results,
+                protected=knobs.protected_tools,
                 batch_size=settings.sweep_batch_size,
                 after_id=result.last_message_id,
             )

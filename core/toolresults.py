@@ -429,25 +429,6 @@ def plan_clearings(
     return plan
 
 
-def clearing_reason(
-    *,
-    idle_seconds: float,
-    idle_minutes: float,
-    summary_written: bool,
-    over_trigger: bool,
-) -> str | None:
-    """Why a conversation's old results may be cleared now, or None when clearing would only cost
-    a warm prompt cache: idle past the cache lifetime, right after a summary, or under pressure
-    (the pressure case still needs ``clear_at_least_tokens``, see ``min_tokens_for``)."""
-    if idle_seconds > idle_minutes * 60:
-        return IDLE
-    if summary_written:
-        return POST_SUMMARY
-    if over_trigger:
-        return PRESSURE
-    return None
-
-
 def min_tokens_for(reason: str, clear_at_least_tokens: int) -> int:
     """The least a plan must reclaim: the setting under pressure (a smaller saving is not worth a
     cold cache), anything at all when the cache is cold already."""

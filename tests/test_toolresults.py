@@ -16,7 +16,6 @@ from core.toolresults import (
     PRESSURE,
     Limits,
     byte_size,
-    clearing_reason,
     head_tail,
     is_oversized,
     json_preview,
@@ -280,32 +279,6 @@ def test_unknown_reason_is_an_error() -> None:
     """A plan needs one of the known reasons."""
     with pytest.raises(ValueError, match="unknown clearing reason"):
         plan_clearings([], {}, keep_last=3, protected=(), min_tokens=1, reason="whim")
-
-
-@pytest.mark.parametrize(
-    ("idle_seconds", "summary_written", "over_trigger", "reason"),
-    [
-        (3_601, False, False, IDLE),
-        (3_600, False, False, None),
-        (10, True, False, POST_SUMMARY),
-        (10, False, True, PRESSURE),
-        (10, False, False, None),
-        (7_200, True, True, IDLE),
-    ],
-)
-def test_clearing_reason(
-    idle_seconds: float, summary_written: bool, over_trigger: bool, reason: str | None
-) -> None:
-    """Clearing happens only when the cache is cold, right after a summary, or under pressure."""
-    assert (
-        clearing_reason(
-            idle_seconds=idle_seconds,
-            idle_minutes=60,
-            summary_written=summary_written,
-            over_trigger=over_trigger,
-        )
-        == reason
-    )
 
 
 @pytest.mark.parametrize(("reason", "least"), [(PRESSURE, 2_000), (IDLE, 1), (POST_SUMMARY, 1)])

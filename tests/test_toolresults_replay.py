@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from core.policy import Knobs
 from core.replay import (
     CACHED_PRICE,
     UNCACHED_PRICE,
@@ -34,7 +35,8 @@ def run(steps: int) -> list[dict[str, Any]]:
     return messages
 
 
-RECAP = recap_policy(keep_last=3, protected=(), clear_at_least_tokens=2_000, trigger_tokens=10**9)
+KNOBS = Knobs(keep_tool_results=3, idle_keep_tool_results=3, protected_tools=())
+RECAP = recap_policy(KNOBS, model="gpt-4o-mini", window=10**9)  # never under pressure
 
 
 @pytest.mark.parametrize(
