@@ -175,7 +175,7 @@ def test_bad_import_changes_nothing(
             "answers no earlier call",
         ),
         (["add", "c", "--role", "user", "--content", "x", "--parent", "999"], "999"),
-        (["add", "c", "--role", "assistant", "--tool-calls", "[oops"], "not valid JSON"),
+        (["add", "c", "--role", "assistant", "--tool-calls", "[oops"], "malformed JSON"),
         (["add", "c", "--role", "user", "--content", "x", "--content-file", "f"], "not both"),
         (["add", "c", "--role", "user", "--content-file", "missing.txt"], "cannot read"),
         (["export", "nope"], "unknown conversation"),
