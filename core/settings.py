@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     max_output_bytes: int = Field(default=50_000, ge=1_000)
     max_argument_chars: int = Field(default=2_000, ge=200)
     output_retention_days: float = Field(default=7, gt=0)
+    # The compaction log (core.compaction_log): skipped runs are kept this many days, every
+    # run (the summaries, clearings and failures operators read) for the longer history.
+    log_retention_days: float = Field(default=3, gt=0)
+    log_history_days: float = Field(default=90, gt=0)
     # Media (core.media): inline base64 over this many bytes is stored out of the row; only the
     # last keep_media user turns send their media in full, within the per-request caps; the
     # assembled request is kept under max_request_bytes (Gemini's 20 MB inline request limit,
@@ -85,6 +89,7 @@ class Settings(BaseSettings):
     reconcile_seconds: int = Field(default=300, ge=1)
     sweep_seconds: int = Field(default=300, ge=1)
     cleanup_seconds: int = Field(default=3_600, ge=1)
+    log_prune_seconds: int = Field(default=3_600, ge=1)  # how often beat prunes the log
     llm_timeout: float = Field(default=60, gt=0)
     max_attempts: int = Field(default=5, ge=1, le=20)
     retry_backoff_max: int = Field(default=60, ge=1)
@@ -172,6 +177,12 @@ class Settings(BaseSettings):
     def _recent_bounds(self) -> Settings:
         if self.recent_min_tokens > self.recent_max_tokens:
             raise ValueError("RECAP_RECENT_MIN_TOKENS must not exceed RECAP_RECENT_MAX_TOKENS")
+        return self
+
+    @model_validator(mode="after")
+    def _log_bounds(self) -> Settings:
+        if self.log_history_days < self.log_retention_days:
+            raise ValueError("RECAP_LOG_HISTORY_DAYS must be at least RECAP_LOG_RETENTION_DAYS")
         return self
 
     @property

@@ -33,6 +33,8 @@ TASK_ROUTES = {
     "recap.sweep_idle_tool_results": {"queue": MAINTENANCE_QUEUE},
     "recap.cleanup_truncated_outputs": {"queue": MAINTENANCE_QUEUE},
     "recap.reconcile": {"queue": MAINTENANCE_QUEUE},
+    "recap.prune_compaction_log": {"queue": MAINTENANCE_QUEUE},
+    "recap.recount_tokens": {"queue": MAINTENANCE_QUEUE},
 }
 
 
@@ -57,6 +59,7 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
         "sweep-idle-tool-results": ("recap.sweep_idle_tool_results", settings.sweep_seconds),
         "cleanup-truncated-outputs": ("recap.cleanup_truncated_outputs", settings.cleanup_seconds),
         "reconcile": ("recap.reconcile", settings.reconcile_seconds),
+        "prune-compaction-log": ("recap.prune_compaction_log", settings.log_prune_seconds),
     }
     return {
         key: {"task": task, "schedule": float(every), "options": {"expires": float(every)}}

@@ -1,8 +1,10 @@
-"""Maintenance tasks on beat: the idle tool-result sweep and the saved-output cleanup.
+"""Maintenance tasks: on beat, the idle tool-result sweep, the saved-output cleanup and the
+compaction-log pruning; on demand, the recount of a conversation's stored token counts.
 
-Both are thin: the work is ``core.sweep.sweep_idle`` and ``core.outputs.cleanup_outputs``. A sweep
-run clears one bounded batch and, when more is left, re-enqueues itself from where it stopped, so
-a large backlog never holds a worker (or a transaction) for long.
+All are thin: the work is ``core.sweep.sweep_idle``, ``core.outputs.cleanup_outputs``,
+``core.compaction_log.prune_log`` and ``core.recount.recount_conversation``. A sweep, prune or
+recount run does a bounded number of batches and, when more is left, re-enqueues itself from where
+it stopped, so a large backlog never holds a worker (or a transaction) for long.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from typing import Any
 
 import structlog
 
+from core.compaction_log import PRUNE_BATCH, prune_log
 from core.db import get_engine
 from core.models import utcnow
 from core.outputs import cleanup_outputs
+from core.recount import recount_conversation
 from core.settings import get_settings
 from core.sweep import sweep_idle
 from workers.app import app
@@ -23,6 +27,7 @@ SWEEP_TASK = "recap.sweep_idle_tool_results"
 CLEANUP_TASK = "recap.cleanup_truncated_outputs"
 
 log = structlog.get_logger(__name__)
+RECOUNT_MAX_BATCHES = 10  # batches per task run; a longer conversation continues in the next
 
 
 @app.task(name=SWEEP_TASK, bind=True)
@@ -61,3 +66,47 @@ def cleanup_truncated_outputs(self: Any, retention_days: float | None = None) ->
     result = cleanup_outputs(settings.output_dir, now=time.time(), retention_days=days)
     log.info("cleanup_truncated_outputs_done", retention_days=days, **result.as_dict())
     return result.as_dict()
+
+
+PRUNE_LOG_TASK = "recap.prune_compaction_log"
+RECOUNT_TASK = "recap.recount_tokens"
+
+
+@app.task(name=PRUNE_LOG_TASK, bind=True)
+def prune_compaction_log(self: Any, after_id: int = 0, batch: int = PRUNE_BATCH) -> dict[str, Any]:
+    """Delete compaction-log rows past their retention (``core.compaction_log``), a bounded
+    number of batches; re-enqueue from where it stopped if more is left."""
+    settings = get_settings()
+    result = prune_log(
+        get_engine(settings.database_url),
+        now=utcnow(),
+        retention_days=settings.log_retention_days,
+        history_days=settings.log_history_days,
+        after_id=after_id,
+        batch=batch,
+    )
+    payload = result.as_dict()
+    if result.more:
+        arguments = {"after_id": result.last_id, "batch": batch}
+        payload["next_task_id"] = str(self.apply_async(kwargs=arguments, **_same_queue(self)).id)
+    log.info("prune_compaction_log_done", after_id=after_id, **payload)
+    return payload
+
+
+@app.task(name=RECOUNT_TASK, bind=True)
+def recount_tokens(self: Any, conversation_id: str, after_id: int = 0) -> dict[str, Any]:
+    """Recount a conversation's stored counts made for another model (``core.recount``), a
+    bounded number of batches; re-enqueue from where it stopped if more is left."""
+    settings = get_settings()
+    result = recount_conversation(
+        get_engine(settings.database_url),
+        conversation_id,
+        after_id=after_id,
+        max_batches=RECOUNT_MAX_BATCHES,
+    )
+    payload = result.as_dict()
+    if result.more:
+        arguments = {"conversation_id": conversation_id, "after_id": result.last_message_id}
+        payload["next_task_id"] = str(self.apply_async(kwargs=arguments, **_same_queue(self)).id)
+    log.info("recount_tokens_done", conversation_id=conversation_id, **payload)
+    return payload
