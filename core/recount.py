@@ -123,7 +123,7 @@ def changes_for(branch: Sequence[Msg], stale: dict[int, str], model: str) -> lis
 
 _SET_COUNT = (
     update(MESSAGES)
-    .where(MESSAGES.c.id == bindparam("message_id"))
+    .where(MESSAGES.c.id == bindparam("row_id"))
     .values(tokens=bindparam("new_tokens"), encoding=bindparam("basis"))
 )
 _CLEARINGS_OF = select(
@@ -131,7 +131,7 @@ _CLEARINGS_OF = select(
 ).where(CLEARINGS.c.message_id.in_(bindparam("ids", expanding=True)))
 _SET_RECLAIMED = (
     update(CLEARINGS)
-    .where(CLEARINGS.c.message_id == bindparam("message_id"))
+    .where(CLEARINGS.c.message_id == bindparam("cleared_id"))
     .values(tokens_reclaimed=bindparam("reclaimed"))
 )
 
@@ -142,7 +142,7 @@ def write(connection: Connection, changes: Sequence[Change]) -> None:
         return
     connection.execute(
         _SET_COUNT,
-        [{"message_id": c.message_id, "new_tokens": c.tokens, "basis": c.basis} for c in changes],
+        [{"row_id": c.message_id, "new_tokens": c.tokens, "basis": c.basis} for c in changes],
     )
     by_id = {c.message_id: c for c in changes}
     cleared = connection.execute(_CLEARINGS_OF, {"ids": list(by_id)}).all()
@@ -150,7 +150,7 @@ def write(connection: Connection, changes: Sequence[Change]) -> None:
         connection.execute(
             _SET_RECLAIMED,
             [
-                {"message_id": mid, "reclaimed": _reclaimed(by_id[mid], reason, int(old))}
+                {"cleared_id": mid, "reclaimed": _reclaimed(by_id[mid], reason, int(old))}
                 for mid, reason, old in cleared
             ],
         )
