@@ -342,3 +342,37 @@ def test_a_read_while_postgres_is_down_is_retried_by_celery(pg_stack: Stack) -> 
     s.wait_summary(cid)
     s.assert_one_summary_and_free(cid)
     assert "failed" not in s.actions(cid)
+
+
+# --- what counts as "the database is unavailable" ----------------------------------------------
+
+
+def _error_of(url: str, statement: str) -> Exception:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text(statement))
+    except Exception as exc:  # the error itself is what the test looks at
+        return exc
+    finally:
+        engine.dispose()
+    raise AssertionError(f"{statement!r} did not fail")
+
+
+def test_database_unavailable_tells_a_missing_server_from_a_bad_statement(tmp_path: Path) -> None:
+    """A refused connection is retried; a missing table, bad SQL or a constraint is not."""
+    from tests.services import free_port
+    from workers.compress import database_unavailable
+
+    sqlite = f"sqlite:///{tmp_path / 'x.db'}"
+    refused = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none?connect_timeout=2"
+    cases = [
+        (_error_of(refused, "select 1"), True),
+        (_error_of(sqlite, "select * from no_table"), False),
+        (_error_of(sqlite, "selec 1"), False),
+        (ValueError("not a database error"), False),
+    ]
+    for exc, expected in cases:
+        assert database_unavailable(exc) is expected, exc
