@@ -8,7 +8,7 @@ is a Celery call the host makes itself (see the README), so this module never im
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Engine
@@ -61,9 +61,24 @@ class Recap:
     def add(
         self, conversation_id: str, message: Mapping[str, Any], *, parent_id: int | None = None
     ) -> int:
-        """Append an OpenAI-format message (or branch from ``parent_id``); its id."""
+        """Append an OpenAI-format message after the branch head (or branch from
+        ``parent_id``); its id. Safe from many threads or processes at once: appends to one
+        conversation take its lock in turn, so they all land on its branch."""
         return service.add_message(
             self.engine, conversation_id, message, parent_id=parent_id, prepare=self._ingest
+        )
+
+    def add_many(
+        self,
+        conversation_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        parent_id: int | None = None,
+    ) -> list[int]:
+        """Append one turn's messages (an assistant message and its tool results, say) in one
+        transaction, all or nothing; their ids."""
+        return service.add_many(
+            self.engine, conversation_id, messages, parent_id=parent_id, prepare=self._ingest
         )
 
     def assemble(
@@ -136,4 +151,6 @@ class Recap:
         self, conversation_id: str, *, leaf: int | None = None, full: bool = False
     ) -> dict[str, Any]:
         """The branch as stored, in the import format."""
-        return service.export_conversation(self.engine, conversation_id, leaf, full=full)
+        return service.export_conversation(
+            self.engine, conversation_id, leaf, full=full, output_dir=self.settings.output_dir
+        )

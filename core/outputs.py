@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable, Mapping
@@ -25,7 +26,7 @@ from core import media
 from core.errors import InputError
 from core.records import Msg
 from core.settings import Settings
-from core.store import INGEST_KEYS
+from core.store import Prepared
 from core.toolresults import Limits, byte_size, is_oversized, output_preview, trim_arguments
 
 DIGEST_CHARS = 32  # 128 bits of SHA-256: collisions are out of reach, and names stay short
@@ -34,8 +35,12 @@ TEMP_PREFIX = ".tmp-"
 FOLDER_MODE = 0o700
 FILE_MODE = 0o600
 MEDIA_INLINE_BYTES = 32_768  # the settings' default: a thumbnail stays in the row, a screenshot not
-# The keys ingest adds to a message for its output_path and original_bytes columns.
-OUTPUT_PATH_KEY, ORIGINAL_BYTES_KEY = INGEST_KEYS
+NAME_RE = re.compile(f"[0-9a-f]{{{DIGEST_CHARS}}}")  # the only file names Recap builds
+READ_CHUNK = 1 << 20  # bytes per read of a saved file
+# A saved file is opened by the path Recap builds, never through a link, and a FIFO found there
+# does not block the open (it is then refused as not a regular file).
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 log = structlog.get_logger(__name__)
 
@@ -114,23 +119,116 @@ def save_output(root: Path, text: str, journal: WriteJournal | None = None) -> P
     return path
 
 
-def read_output(path: str | None) -> str | None:
-    """The saved text at ``path``, or None when it is gone or does not match its content name."""
+def saved_path(root: Path, name: str) -> Path:
+    """Where the output named ``name`` (its content hash) is saved under ``root``."""
+    return Path(os.path.abspath(root)) / name[:2] / f"{name}{SUFFIX}"
+
+
+def saved_name(path: str | None, root: Path) -> str | None:
+    """The content name of ``path`` when it is exactly a path Recap builds under ``root``
+    (``<root>/<2 hex>/<32 hex>.txt``), else None: any other path is never opened."""
     if not path:
         return None
+    name = os.path.basename(path).removesuffix(SUFFIX)
+    if NAME_RE.fullmatch(name) is None or str(saved_path(root, name)) != path:
+        return None
+    return name
+
+
+def _open_saved(root: Path, name: str) -> tuple[int, int] | None:
+    """A descriptor and the size of the regular file saved as ``name`` under ``root``, or None.
+
+    ``root`` may itself be a link (as for the cleanup); below it nothing is followed: the
+    subfolder and the file are opened relative to their folders with ``O_NOFOLLOW``, and a link,
+    FIFO, device or folder in their place is refused.
+    """
     try:
-        data = Path(path).read_bytes()
+        base = os.open(os.path.abspath(root), FOLDER_FLAGS)
     except OSError:
         return None
-    if digest_of(data) != Path(path).stem:
-        log.warning("saved_output_mismatch", path=path)
+    try:
+        folder = os.open(name[:2], FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=base)
+        try:
+            info = os.stat(f"{name}{SUFFIX}", dir_fd=folder, follow_symlinks=False)
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            handle = os.open(f"{name}{SUFFIX}", FILE_FLAGS, dir_fd=folder)
+        finally:
+            os.close(folder)
+    except OSError:
+        return None
+    finally:
+        os.close(base)
+    info = os.fstat(handle)
+    if not stat.S_ISREG(info.st_mode):  # replaced between the check and the open
+        os.close(handle)
+        return None
+    return handle, info.st_size
+
+
+def _read_at_most(handle: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    left = limit
+    while left > 0:
+        chunk = os.read(handle, min(READ_CHUNK, left))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_saved(root: Path, name: str, size: int | None = None) -> str | None:
+    """The text saved as ``name`` under ``root``, or None when it is gone, is not a regular file,
+    is not ``size`` bytes (when given: at most that much is read), or does not match its name."""
+    if NAME_RE.fullmatch(name) is None:
+        return None
+    opened = _open_saved(root, name)
+    if opened is None:
+        return None
+    handle, actual = opened
+    try:
+        if size is not None and actual != size:
+            log.warning("saved_output_size_mismatch", name=name, recorded=size, found=actual)
+            return None
+        data = _read_at_most(handle, actual if size is None else size)
+    finally:
+        os.close(handle)
+    if digest_of(data) != name:
+        log.warning("saved_output_mismatch", name=name)
         return None
     return data.decode("utf-8", errors="replace")
 
 
-def output_exists(path: str | None) -> bool:
-    """Whether a saved output is still there (a cleared result's placeholder says so)."""
-    return bool(path) and os.path.isfile(str(path))
+def read_output(
+    path: str | None, *, root: Path | None = None, size: int | None = None
+) -> str | None:
+    """The saved text at ``path`` when it is a path Recap built under ``root`` (default:
+    ``RECAP_OUTPUT_DIR``), read as ``read_saved`` does; None for any other path, unopened."""
+    folder = _output_root(root)
+    name = saved_name(path, folder)
+    return None if name is None else read_saved(folder, name, size)
+
+
+def output_exists(path: str | None, root: Path | None = None) -> bool:
+    """Whether a saved output is still there (a cleared result's placeholder says so). Only a
+    path Recap built under ``root`` (default: ``RECAP_OUTPUT_DIR``) is looked at: any other path
+    reads as gone, whether or not something is there, so the answer reveals nothing about it."""
+    folder = _output_root(root)
+    name = saved_name(path, folder)
+    opened = None if name is None else _open_saved(folder, name)
+    if opened is None:
+        return False
+    os.close(opened[0])
+    return True
+
+
+def _output_root(root: Path | None) -> Path:
+    if root is not None:
+        return root
+    from core.settings import get_settings
+
+    return get_settings().output_dir
 
 
 # --- media -------------------------------------------------------------------------------------
@@ -152,7 +250,7 @@ def read_media(root: Path, ref: str) -> str | None:
     path = media_path(root, ref)
     if path is None or not path.is_file() or path.is_symlink():
         return None
-    return read_output(str(path))
+    return read_output(str(path), root=root)
 
 
 def media_loader(root: Path) -> media.Loader:
@@ -188,8 +286,8 @@ class Ingest:
     root: Path
     limits: Limits
     max_argument_chars: int
-    journal: WriteJournal | None = None  # set per unit of work by ``journaled``
     media_inline_bytes: int = MEDIA_INLINE_BYTES  # RECAP_MEDIA_INLINE_BYTES
+    journal: WriteJournal | None = None  # set per unit of work by ``journaled``
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Ingest:
@@ -206,13 +304,18 @@ class Ingest:
 
     def __call__(self, message: dict[str, Any]) -> dict[str, Any]:
         """The message as it should be stored (a copy; the input is left as it is)."""
+        return self.prepare(message).message
+
+    def prepare(self, message: dict[str, Any]) -> Prepared:
+        """The message as it should be stored and, apart from it, what ingest derived: the file
+        a cut output was saved to and its size (the message never carries those)."""
         if media.has_media(message.get("content")):
-            return self._store_media(message)
+            return Prepared(self._store_media(message))
         if message.get("role") == "tool" and isinstance(message.get("content"), str):
             return self._truncate_output(message)
         if message.get("role") == "assistant" and message.get("tool_calls"):
             return self._trim_calls(message)
-        return message
+        return Prepared(message)
 
     def _store_media(self, message: dict[str, Any]) -> dict[str, Any]:
         """Each media part with Recap's metadata; inline data over the limit saved to a file
@@ -249,20 +352,17 @@ class Ingest:
             )
             return None
 
-    def _truncate_output(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _truncate_output(self, message: dict[str, Any]) -> Prepared:
         text: str = message["content"]
         if not is_oversized(text, self.limits):
-            return message
+            return Prepared(message)
         path = self._save(text, message)
         if path is None:
-            return message
-        out = dict(message)
-        out["content"] = output_preview(text, path, self.limits)
-        out[OUTPUT_PATH_KEY] = path
-        out[ORIGINAL_BYTES_KEY] = byte_size(text)
-        return out
+            return Prepared(message)
+        out = {**message, "content": output_preview(text, path, self.limits)}
+        return Prepared(out, path, byte_size(text))
 
-    def _trim_calls(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _trim_calls(self, message: dict[str, Any]) -> Prepared:
         calls = message["tool_calls"]
         oversized = [
             call
@@ -270,11 +370,11 @@ class Ingest:
             if len(str((call.get("function") or {}).get("arguments", ""))) > self.max_argument_chars
         ]
         if not oversized:
-            return message
+            return Prepared(message)
         original = json.dumps(calls, ensure_ascii=False)
         path = self._save(original, message)
         if path is None:
-            return message
+            return Prepared(message)
         trimmed = []
         for call in calls:
             function = dict(call.get("function") or {})
@@ -284,17 +384,17 @@ class Ingest:
             if shorter is not None:
                 function["arguments"] = shorter
             trimmed.append({**call, "function": function})
-        out = dict(message)
-        out["tool_calls"] = trimmed
-        out[OUTPUT_PATH_KEY] = path
-        out[ORIGINAL_BYTES_KEY] = byte_size(original)
-        return out
+        return Prepared({**message, "tool_calls": trimmed}, path, byte_size(original))
 
 
-def restore(message: Msg) -> dict[str, Any]:
-    """A stored message in import format with what ingest cut put back, while its file exists."""
+def restore(message: Msg, root: Path | None = None) -> dict[str, Any]:
+    """A stored message in import format with what ingest cut put back, while its file exists.
+
+    Only the file Recap saved it to is read (a regular file at the path Recap builds under
+    ``root``, default ``RECAP_OUTPUT_DIR``, of the size it recorded); for anything else the
+    stored preview is kept."""
     out = message.to_openai()
-    saved = read_output(message.output_path)
+    saved = read_output(message.output_path, root=root, size=message.original_bytes)
     if saved is None:
         return out
     if message.role == "tool":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +25,7 @@ from core.records import ClearingRec, Msg
 from core.settings import Settings, get_settings
 from core.validate import parse_json_line
 
-Prepare = Callable[[dict[str, Any]], dict[str, Any]]
+Prepare = store.Preparer  # the ingest step (core.outputs.Ingest)
 log = logging.getLogger("recap.assemble")
 
 
@@ -116,27 +116,52 @@ def add_message(
     parent_id: int | None = None,
     prepare: Prepare | None = None,
 ) -> int:
-    """Append one message (or branch from ``parent_id``); returns its id."""
+    """Append one message after the branch head (or branch from ``parent_id``), in a short
+    transaction under the conversation's append lock; returns its id."""
+    return add_many(engine, conversation_id, [message], parent_id=parent_id, prepare=prepare)[0]
+
+
+def add_many(
+    engine: Engine,
+    conversation_id: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    parent_id: int | None = None,
+    prepare: Prepare | None = None,
+) -> list[int]:
+    """Append one turn's messages as a chain, in one transaction under the conversation's append
+    lock: all of them or none, tool results paired across the batch; returns their ids."""
+    if not messages:
+        raise InputError("add_many needs at least one message")
     try:
         with _undone_on_error(prepare) as ingest, session_scope(engine) as session:
-            return store.add_message(session, conversation_id, message, parent_id, ingest)
+            return store.append_messages(session, conversation_id, messages, parent_id, ingest)
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
         raise
 
 
 def export_conversation(
-    engine: Engine, conversation_id: str, leaf: int | None = None, *, full: bool = False
+    engine: Engine,
+    conversation_id: str,
+    leaf: int | None = None,
+    *,
+    full: bool = False,
+    output_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The branch as stored, in the import format, each message with its ``id``; with ``full``,
-    tool outputs and arguments truncated on the way in are put back while their files exist."""
+    tool outputs and arguments truncated on the way in are put back while their files exist
+    (only files Recap saved under ``output_dir``, default ``RECAP_OUTPUT_DIR``)."""
     with session_scope(engine) as session:
         conversation = store.get_conversation(session, conversation_id)
         branch = store.load_branch(session, conversation_id, leaf)
         meta = dict(conversation.meta or {})
     out: dict[str, Any] = {"id": conversation_id, **meta}
-    render = outputs.restore if full else Msg.to_openai
-    root = get_settings().output_dir
+    root = output_dir or get_settings().output_dir
+
+    def render(message: Msg) -> dict[str, Any]:
+        return outputs.restore(message, root) if full else message.to_openai()
+
     out["messages"] = [
         {"id": m.id, **outputs.export_parts(render(m), root, full=full)} for m in branch
     ]
@@ -291,9 +316,7 @@ def assemble(
             limit = _request_limit(settings, target, window, given is not None, profile, leaf, now)
             budget = None if text_only else limit
             loaded = reads.load_request_branch(session, conversation_id, leaf, budget)
-            loaded, recounted = recount.refreshed(
-                session.connection(), conversation_id, loaded, target
-            )
+            loaded, recounted = recount.refreshed(loaded, target)
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
         raise
@@ -347,7 +370,7 @@ def _assembled(
         context_files=files,
         text_only=text_only,
         cache_breakpoints=cache_breakpoints,
-        missing_outputs=_missing_outputs(loaded.branch, loaded.clearings),
+        missing_outputs=_missing_outputs(loaded.branch, loaded.clearings, settings.output_dir),
         omitted=loaded.omitted,
         budget=limit,
         media_policy=media_policy(settings),
@@ -416,14 +439,17 @@ def _log_truncation(conversation_id: str, request: assembly.AssembledRequest) ->
     )
 
 
-def _missing_outputs(branch: list[Msg], clearings: Mapping[int, ClearingRec]) -> frozenset[str]:
-    """Saved outputs of cleared results on the branch whose files are gone (placeholders say so)."""
+def _missing_outputs(
+    branch: list[Msg], clearings: Mapping[int, ClearingRec], root: Path
+) -> frozenset[str]:
+    """Saved outputs of cleared results on the branch whose files are gone (placeholders say so);
+    a path Recap did not build under ``root`` counts as gone, whatever is there."""
     return frozenset(
         message.output_path
         for message in branch
         if message.output_path
         and message.id in clearings
-        and not outputs.output_exists(message.output_path)
+        and not outputs.output_exists(message.output_path, root)
     )
 
 

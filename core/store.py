@@ -3,13 +3,16 @@ own the transaction, so an import is all-or-nothing."""
 
 from __future__ import annotations
 
+import json
+import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import bindparam, func, insert, update
+from sqlalchemy import Connection, Engine, TextClause, bindparam, event, func, insert, text, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -28,7 +31,16 @@ from core.models import (
     utcnow,
 )
 from core.records import ClearingRec, Msg, SummaryRec
-from core.validate import KNOWN_KEYS, check_message, check_record, check_tool_pairing
+from core.validate import (
+    DERIVED_PREFIX,
+    KNOWN_KEYS,
+    Step,
+    calls_needed,
+    check_message,
+    check_record,
+    check_tool_pairing,
+    open_calls_from_tail,
+)
 
 MESSAGE_COLUMNS = tuple(
     MESSAGES.c[name]
@@ -49,8 +61,19 @@ MESSAGE_COLUMNS = tuple(
 )
 
 
-# Keys the ingest step (core.outputs.Ingest) adds for the output_path/original_bytes columns.
-INGEST_KEYS = ("_output_path", "_original_bytes")
+class Prepared(NamedTuple):
+    """A message as it is stored, and what Recap derived from it on the way in (never taken from
+    the message itself: the columns ``output_path`` and ``original_bytes`` come only from here)."""
+
+    message: dict[str, Any]
+    output_path: str | None = None  # the saved full output, when ingest cut the message
+    original_bytes: int | None = None  # the saved file's size, the most ``export --full`` reads
+
+
+class Preparer(Protocol):
+    """The ingest step (``core.outputs.Ingest``): a checked message in, what to store out."""
+
+    def prepare(self, message: dict[str, Any]) -> Prepared: ...
 
 
 @dataclass(frozen=True)
@@ -84,11 +107,17 @@ def row_values(
     *,
     source: Mapping[str, Any] | None = None,
     model: str | None = None,
+    output_path: str | None = None,
+    original_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The column values of a validated OpenAI-format message, its tokens counted once; the
-    content hash is of ``source``, the message as it arrived before ingest (default: itself)."""
+    content hash is of ``source``, the message as it arrived before ingest (default: itself).
+    The derived columns come from the arguments only: no key of the message reaches them, and a
+    ``_``-key (refused on input) is never stored."""
     content = message.get("content")
-    extra = {k: v for k, v in message.items() if k not in KNOWN_KEYS and k not in INGEST_KEYS}
+    extra = {
+        k: v for k, v in message.items() if k not in KNOWN_KEYS and not k.startswith(DERIVED_PREFIX)
+    }
     return {
         "role": message["role"],
         "content": content if isinstance(content, str) or content is None else None,
@@ -99,10 +128,25 @@ def row_values(
         "extra": extra or None,
         "tokens": tokens.count_message(message, encoding, model=model),
         "encoding": tokens.count_basis(message, encoding, model=model),
-        "output_path": message.get("_output_path"),
-        "original_bytes": message.get("_original_bytes"),
+        "output_path": output_path,
+        "original_bytes": original_bytes,
         "content_hash": message_hash(message if source is None else source),
     }
+
+
+def prepared_values(
+    message: dict[str, Any], model: str, prepare: Preparer | None = None
+) -> dict[str, Any]:
+    """The column values of a checked message after the ingest step (when there is one)."""
+    stored = prepare.prepare(message) if prepare is not None else Prepared(message)
+    return row_values(
+        stored.message,
+        tokens.encoding_name_for(model),
+        source=message,
+        model=model,
+        output_path=stored.output_path,
+        original_bytes=stored.original_bytes,
+    )
 
 
 def get_conversation(session: Session, conversation_id: str) -> Conversation:
@@ -140,25 +184,29 @@ def create_conversation(
     return conversation
 
 
+_INSERT_MESSAGE = insert(MESSAGES).returning(MESSAGES.c.id)
+_TOUCH = (
+    update(CONVERSATIONS)
+    .where(CONVERSATIONS.c.id == bindparam("conversation_id"))
+    .values(last_activity_at=bindparam("now"))
+)
+
+
 def insert_chain(
     session: Session,
-    conversation: Conversation,
+    conversation_id: str,
     rows: Sequence[dict[str, Any]],
     parent_id: int | None,
 ) -> list[int]:
     """Insert rows as a chain under ``parent_id``; returns their ids in order."""
+    connection = session.connection()
     ids: list[int] = []
     now = utcnow()
     for values in rows:
-        statement = (
-            insert(Message)
-            .values(conversation_id=conversation.id, parent_id=parent_id, created_at=now, **values)
-            .returning(col(Message.id))
-        )
-        parent_id = int(session.execute(statement).scalar_one())
+        params = {**values, "conversation_id": conversation_id, "parent_id": parent_id}
+        parent_id = int(connection.execute(_INSERT_MESSAGE, {**params, "created_at": now}).one()[0])
         ids.append(parent_id)
-    conversation.last_activity_at = now
-    session.add(conversation)
+    connection.execute(_TOUCH, {"conversation_id": conversation_id, "now": now})
     return ids
 
 
@@ -169,30 +217,117 @@ def import_records(
     default_model: str,
     model: str | None = None,
     max_input_tokens: int | None = None,
-    prepare: Any = None,
+    prepare: Preparer | None = None,
 ) -> list[tuple[str, int]]:
-    """Import validated records; the caller's transaction makes the whole file one unit."""
+    """Import validated records; the caller's transaction makes the whole file one unit.
+
+    Every record is checked before anything is written or saved, so a bad record leaves no
+    output file of the good ones before it either."""
+    checked = [check_record(record, f"conversation {i + 1}") for i, record in enumerate(records)]
     seen: set[str] = set()
     result: list[tuple[str, int]] = []
-    for index, record in enumerate(records):
-        where = f"conversation {index + 1}"
-        messages = check_record(record, where)
+    for index, (record, messages) in enumerate(zip(records, checked, strict=True)):
         cid = str(record["id"]) if record.get("id") is not None else None
         if cid is not None and cid in seen:
-            raise InputError(f"{where}: duplicate id {cid!r} in the file")
+            raise InputError(f"conversation {index + 1}: duplicate id {cid!r} in the file")
         meta = {k: v for k, v in record.items() if k not in ("id", "messages")}
         conversation = create_conversation(
             session, cid, model or default_model, max_input_tokens, meta
         )
         seen.add(conversation.id)
-        encoding = tokens.encoding_name_for(conversation.model)
-        rows = [
-            row_values(prepare(m) if prepare else m, encoding, source=m, model=conversation.model)
-            for m in messages
-        ]
-        ids = insert_chain(session, conversation, rows, None)
+        rows = [prepared_values(m, conversation.model, prepare) for m in messages]
+        ids = insert_chain(session, conversation.id, rows, None)
         result.append((conversation.id, len(ids)))
     return result
+
+
+# --- appends -----------------------------------------------------------------------------------
+#
+# An append without a parent goes after the branch head (the conversation's newest message),
+# which only stays race-free while appends to one conversation run one at a time. So each append
+# takes the conversation's lock first, in a short transaction of its own: on PostgreSQL a row
+# lock on the conversation (FOR NO KEY UPDATE: it serializes appends and the lease's updates, and
+# lets other rows' foreign-key checks through), on SQLite an immediate write transaction
+# (BEGIN IMMEDIATE, emitted from SQLAlchemy's "begin" event for these transactions only).
+
+APPEND_OPTION = "recap_append"  # execution option marking an append's transaction
+# Newest messages read for the calls a result answers (a wider read, then all, only when the
+# narrower cannot tell): a result usually follows its call within a few messages.
+PAIRING_WINDOWS = (16, 256)
+MAX_ID = 2**63 - 1  # message ids are signed 64-bit integers in both databases
+_hooked: weakref.WeakSet[Engine] = weakref.WeakSet()  # SQLite engines with the hook
+_hook_lock = threading.Lock()
+
+_c, _m = CONVERSATIONS.c, MESSAGES.c
+# The lock is taken by a statement of its own: on PostgreSQL a statement that waited for a row
+# lock still reads with the snapshot it started with, so the head is read by the next one.
+_LOCK = (
+    sa_select(_c.model).where(_c.id == bindparam("conversation_id")).with_for_update(key_share=True)
+)
+_HEAD = sa_select(
+    sa_select(func.max(_m.id))
+    .where(_m.conversation_id == bindparam("conversation_id"))
+    .scalar_subquery(),
+    sa_select(_m.conversation_id).where(_m.id == bindparam("parent_id")).scalar_subquery(),
+)
+# The ids of an assistant message's tool calls, read in the database (the arguments stay there).
+_CALL_IDS = {
+    "sqlite": "CASE WHEN m.role = 'assistant' THEN (SELECT json_group_array(json_extract("
+    "c.value, '$.id')) FROM json_each(m.tool_calls) AS c WHERE c.type = 'object') END",
+    "postgresql": "CASE WHEN m.role = 'assistant' AND json_typeof(m.tool_calls) = 'array' THEN "
+    "(SELECT json_agg(c.value ->> 'id') FROM json_array_elements(m.tool_calls) AS c) END",
+}
+# The newest messages of the conversation up to the leaf, by the (conversation, id) index: on an
+# unforked branch these are its newest messages, and a fork only makes the walk stop sooner.
+_TAIL = """
+SELECT m.id, m.parent_id, m.role, m.tool_call_id, {calls} FROM messages AS m
+WHERE m.conversation_id = :conversation_id AND m.id <= :leaf ORDER BY m.id DESC LIMIT :rows
+"""
+_tails: dict[str, TextClause] = {}
+
+
+def _begin_immediate(connection: Connection) -> None:
+    """SQLAlchemy's recipe for pysqlite, scoped to appends: their transaction starts as a write
+    transaction, so the head read and the insert after it are one serialized unit."""
+    if connection.get_execution_options().get(APPEND_OPTION):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _hook(engine: Engine) -> None:
+    """Attach the BEGIN IMMEDIATE hook to a SQLite engine, once."""
+    if engine.dialect.name != "sqlite" or engine in _hooked:
+        return
+    with _hook_lock:
+        if not event.contains(engine, "begin", _begin_immediate):
+            event.listen(engine, "begin", _begin_immediate)
+        _hooked.add(engine)
+
+
+def append_messages(
+    session: Session,
+    conversation_id: str,
+    messages: Sequence[Any],
+    parent_id: int | None = None,
+    prepare: Preparer | None = None,
+) -> list[int]:
+    """Append ``messages`` as a chain after ``parent_id`` (default: the branch head), all or
+    nothing, under the conversation's lock; returns their ids.
+
+    Call it on a fresh session (the lock is taken as its transaction begins) and commit soon.
+    Each tool result must answer an open call: one made earlier in ``messages``, or one on the
+    branch that no result answered yet (counted per id, so reused ids pair turn after turn).
+    """
+    checked = [check_message(m, f"message {i}" if len(messages) > 1 else "message")
+               for i, m in enumerate(messages)]  # fmt: skip
+    if parent_id is not None and not 0 < parent_id <= MAX_ID:
+        raise NotFoundError(f"message {parent_id} is not in conversation {conversation_id!r}")
+    model, parent_id = _lock_for_append(session, conversation_id, parent_id)
+    needed = calls_needed(checked)
+    if needed:
+        open_calls = _open_calls(session, conversation_id, parent_id, needed)
+        check_tool_pairing(checked, "", open_calls=open_calls)
+    rows = [prepared_values(m, model, prepare) for m in checked]
+    return insert_chain(session, conversation_id, rows, parent_id)
 
 
 def add_message(
@@ -200,30 +335,78 @@ def add_message(
     conversation_id: str,
     message: Mapping[str, Any],
     parent_id: int | None = None,
-    prepare: Any = None,
+    prepare: Preparer | None = None,
 ) -> int:
-    """Append one message after ``parent_id`` (default: the latest message), checking its pair."""
-    conversation = get_conversation(session, conversation_id)
-    checked = check_message(message, "message")
+    """Append one message after ``parent_id`` (default: the branch head), checking its pair."""
+    return append_messages(session, conversation_id, [message], parent_id, prepare)[0]
+
+
+def _lock_for_append(
+    session: Session, conversation_id: str, parent_id: int | None
+) -> tuple[str, int | None]:
+    """Take the conversation's append lock; its model and the message to append after."""
+    bind = session.get_bind()
+    if isinstance(bind, Engine):
+        _hook(bind)
+    connection = session.connection(execution_options={APPEND_OPTION: True})
+    params = {"conversation_id": conversation_id, "parent_id": parent_id}
+    model = connection.execute(_LOCK, params).scalar()
+    if model is None:
+        raise NotFoundError(f"unknown conversation {conversation_id!r}")
+    head, parent_in = connection.execute(_HEAD, params).one()
     if parent_id is None:
-        parent_id = latest_message_id(session, conversation_id)
-    elif session.get(Message, parent_id) is None or (
-        session.get(Message, parent_id).conversation_id != conversation_id  # type: ignore[union-attr]
-    ):
+        return str(model), head
+    if parent_in != conversation_id:
         raise NotFoundError(f"message {parent_id} is not in conversation {conversation_id!r}")
-    if checked["role"] == "tool":
-        branch = load_branch(session, conversation_id, parent_id) if parent_id else []
-        answered = {m.tool_call_id for m in branch if m.role == "tool"}
-        calls = {cid for m in branch for cid in m.tool_call_ids} - answered
-        check_tool_pairing([checked], "message", open_calls=calls)
-    encoding = tokens.encoding_name_for(conversation.model)
-    values = row_values(
-        prepare(checked) if prepare else checked,
-        encoding,
-        source=checked,
-        model=conversation.model,
-    )
-    return insert_chain(session, conversation, [values], parent_id)[0]
+    return str(model), parent_id
+
+
+def _open_calls(
+    session: Session, conversation_id: str, leaf: int | None, needed: Mapping[str, int]
+) -> dict[str, int]:
+    """The open calls of the ``needed`` ids on the branch ending at ``leaf``: from its newest
+    messages, and from the whole branch (ids, roles and call ids, never content) only when those
+    cannot tell (a result whose call lies further back, or none at all)."""
+    if leaf is None:
+        return {}
+    for rows in (*PAIRING_WINDOWS, MAX_ID):
+        steps, reached_root = _walk_back(session, conversation_id, leaf, rows)
+        found = open_calls_from_tail(steps, needed, reached_root=reached_root or rows == MAX_ID)
+        if found is not None:
+            return found
+    raise AssertionError("a walk over every message always tells")  # pragma: no cover
+
+
+def _walk_back(
+    session: Session, conversation_id: str, leaf: int, rows: int
+) -> tuple[Iterator[Step], bool]:
+    """The branch from ``leaf`` back, as far as the conversation's newest ``rows`` messages up
+    to it reach (newest first, call ids decoded as the walk gets to them), and whether that is
+    the root."""
+    connection = session.connection()
+    dialect = connection.dialect.name
+    statement = _tails.get(dialect)
+    if statement is None:
+        calls = _CALL_IDS.get(dialect, "m.tool_calls")  # elsewhere: the calls, ids taken here
+        statement = _tails[dialect] = text(_TAIL.format(calls=calls))
+    params = {"conversation_id": conversation_id, "leaf": leaf, "rows": rows}
+    by_id = {row[0]: row[1:] for row in connection.execute(statement, params)}
+    path: list[int] = []
+    node: int | None = leaf
+    while node is not None and node in by_id and len(path) < len(by_id):
+        path.append(node)
+        node = by_id[node][0]
+    steps = (Step(str(by_id[m][1]), by_id[m][2], _ids_of(by_id[m][3])) for m in path)
+    return steps, node is None
+
+
+def _ids_of(value: Any) -> tuple[str, ...]:
+    """Call ids from the walk's ``call_ids`` column (JSON text or decoded, ids or whole calls)."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    if not isinstance(value, list):
+        return ()
+    return tuple(str(v.get("id", "")) if isinstance(v, dict) else str(v) for v in value)
 
 
 def latest_message_id(session: Session, conversation_id: str) -> int | None:

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from core import limits, media
 from core.errors import InputError
 from core.records import ROLES
 
 KNOWN_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name", "id"}
+# Keys starting with this are Recap's own (file paths, sizes): refused in input, never stored.
+DERIVED_PREFIX = "_"
 
 
 def check_message(message: Any, where: str) -> dict[str, Any]:
     """One message's shape: a role, string/list/None content, well-formed tool calls."""
     if not isinstance(message, Mapping):
         raise InputError(f"{where}: a message must be a JSON object")
+    _refuse_derived(message, where)
     role = message.get("role")
     if role not in ROLES:
         raise InputError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
@@ -48,6 +52,16 @@ def _check_storable(message: Mapping[str, Any], where: str) -> None:
         limits.check_value(value, f"{where}: {key}")
 
 
+def _refuse_derived(message: Mapping[Any, Any], where: str) -> None:
+    """Fields Recap derives itself are never taken from input: one error naming the first."""
+    for key in message:
+        if not isinstance(key, str) or key.startswith(DERIVED_PREFIX):
+            raise InputError(
+                f"{where}: field {key!r} is reserved for what Recap derives itself "
+                f"(keys starting with {DERIVED_PREFIX!r} are refused)"
+            )
+
+
 def _check_call(call: Any, where: str) -> None:
     if not isinstance(call, Mapping) or not isinstance(call.get("id"), str) or not call["id"]:
         raise InputError(f"{where}: a tool call needs a string id")
@@ -60,21 +74,77 @@ def _check_call(call: Any, where: str) -> None:
 
 
 def check_tool_pairing(
-    messages: Iterable[Mapping[str, Any]], where: str, open_calls: Iterable[str] = ()
+    messages: Iterable[Mapping[str, Any]],
+    where: str,
+    open_calls: Mapping[str, int] | Iterable[str] = (),
 ) -> None:
-    """Every tool message answers a call made by an earlier assistant message, once."""
-    pending = set(open_calls)
+    """Every tool message answers an open call: one made by an earlier assistant message (or
+    open before ``messages``) and not answered yet. Open calls are counted per id, so an id a
+    server reuses every turn (``call_0``) pairs again once its earlier call was answered."""
+    pending = Counter(open_calls)
     for index, message in enumerate(messages):
         if message.get("role") == "assistant":
-            for call in message.get("tool_calls") or ():
-                pending.add(str(call["id"]))
+            pending.update(str(call["id"]) for call in message.get("tool_calls") or ())
         elif message.get("role") == "tool":
             call_id = str(message.get("tool_call_id"))
-            if call_id not in pending:
+            if pending[call_id] <= 0:
+                label = f"{where} message {index}" if where else f"message {index}"
                 raise InputError(
-                    f"{where} message {index}: tool result {call_id!r} answers no earlier call"
+                    f"{label}: tool result {call_id!r} answers no earlier call that is still open"
                 )
-            pending.discard(call_id)
+            pending[call_id] -= 1
+
+
+def calls_needed(messages: Iterable[Mapping[str, Any]]) -> Counter[str]:
+    """Per call id, how many results of ``messages`` must answer calls made before them (the
+    rest answer calls made earlier in ``messages``)."""
+    made: Counter[str] = Counter()
+    needed: Counter[str] = Counter()
+    for message in messages:
+        if message.get("role") == "assistant":
+            made.update(str(call["id"]) for call in message.get("tool_calls") or ())
+        elif message.get("role") == "tool":
+            call_id = str(message.get("tool_call_id"))
+            if made[call_id] > 0:
+                made[call_id] -= 1
+            else:
+                needed[call_id] += 1
+    return needed
+
+
+class Step(NamedTuple):
+    """What pairing needs of one stored message: no content."""
+
+    role: str
+    tool_call_id: str | None
+    call_ids: Sequence[str]
+
+
+def open_calls_from_tail(
+    newest_first: Iterable[Step], needed: Mapping[str, int], *, reached_root: bool
+) -> dict[str, int] | None:
+    """The open calls of the ``needed`` ids on a branch, from its newest messages back.
+
+    Walking back, a call id's open count is at least (calls seen - results seen), since no stored
+    prefix answers more calls than it made; it is exact once the walk reached the root. Returns
+    each needed id's open count (capped at what is needed) as soon as every id has enough, the
+    exact counts when ``reached_root``, or None when the messages walked cannot tell.
+    """
+    balance: Counter[str] = Counter()  # calls minus results seen so far, per needed id
+    unmet = {call_id for call_id, count in needed.items() if count > 0}
+    for step in newest_first:
+        if not unmet:
+            break
+        if step.role == "tool" and step.tool_call_id in unmet:
+            balance[step.tool_call_id] -= 1
+        for call_id in step.call_ids:
+            if call_id in unmet:
+                balance[call_id] += 1
+                if balance[call_id] >= needed[call_id]:
+                    unmet.discard(call_id)
+    if unmet and not reached_root:
+        return None
+    return {call_id: max(0, min(balance[call_id], count)) for call_id, count in needed.items()}
 
 
 def check_record(record: Mapping[str, Any], where: str) -> list[dict[str, Any]]:

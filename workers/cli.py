@@ -370,14 +370,35 @@ def add(
     parent: Annotated[
         int | None, typer.Option(help="Branch from this message id.", **MESSAGE_ID)
     ] = None,
+    fields: Annotated[
+        str | None,
+        typer.Option(
+            help="More message fields as a JSON object (e.g. reasoning_content, or a list "
+            "content); the options given win over it; keys starting with _ are refused."
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Append one message, or branch from --parent."""
+    """Append one message after the branch head, or branch from --parent."""
     message = _message_from_options(role, content, content_file, tool_call_id, name, tool_calls)
+    if fields is not None:
+        extra = _fields_object(fields)
+        message = {**extra, **{k: v for k, v in message.items() if v is not None or k not in extra}}
     message_id = service.add_message(
         engine(), conversation, message, parent_id=parent, prepare=_ingest()
     )
     emit({"message_id": message_id}, as_json, lambda: typer.echo(str(message_id)))
+
+
+def _fields_object(text: str) -> dict[str, Any]:
+    """The ``--fields`` JSON object."""
+    from core.errors import InputError
+    from core.limits import loads
+
+    value = loads(text, "--fields")
+    if not isinstance(value, dict):
+        raise InputError("--fields must be a JSON object")
+    return value
 
 
 def _message_from_options(
