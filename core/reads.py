@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Select, Text, and_, bindparam, func, or_, select, type_coerce
@@ -27,10 +27,14 @@ from core.records import ClearingRec, Msg, SummaryRec
 FIRST_BATCH = 256  # rows in the newest batch, and the fewest in any later one
 BATCH_SLACK = 1.1  # later batches: the rows the rest of the budget should need, plus a tenth
 JSON_COLUMNS = frozenset({"tool_calls", "content_parts", "extra"})
-COLUMNS = tuple(
-    type_coerce(column, Text) if column.name in JSON_COLUMNS else column
-    for column in store.MESSAGE_COLUMNS
+COLUMNS = (
+    *(
+        type_coerce(column, Text) if column.name in JSON_COLUMNS else column
+        for column in store.MESSAGE_COLUMNS
+    ),
+    MESSAGES.c.encoding,  # what the stored count was made with (core.recount reads it)
 )
+BASIS = len(store.MESSAGE_COLUMNS)  # the position of ``encoding`` in COLUMNS
 ROLE, TOKENS, TOOL_CALLS, TOOL_CALL_ID = 2, 4, 5, 6  # positions in store.MESSAGE_COLUMNS
 PARTS = [column.name for column in store.MESSAGE_COLUMNS].index("content_parts")
 # Statements built once, with parameters: building one costs several times what running it does.
@@ -73,6 +77,7 @@ class RequestBranch:
     summary: SummaryRec | None
     clearings: dict[int, ClearingRec]
     omitted: list[int]  # older messages after the cutoff, left unread: they cannot fit
+    bases: dict[int, str] = field(default_factory=dict)  # each message's count basis (recount)
 
 
 def conversation_head(session: Session, conversation_id: str) -> tuple[str, int | None]:
@@ -105,11 +110,13 @@ def load_request_branch(
     after = path[first:]
     skip = 0 if budget is None else _omittable(after, rows, clearings, budget)
     rows.fetch([mid for mid in after[skip:] if mid not in rows.by_id])
+    sent = [*heads, *after[skip:]]
     return RequestBranch(
-        branch=[rows.msg(mid) for mid in [*heads, *after[skip:]]],
+        branch=[rows.msg(mid) for mid in sent],
         summary=summary,
         clearings=clearings,
         omitted=after[:skip],
+        bases={mid: rows.by_id[mid][BASIS] for mid in sent},
     )
 
 
@@ -228,7 +235,7 @@ class _Rows:
     def msg(self, mid: int) -> Msg:
         """The row as a ``Msg`` (positional: this runs for every message sent)."""
         row = self.by_id[mid]
-        _, parent, role, content, count, _, call_id, name, parts, extra, path, size = row
+        _, parent, role, content, count, _, call_id, name, parts, extra, path, size, _ = row
         parts, extra = _json_value(parts), _json_value(extra)
         return Msg(
             mid,

@@ -9,8 +9,9 @@ When a conversation moves to a model with another basis (``set_model``; o200k ``
 cl100k ``gpt-4``, or an OpenAI model to a Claude one for rows with thinking), its rows are
 recounted:
 
-- lazily on the request path: ``assemble`` recounts the stale rows it read, for this request, and
-  writes their new counts back in one short transaction, so no row is recounted there twice;
+- lazily on the request path: the request read gives each row's basis (``core.reads``), and
+  ``assemble`` recounts the stale rows it read, for this request, and writes their new counts back
+  in one short transaction, so no row is recounted there twice;
 - in batches off the request path: ``recount_conversation`` walks the conversation by id in
   short transactions of ``RECOUNT_BATCH`` rows (``recap recount``, and the ``recap.recount_tokens``
   task that ``set_model`` callers enqueue).
@@ -96,23 +97,6 @@ def apply(branch: Sequence[Msg], changes: Iterable[Change]) -> list[Msg]:
     if not by_id:
         return list(branch)
     return [m._replace(tokens=by_id[m.id].tokens) if m.id in by_id else m for m in branch]
-
-
-_BASES_OF = select(MESSAGES.c.id, MESSAGES.c.encoding).where(
-    MESSAGES.c.conversation_id == bindparam("conversation_id"),
-    MESSAGES.c.id.in_(bindparam("ids", expanding=True)),
-    MESSAGES.c.encoding.not_in(bindparam("current", expanding=True)),
-)
-
-
-def stale_bases(
-    connection: Connection, conversation_id: str, ids: Sequence[int], model: str
-) -> dict[int, str]:
-    """Of the messages ``ids``, those whose count is not current for ``model``, with its basis."""
-    if not ids:
-        return {}
-    params = {"conversation_id": conversation_id, "ids": list(ids), "current": current_bases(model)}
-    return {int(row[0]): str(row[1]) for row in connection.execute(_BASES_OF, params)}
 
 
 def changes_for(branch: Sequence[Msg], stale: dict[int, str], model: str) -> list[Change]:
@@ -238,12 +222,11 @@ def set_model(
     return current_bases(old) != current_bases(model)
 
 
-def refreshed(
-    connection: Connection, conversation_id: str, loaded: RequestBranch, model: str
-) -> tuple[RequestBranch, list[Change]]:
+def refreshed(loaded: RequestBranch, model: str) -> tuple[RequestBranch, list[Change]]:
     """The request's rows at current counts for ``model``, and the changes made (request path:
-    one indexed read of the rows' bases; counting only for rows that are stale)."""
-    stale = stale_bases(connection, conversation_id, [m.id for m in loaded.branch], model)
+    the read gave each row's basis; counting only for rows that are stale)."""
+    current = current_bases(model)
+    stale = {mid: basis for mid, basis in loaded.bases.items() if basis not in current}
     if not stale:
         return loaded, []
     changes = changes_for(loaded.branch, stale, model)

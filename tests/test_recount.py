@@ -97,9 +97,9 @@ def test_request_path_recounts_what_it_reads_once(
     assert all(stored[mid] == (fresh[mid], tokens.CL100K) for mid in sent)
     assert any(stored[mid][1] == tokens.O200K for mid in request.dropped_message_ids)
     with session_scope(engine) as session:
-        loaded = load_request_branch(session, cid, None, None)
-        ids = [m.id for m in loaded.branch if m.id in sent]
-        assert recount.stale_bases(session.connection(), cid, ids, NEW) == {}
+        loaded = load_request_branch(session, cid, None, request.budget)
+        assert set(loaded.bases) == {m.id for m in loaded.branch}
+        assert recount.refreshed(loaded, NEW)[1] == []
 
 
 def test_batches_recount_the_rest(moved: tuple[Engine, str]) -> None:
