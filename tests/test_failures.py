@@ -329,6 +329,26 @@ def test_bad_failures_and_retry_input_is_one_line_and_enqueues_nothing(
 # --- Flower ------------------------------------------------------------------------------------
 
 
+EVENT_PROBE_SECONDS = 5.0  # how long one probe task may take to show up in Flower
+
+
+def _flower_sees_events(client: Celery, base: str) -> bool:
+    """Whether Flower has seen a probe task from its first event on: its event receiver starts
+    a little after its API answers, and a task it half saw would have no name. The probe names
+    no conversation that exists, so it fails at once without touching any."""
+    probe = f"probe-{uuid.uuid4().hex[:8]}"
+    task_id = client.send_task("recap.compress_session", args=[probe], queue="compress").id
+
+    def named() -> bool:
+        code, task = _http("GET", f"{base}/api/task/info/{task_id}")
+        return code == 200 and bool(task) and task.get("name") == "recap.compress_session"
+
+    try:
+        return bool(_wait(named, EVENT_PROBE_SECONDS, "the probe"))
+    except AssertionError:
+        return False
+
+
 def test_flower_lists_the_failure_and_reruns_it(
     postgres_url: str, redis_url: str, tmp_path: Path
 ) -> None:
@@ -343,8 +363,9 @@ def test_flower_lists_the_failure_and_reruns_it(
         base = f"http://127.0.0.1:{port}"
         try:
             _wait(lambda: _http("GET", f"{base}/api/workers")[0] == 200, READY_TIMEOUT, "Flower")
-            s.server.script(Reply(status=401, error=f"Incorrect API key provided: {API_KEY}"))
             client = Celery(broker=s.redis_url)  # a host's send_task by name, Python's reprs
+            _wait(lambda: _flower_sees_events(client, base), READY_TIMEOUT, "Flower's events")
+            s.server.script(Reply(status=401, error=f"Incorrect API key provided: {API_KEY}"))
             task_id = client.send_task("recap.compress_session", args=[cid], queue="compress").id
             client.close()
 
