@@ -897,6 +897,48 @@ def serve(
     run_server(host, port)
 
 
+@app.command()
+@handles_errors
+def recount(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    model: Annotated[
+        str | None, typer.Option(help="Record that the conversation now uses this model.")
+    ] = None,
+    max_input_tokens: WindowOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Recount the conversation's stored token counts made for another model, in batches
+    (with --model, record the model change first)."""
+    from core import recount as recounts
+
+    if model is not None:
+        recounts.set_model(engine(), conversation, model, max_input_tokens=max_input_tokens)
+    elif max_input_tokens is not None:
+        fail("--max-input-tokens goes with --model")
+    payload = recounts.recount_conversation(engine(), conversation).as_dict()
+    emit(payload, as_json, lambda: table("recount", list(payload), [list(payload.values())]))
+
+
+@app.command("prune-log")
+@handles_errors
+def prune_log(as_json: JsonFlag = False) -> None:
+    """Delete compaction-log rows past RECAP_LOG_RETENTION_DAYS (skipped runs) and
+    RECAP_LOG_HISTORY_DAYS (every run) now (the beat pruning)."""
+    from core.compaction_log import prune_log as prune
+    from core.models import utcnow
+
+    current = settings()
+    result = prune(
+        engine(),
+        now=utcnow(),
+        retention_days=current.log_retention_days,
+        history_days=current.log_history_days,
+        max_batches=None,
+    )
+    payload = result.as_dict()
+    emit(payload, as_json, lambda: table("prune-log", list(payload), [list(payload.values())]))
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
