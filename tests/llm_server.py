@@ -309,8 +309,11 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds every reply waits")
+    parser.add_argument("--reply", help="answer every request with this text (no summary work)")
     options = parser.parse_args(argv)
-    server = LLMServer(default_delay=options.delay).start()
+    fixed = options.reply
+    default = stand_in_summary if fixed is None else (lambda _body: str(fixed))
+    server = LLMServer(default=default, default_delay=options.delay).start()
     print(server.url, flush=True)
     threading.Event().wait()
 

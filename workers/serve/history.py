@@ -61,7 +61,9 @@ def store_request(
 ) -> Mapped:
     """Map ``messages`` onto the conversation (created for ``owner`` when new): the longest
     stored prefix is reused, the rest appended after it. A conversation of another owner is a
-    ``NotFoundError``, as if it did not exist."""
+    ``NotFoundError``, as if it did not exist. The messages are checked first (an
+    ``InputError`` before anything is written)."""
+    messages = validate(messages)
     hashes = [message_hash(m) for m in messages]
     for attempt in range(CREATE_ATTEMPTS):
         try:

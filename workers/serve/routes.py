@@ -135,10 +135,6 @@ def new_turn(
     system, rest = split_system(messages)
     if not rest:
         raise bad_request("`messages` holds no message besides the system prompt.")
-    try:
-        checked = history.validate(rest)
-    except RecapError as exc:
-        raise bad_request(str(exc), param="messages") from None
     tools = params.get("tools")
     return Turn(
         conversation_id=cid,
@@ -146,7 +142,7 @@ def new_turn(
         model=model,
         system=system,
         tools=tools if isinstance(tools, list) else None,
-        history=checked,
+        history=rest,
         params=params,
     )
 
@@ -211,7 +207,7 @@ async def _prepare(turns: Turns, turn: Turn) -> history.Mapped:
             param="model",
         ) from None
     except RecapError as exc:
-        raise bad_request(turns.error_text(exc)) from None
+        raise bad_request(turns.masked(exc)) from None
     return mapped
 
 

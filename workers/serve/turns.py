@@ -20,7 +20,7 @@ import structlog
 from core.aio import AsyncRecap
 from core.errors import BudgetError
 from core.outputs import Ingest
-from core.redact import error_text, known_secrets
+from core.redact import error_text, known_secrets, redact
 from core.settings import Settings
 from workers.serve import history, upstream
 from workers.serve.errors import ServeError, context_too_long
@@ -66,7 +66,7 @@ class Turn:
     model: str
     system: str | None
     tools: list[dict[str, Any]] | None
-    history: list[dict[str, Any]]
+    history: list[Any]  # as the client sent it; checked on the thread pool
     params: dict[str, Any]
     leaf_id: int | None = None
     sent: list[dict[str, Any]] = field(default_factory=list)
@@ -188,7 +188,12 @@ class Turns:
             )
 
     def error_text(self, exc: BaseException) -> str:
+        """One masked line naming the error's class, for logs."""
         return error_text(exc, self._secrets)
+
+    def masked(self, exc: BaseException) -> str:
+        """The error's message with every secret masked, for the client."""
+        return redact(str(exc), self._secrets)
 
 
 def _send_compress(conversation_id: str, leaf_id: int | None) -> None:

@@ -14,6 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote price map at import
+# Recap registers no litellm logging callback: skip the copy of every request litellm makes for
+# one (a whole history per call, several milliseconds on a long conversation).
+os.environ.setdefault("MAX_BASE64_LENGTH_FOR_LOGGING", "0")
 
 import litellm
 
