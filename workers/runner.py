@@ -64,7 +64,10 @@ def worker_argv(queue: str, *, beat: bool, extra: Sequence[str]) -> list[str]:
         pool = ["--pool", "prefork", "--concurrency", str(MAINTENANCE_CONCURRENCY)]
     else:
         pool = []
-    argv = ["worker", "--queues", queues, "--hostname", f"{queue}@%h", "--loglevel", "INFO"]
+    # a node name per process (the supervisor's pid): two `recap worker`s on one host must not
+    # share one, and a restarted child keeps its predecessor's
+    node = f"{queue}-{os.getpid()}@%h"
+    argv = ["worker", "--queues", queues, "--hostname", node, "--loglevel", "INFO"]
     argv += pool
     if beat:
         argv += ["--beat", "--schedule", os.path.join(".recap", "celerybeat-schedule")]
