@@ -253,7 +253,7 @@ def import_records(
 APPEND_OPTION = "recap_append"  # execution option marking an append's transaction
 # Newest messages read for the calls a result answers (a wider read, then all, only when the
 # narrower cannot tell): a result usually follows its call within a few messages.
-PAIRING_WINDOWS = (16, 256)
+PAIRING_WINDOWS = (8, 256)
 MAX_ID = 2**63 - 1  # message ids are signed 64-bit integers in both databases
 _hooked: weakref.WeakSet[Engine] = weakref.WeakSet()  # SQLite engines with the hook
 _hook_lock = threading.Lock()
@@ -264,11 +264,9 @@ _c, _m = CONVERSATIONS.c, MESSAGES.c
 _LOCK = (
     sa_select(_c.model).where(_c.id == bindparam("conversation_id")).with_for_update(key_share=True)
 )
-_HEAD = sa_select(
-    sa_select(func.max(_m.id))
-    .where(_m.conversation_id == bindparam("conversation_id"))
-    .scalar_subquery(),
-    sa_select(_m.conversation_id).where(_m.id == bindparam("parent_id")).scalar_subquery(),
+_HEAD = sa_select(func.max(_m.id)).where(_m.conversation_id == bindparam("conversation_id"))
+_PARENT_OF = sa_select(_m.id).where(
+    _m.id == bindparam("parent_id"), _m.conversation_id == bindparam("conversation_id")
 )
 # The ids of an assistant message's tool calls, read in the database (the arguments stay there).
 _CALL_IDS = {
@@ -321,11 +319,15 @@ def append_messages(
                for i, m in enumerate(messages)]  # fmt: skip
     if parent_id is not None and not 0 < parent_id <= MAX_ID:
         raise NotFoundError(f"message {parent_id} is not in conversation {conversation_id!r}")
-    model, parent_id = _lock_for_append(session, conversation_id, parent_id)
+    model = _lock_for_append(session, conversation_id, parent_id)
     needed = calls_needed(checked)
-    if needed:
-        open_calls = _open_calls(session, conversation_id, parent_id, needed)
+    if needed:  # the pairing read starts at the head too: one statement for both
+        parent_id, open_calls = _open_calls(session, conversation_id, parent_id, needed)
         check_tool_pairing(checked, "", open_calls=open_calls)
+    elif parent_id is None:
+        parent_id = (
+            session.connection().execute(_HEAD, {"conversation_id": conversation_id}).scalar()
+        )
     rows = [prepared_values(m, model, prepare) for m in checked]
     return insert_chain(session, conversation_id, rows, parent_id)
 
@@ -341,10 +343,9 @@ def add_message(
     return append_messages(session, conversation_id, [message], parent_id, prepare)[0]
 
 
-def _lock_for_append(
-    session: Session, conversation_id: str, parent_id: int | None
-) -> tuple[str, int | None]:
-    """Take the conversation's append lock; its model and the message to append after."""
+def _lock_for_append(session: Session, conversation_id: str, parent_id: int | None) -> str:
+    """Take the conversation's append lock; its model. An explicit parent must be one of its
+    messages."""
     bind = session.get_bind()
     if isinstance(bind, Engine):
         _hook(bind)
@@ -353,51 +354,49 @@ def _lock_for_append(
     model = connection.execute(_LOCK, params).scalar()
     if model is None:
         raise NotFoundError(f"unknown conversation {conversation_id!r}")
-    head, parent_in = connection.execute(_HEAD, params).one()
-    if parent_id is None:
-        return str(model), head
-    if parent_in != conversation_id:
+    if parent_id is not None and connection.execute(_PARENT_OF, params).scalar() is None:
         raise NotFoundError(f"message {parent_id} is not in conversation {conversation_id!r}")
-    return str(model), parent_id
+    return str(model)
 
 
 def _open_calls(
     session: Session, conversation_id: str, leaf: int | None, needed: Mapping[str, int]
-) -> dict[str, int]:
-    """The open calls of the ``needed`` ids on the branch ending at ``leaf``: from its newest
-    messages, and from the whole branch (ids, roles and call ids, never content) only when those
-    cannot tell (a result whose call lies further back, or none at all)."""
-    if leaf is None:
-        return {}
+) -> tuple[int | None, dict[str, int]]:
+    """The leaf (default: the branch head) and the open calls of the ``needed`` ids on its
+    branch: from its newest messages, and from the whole branch (ids, roles and call ids, never
+    content) only when those cannot tell (a result whose call lies further back, or none)."""
     for rows in (*PAIRING_WINDOWS, MAX_ID):
-        steps, reached_root = _walk_back(session, conversation_id, leaf, rows)
+        leaf, steps, reached_root = _walk_back(session, conversation_id, leaf, rows)
         found = open_calls_from_tail(steps, needed, reached_root=reached_root or rows == MAX_ID)
         if found is not None:
-            return found
+            return leaf, found
     raise AssertionError("a walk over every message always tells")  # pragma: no cover
 
 
 def _walk_back(
-    session: Session, conversation_id: str, leaf: int, rows: int
-) -> tuple[Iterator[Step], bool]:
-    """The branch from ``leaf`` back, as far as the conversation's newest ``rows`` messages up
-    to it reach (newest first, call ids decoded as the walk gets to them), and whether that is
-    the root."""
+    session: Session, conversation_id: str, leaf: int | None, rows: int
+) -> tuple[int | None, Iterator[Step], bool]:
+    """The leaf (default: the newest message), the branch from it back as far as the
+    conversation's newest ``rows`` messages up to it reach (newest first, call ids decoded as
+    the walk gets to them), and whether that is the root."""
     connection = session.connection()
     dialect = connection.dialect.name
     statement = _tails.get(dialect)
     if statement is None:
         calls = _CALL_IDS.get(dialect, "m.tool_calls")  # elsewhere: the calls, ids taken here
         statement = _tails[dialect] = text(_TAIL.format(calls=calls))
-    params = {"conversation_id": conversation_id, "leaf": leaf, "rows": rows}
-    by_id = {row[0]: row[1:] for row in connection.execute(statement, params)}
+    params = {"conversation_id": conversation_id, "leaf": leaf or MAX_ID, "rows": rows}
+    found = connection.execute(statement, params).all()
+    by_id = {row[0]: row[1:] for row in found}
+    if leaf is None and found:
+        leaf = int(found[0][0])  # newest first: the head
     path: list[int] = []
     node: int | None = leaf
     while node is not None and node in by_id and len(path) < len(by_id):
         path.append(node)
         node = by_id[node][0]
     steps = (Step(str(by_id[m][1]), by_id[m][2], _ids_of(by_id[m][3])) for m in path)
-    return steps, node is None
+    return leaf, steps, node is None
 
 
 def _ids_of(value: Any) -> tuple[str, ...]:

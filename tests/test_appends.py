@@ -250,6 +250,21 @@ def test_a_call_far_back_is_found_and_an_orphan_far_down_still_refused(
     assert row_count(engine) == rows
 
 
+def test_many_results_of_one_message_pair_past_the_narrow_read(
+    engine: Engine, settings: Settings
+) -> None:
+    """An assistant message with 20 calls: every result pairs (the later ones are found by the
+    wider read), and a 21st is refused."""
+    start(engine, settings)
+    ids = [f"call_{k}" for k in range(20)]
+    service.add_message(engine, "c", assistant(*ids))
+    for call_id in reversed(ids):
+        service.add_message(engine, "c", result(call_id))
+    with pytest.raises(InputError, match="'call_0' answers no earlier call"):
+        service.add_message(engine, "c", result("call_0"))
+    assert len(branch(engine)) == 22
+
+
 def test_explicit_parent_still_branches(engine: Engine, settings: Settings) -> None:
     """A parent starts a sibling branch; an add without one goes after the newest message."""
     start(engine, settings)
