@@ -14,7 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 # Module names under bench/, run in this order.
-BENCHES: tuple[str, ...] = ("tokens", "sweep", "cache", "assemble", "add", "compress", "load", "media")
+BENCHES: tuple[str, ...] = (
+    "tokens",
+    "sweep",
+    "cache",
+    "assemble",
+    "add",
+    "compress",
+    "load",
+    "media",
+    "serve",
+)
 
 
 @dataclass(frozen=True)

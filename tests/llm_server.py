@@ -83,6 +83,11 @@ def stand_in_summary(body: dict[str, Any]) -> str:
     )
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # a burst of concurrent clients is queued, not refused
+
+
 @dataclass
 class LLMServer:
     """The server and its script. ``url`` is the ``api_base`` to give litellm."""
@@ -99,7 +104,7 @@ class LLMServer:
 
     def start(self) -> LLMServer:
         handler = _make_handler(self)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = _Server(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self

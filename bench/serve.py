@@ -1,0 +1,226 @@
+"""`recap serve` in front of a model: its added latency and its throughput.
+
+The local model server runs in a process of its own and answers at once, so every millisecond
+measured is Recap's (and the HTTP hops'), not a model's. `recap serve` runs as a real process.
+
+- ``serve_overhead_vs_direct``: time to first byte of a streamed reply through `recap serve`
+  over time to first byte calling the model server directly, for the same 200-message
+  conversation (stored on the first request; each timed request resends it whole, as an OpenAI
+  client does: it is mapped onto the stored tree, assembled, sent upstream and streamed back).
+  Medians of rounds that alternate the two, so load on the machine falls on both alike. The
+  absolute medians are reported beside it.
+- ``serve_requests_per_second`` (SQLite) and ``serve_requests_per_second_postgres``: stored,
+  non-streaming turns completed per second by 16 concurrent clients, each resending its own
+  growing conversation. Reported, not bounded: it depends on the machine's cores.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import Figure
+from bench.add import _postgres_database
+from bench.assemble import long_conversation
+from bench.data import load_all
+
+KEY = "bench-client-key-0001"
+MODEL = "openai/stand-in"
+CONVERSATION = 200  # messages resent by each timed request
+ROUNDS = 31  # timed rounds per side; the median of an odd count is one of them
+WARMUP_ROUNDS = 3  # untimed rounds: connections, statement caches and litellm warm up
+OVERHEAD_BOUND = "<= 1.5"
+CLIENTS = 16  # concurrent clients for the throughput figure
+TURNS_PER_CLIENT = 8  # stored turns each client sends
+START_HISTORY = 20  # messages each throughput conversation starts with
+START_TIMEOUT = 120.0  # seconds for a serve process to answer its health check
+REQUEST_TIMEOUT = 120.0  # seconds one request may take under load
+WINDOW = 1_000_000  # serve's window for the stand-in model: no request is cut
+REPLY = "Done: the tests pass now, and the change is in src/app.py."
+
+
+def run() -> list[Figure]:
+    records = load_all()
+    model = model_process()
+    assert model.stdout is not None
+    upstream = model.stdout.readline().decode().strip()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            root = Path(folder)
+            sqlite = f"sqlite:///{root / 'serve.db'}"
+            with serve_process(sqlite, upstream, root / "sqlite") as base:
+                figures = overhead(base, upstream, long_conversation(records, CONVERSATION))
+                figures.append(throughput(base, records, ""))
+            database = _postgres_database()
+            if database is None:
+                print(
+                    "bench.serve: PostgreSQL not reachable, its figure is left out", file=sys.stderr
+                )
+                return figures
+            url, drop = database
+            try:
+                with serve_process(url, upstream, root / "postgres") as base:
+                    figures.append(throughput(base, records, "_postgres"))
+            finally:
+                drop()
+    finally:
+        model.terminate()
+        model.wait()
+    return figures
+
+
+def model_process() -> subprocess.Popen[bytes]:
+    """The local model server in a process of its own, answering every request at once with a
+    fixed short text; its first output line is its URL."""
+    root = Path(__file__).resolve().parent.parent
+    command = [sys.executable, "-m", "tests.llm_server", "--reply", REPLY]
+    return subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serve_process(url: str, upstream: str, folder: Path) -> Iterator[str]:
+    """`recap serve` on a migrated ``url``; its base URL (``.../v1``)."""
+    from core.db import make_engine
+    from core.migrate import upgrade
+
+    engine = make_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    folder.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    env = {
+        **os.environ,
+        "RECAP_DATABASE_URL": url,
+        "RECAP_SERVE_KEYS": KEY,
+        "RECAP_UPSTREAM_API_BASE": upstream,
+        "RECAP_UPSTREAM_API_KEY": "bench-upstream-key",
+        "RECAP_SERVE_MAX_INPUT_TOKENS": str(WINDOW),
+        "RECAP_BROKER_FOLDER": str(folder / "broker"),
+        "RECAP_OUTPUT_DIR": str(folder / "outputs"),
+        "RECAP_LOG_LEVEL": "WARNING",
+    }
+    command = [sys.executable, "-m", "workers.cli", "serve", "--port", str(port)]
+    process = subprocess.Popen(command, env=env, cwd=folder, start_new_session=True)
+    try:
+        _wait_healthy(port, process)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def _wait_healthy(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError("recap serve exited before answering")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("recap serve did not answer its health check")
+
+
+def _first_byte(
+    client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> float:
+    """Seconds until the first byte of the streamed reply (then the rest is read)."""
+    started = time.perf_counter()
+    with client.stream("POST", url, json=body, headers=headers) as response:
+        response.raise_for_status()
+        stream = response.iter_raw()
+        next(stream)
+        elapsed = time.perf_counter() - started
+        for _ in stream:
+            pass
+    return elapsed
+
+
+def overhead(base: str, upstream: str, messages: list[dict[str, Any]]) -> list[Figure]:
+    """The time-to-first-byte ratio, and both medians in milliseconds."""
+    body = {"model": MODEL, "messages": messages, "stream": True}
+    direct_body = {**body, "model": MODEL.split("/", 1)[1]}
+    served = {"Authorization": f"Bearer {KEY}", "X-Recap-Conversation": f"bench-{uuid.uuid4()}"}
+    direct: list[float] = []
+    through: list[float] = []
+    with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+        for index in range(WARMUP_ROUNDS + ROUNDS):
+            a = _first_byte(client, f"{upstream}/chat/completions", direct_body, {})
+            b = _first_byte(client, f"{base}/chat/completions", body, served)
+            if index >= WARMUP_ROUNDS:
+                direct.append(a)
+                through.append(b)
+    direct_ms, serve_ms = statistics.median(direct) * 1000, statistics.median(through) * 1000
+    return [
+        Figure(
+            "serve_overhead_vs_direct",
+            round(serve_ms / direct_ms, 3),
+            OVERHEAD_BOUND,
+            f"time to first byte through recap serve ({serve_ms:.1f} ms) over calling the model "
+            f"server directly ({direct_ms:.1f} ms), {CONVERSATION}-message conversation resent "
+            "whole, upstream answering at once; medians",
+        ),
+        Figure("serve_ttfb_ms", round(serve_ms, 2), "", "median time to first byte via serve"),
+        Figure("direct_ttfb_ms", round(direct_ms, 2), "", "median time to first byte, direct"),
+    ]
+
+
+def throughput(base: str, records: list[dict[str, Any]], suffix: str) -> Figure:
+    """Stored turns per second with ``CLIENTS`` clients at once."""
+    start = long_conversation(records, START_HISTORY)
+    errors: list[str] = []
+    barrier = threading.Barrier(CLIENTS + 1)
+
+    def client_loop() -> None:
+        headers = {"Authorization": f"Bearer {KEY}", "X-Recap-Conversation": str(uuid.uuid4())}
+        messages = [*start, {"role": "user", "content": "begin"}]
+        with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+            barrier.wait()
+            for n in range(TURNS_PER_CLIENT):
+                body = {"model": MODEL, "messages": messages}
+                response = client.post(f"{base}/chat/completions", json=body, headers=headers)
+                if response.status_code != 200:
+                    errors.append(response.text[:200])
+                    return
+                reply = response.json()["choices"][0]["message"]
+                messages = [*messages, reply, {"role": "user", "content": f"next {n}"}]
+
+    threads = [threading.Thread(target=client_loop) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise RuntimeError(f"bench.serve: {len(errors)} clients failed: {errors[0]}")
+    database = "PostgreSQL" if suffix else "SQLite"
+    return Figure(
+        f"serve_requests_per_second{suffix}",
+        round(CLIENTS * TURNS_PER_CLIENT / elapsed, 1),
+        "",
+        f"stored non-streaming turns per second, {CLIENTS} concurrent clients, {database}, "
+        "upstream answering at once",
+    )
