@@ -35,7 +35,8 @@ REQUIRED = {
     "FLOWER_PASSWORD": "flower-test-pass",
 }
 API_KEY = "sk-compose-test-key"
-MODEL_CALLERS = {"compress-worker"}  # the only service whose tasks call the model
+MODEL_CALLERS = {"compress-worker", "serve"}  # the services that call the model (serve compresses
+# itself when a request does not fit)
 
 
 def compose_env(**values: str) -> dict[str, str]:

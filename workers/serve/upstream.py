@@ -102,13 +102,14 @@ async def complete(
 ) -> Any:
     """One upstream call: a litellm ``ModelResponse``, or its stream when ``stream``."""
     key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
+    # an empty value (compose passes unset variables as "") means litellm's own defaults
     extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if stream else {}
     return await litellm.acompletion(
         model=model,
         messages=outgoing(messages),
         stream=stream,
-        api_base=settings.upstream_api_base,
-        api_key=key,
+        api_base=settings.upstream_api_base or None,
+        api_key=key or None,
         timeout=settings.llm_timeout,
         max_retries=0,
         num_retries=0,
