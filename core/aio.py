@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -74,6 +74,23 @@ class AsyncRecap:
     ) -> int:
         """``Recap.add``: append one message (or branch from ``parent_id``); its id."""
         return await self.run(self.recap.add, conversation_id, message, parent_id=parent_id)
+
+    async def add_many(
+        self,
+        conversation_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        parent_id: int | None = None,
+    ) -> list[int]:
+        """``Recap.add_many``: one turn's messages in one transaction; their ids."""
+        return await self.run(self.recap.add_many, conversation_id, messages, parent_id=parent_id)
+
+    async def compress(
+        self, conversation_id: str, *, leaf: int | None = None, force: bool = False
+    ) -> dict[str, Any]:
+        """``Recap.compress``: compress now so that the next request fits (seconds, with a
+        summary model): call it on ``BudgetError`` or a provider's context overflow."""
+        return await self.run(self.recap.compress, conversation_id, leaf=leaf, force=force)
 
     async def assemble(
         self,

@@ -134,16 +134,7 @@ class Turns:
 
     async def compress_now(self, turn: Turn) -> None:
         """The synchronous compression: summarize now so the next assembly fits."""
-        from workers.compress import run_with_retries
-
-        outcome = await self.recap.run(
-            run_with_retries,
-            self.recap.recap.engine,
-            self.settings,
-            turn.conversation_id,
-            turn.leaf_id,
-            True,
-        )
+        outcome = await self.recap.compress(turn.conversation_id, leaf=turn.leaf_id, force=True)
         log.info(
             "serve_compressed_now",
             conversation_id=turn.conversation_id,
