@@ -251,8 +251,8 @@ def import_records(
 # (BEGIN IMMEDIATE, emitted from SQLAlchemy's "begin" event for these transactions only).
 
 APPEND_OPTION = "recap_append"  # execution option marking an append's transaction
-# Newest messages read for the calls a result answers (a wider read, then all, only when the
-# narrower cannot tell): a result usually follows its call within a few messages.
+# Messages of the branch read back from the head for the calls a result answers (a longer walk,
+# then all of it, only when the shorter cannot tell): a result follows its call closely.
 PAIRING_WINDOWS = (8, 256)
 MAX_ID = 2**63 - 1  # message ids are signed 64-bit integers in both databases
 _hooked: weakref.WeakSet[Engine] = weakref.WeakSet()  # SQLite engines with the hook
@@ -275,13 +275,23 @@ _CALL_IDS = {
     "postgresql": "CASE WHEN m.role = 'assistant' AND json_typeof(m.tool_calls) = 'array' THEN "
     "(SELECT json_agg(c.value ->> 'id') FROM json_array_elements(m.tool_calls) AS c) END",
 }
-# The newest messages of the conversation up to the leaf, by the (conversation, id) index: on an
-# unforked branch these are its newest messages, and a fork only makes the walk stop sooner.
-_TAIL = """
-SELECT m.id, m.parent_id, m.role, m.tool_call_id, {calls} FROM messages AS m
-WHERE m.conversation_id = :conversation_id AND m.id <= :leaf ORDER BY m.id DESC LIMIT :rows
+# The branch from the leaf (default: the newest message) back, ``rows`` messages at most, each
+# step a primary-key lookup of the parent: its cost follows the rows read, whatever the planner
+# knows of the conversation (a range scan of it was planned as a scan of every row at times).
+_WALK = """
+WITH RECURSIVE up(id, parent_id, role, tool_call_id, call_ids, depth) AS (
+    SELECT m.id, m.parent_id, m.role, m.tool_call_id, {calls}, 1
+    FROM messages AS m
+    WHERE m.id = (SELECT max(h.id) FROM messages AS h
+                  WHERE h.conversation_id = :conversation_id AND h.id <= :leaf)
+  UNION ALL
+    SELECT m.id, m.parent_id, m.role, m.tool_call_id, {calls}, up.depth + 1
+    FROM up JOIN messages AS m ON m.id = up.parent_id
+    WHERE up.depth < :rows
+)
+SELECT id, parent_id, role, tool_call_id, call_ids FROM up ORDER BY depth
 """
-_tails: dict[str, TextClause] = {}
+_walks: dict[str, TextClause] = {}
 
 
 def _begin_immediate(connection: Connection) -> None:
@@ -376,27 +386,20 @@ def _open_calls(
 def _walk_back(
     session: Session, conversation_id: str, leaf: int | None, rows: int
 ) -> tuple[int | None, Iterator[Step], bool]:
-    """The leaf (default: the newest message), the branch from it back as far as the
-    conversation's newest ``rows`` messages up to it reach (newest first, call ids decoded as
-    the walk gets to them), and whether that is the root."""
+    """The leaf (default: the newest message), its branch back ``rows`` messages at most
+    (newest first, call ids decoded as the walk gets to them), and whether that is the root."""
     connection = session.connection()
     dialect = connection.dialect.name
-    statement = _tails.get(dialect)
+    statement = _walks.get(dialect)
     if statement is None:
         calls = _CALL_IDS.get(dialect, "m.tool_calls")  # elsewhere: the calls, ids taken here
-        statement = _tails[dialect] = text(_TAIL.format(calls=calls))
+        statement = _walks[dialect] = text(_WALK.format(calls=calls))
     params = {"conversation_id": conversation_id, "leaf": leaf or MAX_ID, "rows": rows}
-    found = connection.execute(statement, params).all()
-    by_id = {row[0]: row[1:] for row in found}
-    if leaf is None and found:
-        leaf = int(found[0][0])  # newest first: the head
-    path: list[int] = []
-    node: int | None = leaf
-    while node is not None and node in by_id and len(path) < len(by_id):
-        path.append(node)
-        node = by_id[node][0]
-    steps = (Step(str(by_id[m][1]), by_id[m][2], _ids_of(by_id[m][3])) for m in path)
-    return leaf, steps, node is None
+    path = connection.execute(statement, params).all()
+    if not path:
+        return leaf, iter(()), True
+    steps = (Step(str(role), call_id, _ids_of(calls)) for _, _, role, call_id, calls in path)
+    return int(path[0][0]), steps, path[-1][1] is None
 
 
 def _ids_of(value: Any) -> tuple[str, ...]:

@@ -426,5 +426,5 @@ def test_open_calls_from_tail_agrees_with_a_forward_count() -> None:
 def test_walk_back_reads_no_content(sqlite_engine: Engine, settings: Settings) -> None:
     """The pairing read selects ids, parents, roles and call ids: never content."""
     for dialect, calls in store._CALL_IDS.items():
-        statement = store._TAIL.format(calls=calls)
+        statement = store._WALK.format(calls=calls)
         assert "content" not in statement and "arguments" not in statement, dialect
