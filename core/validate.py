@@ -55,7 +55,9 @@ def _check_storable(message: Mapping[str, Any], where: str) -> None:
 def _refuse_derived(message: Mapping[Any, Any], where: str) -> None:
     """Fields Recap derives itself are never taken from input: one error naming the first."""
     for key in message:
-        if not isinstance(key, str) or key.startswith(DERIVED_PREFIX):
+        if not isinstance(key, str):
+            raise InputError(f"{where}: field names must be strings, got {key!r}")
+        if key.startswith(DERIVED_PREFIX):
             raise InputError(
                 f"{where}: field {key!r} is reserved for what Recap derives itself "
                 f"(keys starting with {DERIVED_PREFIX!r} are refused)"
