@@ -174,9 +174,7 @@ class RequestProfile(SQLModel, table=True):
 
     __tablename__ = "request_profiles"
 
-    conversation_id: str = Field(
-        primary_key=True, foreign_key="conversations.id", max_length=255
-    )
+    conversation_id: str = Field(primary_key=True, foreign_key="conversations.id", max_length=255)
     system_tokens: int = 0
     tools_tokens: int = 0
     reminder_tokens: int = 0

@@ -252,13 +252,10 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
         .where(*conditions)
     )
     insert_ = postgresql.insert(CLEARINGS) if dialect == "postgresql" else sqlite.insert(CLEARINGS)
-    return (
-        insert_.from_select(
-            ["conversation_id", "message_id", "reason", "tokens_reclaimed", "created_at"],
-            candidates,
-        )
-        .on_conflict_do_nothing(index_elements=["message_id"])
-    )
+    return insert_.from_select(
+        ["conversation_id", "message_id", "reason", "tokens_reclaimed", "created_at"],
+        candidates,
+    ).on_conflict_do_nothing(index_elements=["message_id"])
 
 
 @dataclass

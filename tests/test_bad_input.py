@@ -195,7 +195,7 @@ def _float_rows() -> list[Row]:
         Row("cleanup-negative", ("cleanup", "--retention-days", "-1"), USAGE, "--retention-days"),
         Row("cleanup-word", ("cleanup", "--retention-days", "week"), USAGE, "--retention-days"),
         Row("sweep-nan", ("sweep", "--idle-minutes", "nan"), USAGE, "--idle-minutes"),
-        Row("sweep-zero", ("sweep", "--idle-minutes", "0"), USAGE, "--idle-minutes"),
+        Row("sweep-negative", ("sweep", "--idle-minutes", "-1"), USAGE, "--idle-minutes"),
         Row("sweep-huge", ("sweep", "--idle-minutes", "1e300"), USAGE, "--idle-minutes"),
     ]
 

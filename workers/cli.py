@@ -445,8 +445,8 @@ def sweep(
     idle_minutes: Annotated[
         float | None,
         typer.Option(
-            help="Idle time before clearing (default: RECAP_IDLE_MINUTES).",
-            parser=finite(0, MAX_DAYS * 24 * 60, open_low=True),
+            help="Idle time before clearing (default: RECAP_IDLE_MINUTES; 0 clears now).",
+            parser=finite(0, MAX_DAYS * 24 * 60, open_low=False),
         ),
     ] = None,
     as_json: JsonFlag = False,
@@ -794,16 +794,41 @@ def replay(
         as_json,
         lambda: table(
             f"replay of {file.name}",
-            ["conversation", "requests", "peak", "window", "overflows without", "summaries",
-             "cost vs no clearing", "cost vs last-3"],
             [
-                [c["id"][-28:], c["requests"], c["peak_tokens"], c["window"],
-                 c["overflows_without"], c["summaries"], c["cost_vs_no_clearing"],
-                 c["cost_vs_sliding"]]
+                "conversation",
+                "requests",
+                "peak",
+                "window",
+                "overflows without",
+                "summaries",
+                "cost vs no clearing",
+                "cost vs last-3",
+            ],
+            [
+                [
+                    c["id"][-28:],
+                    c["requests"],
+                    c["peak_tokens"],
+                    c["window"],
+                    c["overflows_without"],
+                    c["summaries"],
+                    c["cost_vs_no_clearing"],
+                    c["cost_vs_sliding"],
+                ]
                 for c in report["conversations"]
             ]
-            + [["total", total["requests"], total["peak_tokens"], "", total["overflows_without"],
-                total["summaries"], total["cost_vs_no_clearing"], total["cost_vs_sliding"]]],
+            + [
+                [
+                    "total",
+                    total["requests"],
+                    total["peak_tokens"],
+                    "",
+                    total["overflows_without"],
+                    total["summaries"],
+                    total["cost_vs_no_clearing"],
+                    total["cost_vs_sliding"],
+                ]
+            ],
         ),
     )
 

@@ -665,9 +665,7 @@ def with_text(engine: Engine, conversation_id: str, split: Split) -> Split:
     )
 
 
-def summarize(
-    run: Run, snapshot: Snapshot, decision: policy.Decision, base: Outcome
-) -> PassResult:
+def summarize(run: Run, snapshot: Snapshot, decision: policy.Decision, base: Outcome) -> PassResult:
     """Read the split's text, call the summarizer (no session held), validate; the row to
     insert."""
     assert decision.split is not None
@@ -807,7 +805,7 @@ def compress_session(
     return outcome.as_dict()
 
 
-def _passes(run: Run, held: lease.Lease, snapshot: Snapshot, started: float) -> Outcome:
+def _passes(run: Run, held: lease.Lease, snapshot: Snapshot | None, started: float) -> Outcome:
     """The first pass, then a re-check for each time the conversation turned dirty meanwhile."""
     first: Outcome | None = None
     current: Run = run

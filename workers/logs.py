@@ -108,6 +108,23 @@ def _drop_noise(record: logging.LogRecord) -> bool:
     return not (isinstance(record.msg, str) and record.msg.startswith(NOISE))
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of each record, so a process that swaps
+    its stderr (a test runner, a CLI runner, a daemon redirecting it) never writes to a closed
+    stream that was current when logging was configured."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # set by StreamHandler.__init__; the property wins
+        pass
+
+
 def configure_logging(*, json_output: bool, level: str | int = "INFO", force: bool = False) -> None:
     """Configure structlog and the standard library once (again only with ``force``)."""
     global _configured
@@ -126,7 +143,7 @@ def configure_logging(*, json_output: bool, level: str | int = "INFO", force: bo
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.addFilter(_drop_noise)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
