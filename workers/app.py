@@ -23,10 +23,9 @@ from core.redact import known_secrets
 from core.settings import Settings, get_settings
 from workers import patches
 from workers.logs import configure_logging, register_secrets
-
-COMPRESS_QUEUE = "compress"
-MAINTENANCE_QUEUE = "maintenance"
-DEFAULT_QUEUE = "celery"  # Celery's own default: where a plain send_task by name goes
+from workers.queues import COMPRESS_QUEUE as COMPRESS_QUEUE
+from workers.queues import DEFAULT_QUEUE as DEFAULT_QUEUE
+from workers.queues import MAINTENANCE_QUEUE as MAINTENANCE_QUEUE
 
 TASK_ROUTES = {
     "recap.compress_session": {"queue": COMPRESS_QUEUE},
