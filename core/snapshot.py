@@ -6,7 +6,8 @@ then the root and the messages after the applicable summary's cutoff are read wi
 text: role, stored tokens, tool-call ids and names (arguments dropped), the call a result answers,
 its tool name and saved-output path. Text is read by ``load_contents`` for the messages sent to
 the summarizer only. ``history_bound`` answers "is this conversation anywhere near its trigger"
-with one aggregate, so a run that skips costs about the same at 50 messages and at 5,000.
+from the stored counts of the messages after the latest summary alone (a walk up the branch by
+primary key), so a run that skips costs about the same at 50 messages and at 5,000.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, func, select
+from sqlalchemy import Connection, bindparam, select, text
 from sqlmodel import Session
 
 from core import policy, store
@@ -45,6 +46,31 @@ _LATEST_SUMMARY = (
     select(SUMMARIES.c.cutoff_message_id, SUMMARIES.c.tokens)
     .where(SUMMARIES.c.conversation_id == bindparam("conversation_id"))
     .order_by(SUMMARIES.c.cutoff_message_id.desc())
+    .limit(1)
+)
+
+
+# The latest branch from its newest message up, each step a primary-key lookup of the parent,
+# as far as the first message at or before the cutoff: the tokens of the messages after the
+# cutoff, the id the walk stopped at, and the newest id.
+_WALK = text(
+    """
+WITH RECURSIVE up(id, parent_id, tokens) AS (
+    SELECT m.id, m.parent_id, m.tokens
+    FROM messages AS m
+    WHERE m.id = (SELECT max(h.id) FROM messages AS h WHERE h.conversation_id = :conversation_id)
+  UNION ALL
+    SELECT m.id, m.parent_id, m.tokens
+    FROM up JOIN messages AS m ON m.id = up.parent_id
+    WHERE up.id > :cutoff
+)
+SELECT sum(CASE WHEN id > :cutoff THEN tokens ELSE 0 END), min(id), max(id) FROM up
+"""
+)
+_ROOT_TOKENS = (
+    select(M.tokens)
+    .where(M.conversation_id == bindparam("conversation_id"))
+    .order_by(M.id)
     .limit(1)
 )
 
@@ -118,25 +144,28 @@ def head_snapshot(
 
 def history_bound(session: Session, conversation_id: str) -> tuple[int, int | None] | None:
     """An upper bound on the stored tokens of the latest branch's history, and the latest
-    message's id, from two aggregate reads and no message row, when the conversation never
-    forked (else None).
+    message's id, read without any message text (else None: see below).
 
-    On one chain every summary lies on the latest branch and the one with the highest cutoff
-    applies, so the history is that summary and the messages after its cutoff; clearings can only
-    lower it, and the stored system prompt counted here as history makes it larger still.
+    The latest branch is walked from its newest message up its parent links, by primary key,
+    down to the cutoff of the conversation's latest summary (``_WALK``): the rows read are the
+    ones after that cutoff, so the cost follows what a request carries, not what is stored. When
+    the walk reaches that cutoff, the summary applies (it has the highest cutoff of all, and it is
+    on the branch) and the history is the summary and the messages walked; clearings can only
+    lower it, and the stored system prompt is added (it is a fixed part, so counted here as
+    history it makes the bound larger still). When the walk passes the cutoff by (the summary is
+    on another branch), another summary may apply: None, and the caller reads the snapshot.
     """
     connection = session.connection()
     params = {"conversation_id": conversation_id}
     latest = connection.execute(_LATEST_SUMMARY, params).first()
     cutoff, summary_tokens = (int(latest[0]), int(latest[1])) if latest else (0, 0)
-    after = func.coalesce(func.sum(case((M.id > cutoff, M.tokens), else_=0)), 0)
-    shape = select(func.count(), func.count(M.parent_id.distinct()), after, func.max(M.id)).where(
-        M.conversation_id == conversation_id
-    )
-    count, parents, tokens, leaf = connection.execute(shape).one()
-    if int(count) and int(parents) != int(count) - 1:
+    walked, reached, leaf = connection.execute(_WALK, {**params, "cutoff": cutoff}).one()
+    if leaf is None:  # no message yet
+        return summary_tokens, None
+    if cutoff and reached != cutoff:
         return None
-    return summary_tokens + int(tokens), leaf
+    root = connection.execute(_ROOT_TOKENS, params).scalar() if cutoff else 0
+    return summary_tokens + int(walked or 0) + int(root or 0), int(leaf)
 
 
 def load_index(connection: Connection, conversation_id: str, ids: Sequence[int]) -> list[Msg]:
