@@ -534,6 +534,11 @@ def assemble(
     def human() -> None:
         table(f"request for {conversation}", ["#", "role", "content"], rows)
         typer.echo(f"tokens {payload['tokens']} of budget {request.budget}")
+        if request.truncated:
+            typer.echo(
+                f"truncated: {len(request.dropped_message_ids)} messages left out "
+                f"({request.truncated_tokens} tokens); compress the conversation to keep them"
+            )
 
     emit(payload, as_json, human, verbatim=True)
 
@@ -801,6 +806,7 @@ def replay(
                 "window",
                 "overflows without",
                 "summaries",
+                "silent truncations",
                 "cost vs no clearing",
                 "cost vs last-3",
             ],
@@ -812,6 +818,7 @@ def replay(
                     c["window"],
                     c["overflows_without"],
                     c["summaries"],
+                    c["silent_truncations"],
                     c["cost_vs_no_clearing"],
                     c["cost_vs_sliding"],
                 ]
@@ -825,6 +832,7 @@ def replay(
                     "",
                     total["overflows_without"],
                     total["summaries"],
+                    total["silent_truncations"],
                     total["cost_vs_no_clearing"],
                     total["cost_vs_sliding"],
                 ]
