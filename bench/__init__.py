@@ -20,6 +20,7 @@ BENCHES: tuple[str, ...] = (
     "cache",
     "assemble",
     "add",
+    "skips",
     "compress",
     "load",
     "media",
