@@ -1,4 +1,4 @@
-"""Shared fixtures: databases (SQLite, PostgreSQL), Redis, settings, the test data.
+"""Shared fixtures: databases (SQLite, PostgreSQL), Redis, RabbitMQ, settings, the test data.
 
 Services that are absent make their tests skip with a reason, except under ``CI=true`` where an
 absent service is a failure: CI must not go green without them.
@@ -19,6 +19,7 @@ from sqlalchemy import Engine, create_engine, text
 from core.db import dispose_engines, make_engine
 from core.migrate import upgrade
 from core.settings import Settings, get_settings
+from tests.services import RabbitNode, missing_rabbitmq
 
 DATA_DIR = Path(__file__).parent / "data"
 DATA_FILES = (
@@ -141,3 +142,21 @@ def redis_url() -> str:
     except Exception as exc:  # any failure to reach Redis means it is not usable here
         need_service("Redis", str(exc).splitlines()[0])
     return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_node() -> Iterator[RabbitNode]:
+    """A RabbitMQ node of this test run's own (``tests.services.RabbitNode``: rabbitmq-server on
+    free ports, its own node name, cookie and folders), started once and shared by the tests
+    that need RabbitMQ; each takes a fresh vhost. The machine's RabbitMQ is never touched."""
+    problem = missing_rabbitmq()
+    if problem is not None:
+        need_service("RabbitMQ", problem)
+    with RabbitNode.started() as node:
+        yield node
+
+
+@pytest.fixture
+def amqp_url(rabbitmq_node: RabbitNode) -> str:
+    """An ``amqp://`` URL on the test run's RabbitMQ node, in a vhost no other test uses."""
+    return rabbitmq_node.url(rabbitmq_node.fresh_vhost())

@@ -1,19 +1,25 @@
-"""Private Redis and PostgreSQL servers for fault tests: started on a free port, restarted and
-stopped by their own pid, never touching the shared servers.
+"""Private Redis, RabbitMQ and PostgreSQL servers for worker and fault tests: started on a free
+port, restarted and stopped by their own pid, never touching the shared servers.
 
     with RedisServer.started() as broker:      # redis-server --port N --save ''
         ... broker.url ... broker.restart() ...
+    with RabbitNode.started() as node:          # rabbitmq-server, its own node name and folders
+        ... node.url(node.fresh_vhost()) ... node.restart() ...
     with PostgresCluster.started() as cluster:  # initdb + postgres under a temporary folder
         ... cluster.url ... cluster.restart() ...
 
-``missing_redis()`` / ``missing_postgres()`` say why a server cannot be started here (None when it
-can), for ``need_service``. PostgreSQL refuses to run as root, so as root the cluster runs as the
-``postgres`` user (``runuser -u postgres --``) under a folder that user owns.
+``missing_redis()`` / ``missing_rabbitmq()`` / ``missing_postgres()`` say why a server cannot be
+started here (None when it can), for ``need_service``. PostgreSQL refuses to run as root, so as
+root the cluster runs as the ``postgres`` user (``runuser -u postgres --``) under a folder that
+user owns.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -152,6 +158,197 @@ class RedisServer:
 
     def restart(self) -> None:
         """Stop and start again on the same port (queued messages survive only with AOF)."""
+        self.stop()
+        self.start()
+
+
+# --- RabbitMQ ----------------------------------------------------------------------------------
+
+# Distribution packages install a wrapper on PATH that re-runs the server as the ``rabbitmq`` user
+# with its own environment; the script it wraps takes ours (node name, folders, ports).
+RABBITMQ_SCRIPTS = ("/usr/lib/rabbitmq/bin/rabbitmq-server",)
+RABBITMQ_USER = "guest"
+RABBITMQ_PASSWORD = "guest"
+RABBITMQ_VHOSTS = 24  # vhosts made at boot, one per test that needs an empty broker
+RABBITMQ_START_TIMEOUT = 90.0  # an Erlang node boots in seconds, slower on a loaded machine
+
+
+def rabbitmq_server_program() -> str | None:
+    """The ``rabbitmq-server`` script that runs a node as the calling user, or None."""
+    found = shutil.which("rabbitmq-server")
+    candidates = [*RABBITMQ_SCRIPTS, *([found] if found else [])]
+    for path in candidates:
+        if Path(path).is_file() and not _is_su_wrapper(Path(path)):
+            return str(Path(path).resolve())
+    return None
+
+
+def _is_su_wrapper(path: Path) -> bool:
+    try:
+        return b"su rabbitmq" in path.read_bytes()[:8192]
+    except OSError:
+        return True
+
+
+def missing_rabbitmq() -> str | None:
+    """Why a private RabbitMQ node cannot be started here, or None."""
+    if rabbitmq_server_program() is None:
+        return "rabbitmq-server is not installed (its own script, not only the su wrapper)"
+    if shutil.which("erl") is None:
+        return "erl (Erlang) is not on PATH"
+    return None
+
+
+def _password_hash(password: str) -> str:
+    """RabbitMQ's salted SHA-256 password hash, as its definitions file holds it."""
+    salt = os.urandom(4)
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+@dataclass
+class RabbitNode:
+    """A RabbitMQ node of our own: its own node name, ports, cookie, data and log folders.
+
+    Boot imports a definitions file: the user ``guest`` and ``RABBITMQ_VHOSTS`` empty vhosts, so a
+    test takes a fresh vhost (``fresh_vhost()``) instead of sharing queues with the one before.
+    Data is kept across ``restart()`` (durable queues and their messages survive it)."""
+
+    port: int = field(default_factory=free_port)
+    dist_port: int = field(default_factory=free_port)
+    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="recap-rabbit-")))
+    process: subprocess.Popen[bytes] | None = None
+    vhosts_taken: int = 0
+
+    @classmethod
+    @contextlib.contextmanager
+    def started(cls) -> Iterator[RabbitNode]:
+        node = cls()
+        try:
+            node.write_files()
+            node.start()
+            yield node
+        finally:
+            node.stop()
+            shutil.rmtree(node.folder, ignore_errors=True)
+
+    @property
+    def name(self) -> str:
+        return f"rabbit-test-{self.port}@localhost"
+
+    def url(self, vhost: str = "/") -> str:
+        path = "/" if vhost == "/" else f"/{vhost}"
+        return f"amqp://{RABBITMQ_USER}:{RABBITMQ_PASSWORD}@127.0.0.1:{self.port}{path}"
+
+    def fresh_vhost(self) -> str:
+        """A vhost no test has used yet on this node."""
+        if self.vhosts_taken >= RABBITMQ_VHOSTS:
+            raise RuntimeError(f"all {RABBITMQ_VHOSTS} test vhosts of this node are taken")
+        self.vhosts_taken += 1
+        return f"t{self.vhosts_taken:02d}"
+
+    def write_files(self) -> None:
+        vhosts = ["/", *(f"t{n:02d}" for n in range(1, RABBITMQ_VHOSTS + 1))]
+        definitions = {
+            "users": [
+                {
+                    "name": RABBITMQ_USER,
+                    "password_hash": _password_hash(RABBITMQ_PASSWORD),
+                    "hashing_algorithm": "rabbit_password_hashing_sha256",
+                    "tags": ["administrator"],
+                }
+            ],
+            "vhosts": [{"name": name} for name in vhosts],
+            "permissions": [
+                {
+                    "user": RABBITMQ_USER,
+                    "vhost": name,
+                    "configure": ".*",
+                    "write": ".*",
+                    "read": ".*",
+                }
+                for name in vhosts
+            ],
+        }
+        (self.folder / "definitions.json").write_text(json.dumps(definitions))
+        config = [
+            f"listeners.tcp.1 = 127.0.0.1:{self.port}",
+            "loopback_users = none",
+            f"load_definitions = {self.folder / 'definitions.json'}",
+            "log.console = false",
+            "log.file.level = warning",
+        ]
+        (self.folder / "rabbitmq.conf").write_text("\n".join(config) + "\n")
+        (self.folder / "rabbitmq-env.conf").write_text("")  # not the machine's env file
+        (self.folder / "enabled_plugins").write_text("[].\n")
+        cookie = self.folder / ".erlang.cookie"
+        cookie.write_text(base64.b32encode(os.urandom(20)).decode())
+        cookie.chmod(0o400)
+
+    def environment(self) -> dict[str, str]:
+        folder = self.folder
+        values = {
+            "HOME": str(folder),  # the node's Erlang cookie is ours, not the machine's
+            "RABBITMQ_CONF_ENV_FILE": str(folder / "rabbitmq-env.conf"),
+            "RABBITMQ_CONFIG_FILE": str(folder / "rabbitmq.conf"),
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(folder / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(folder / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(folder / "enabled_plugins"),
+            "RABBITMQ_PID_FILE": str(folder / "node.pid"),
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL"))}
+        return {**inherited, **values}
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self) -> None:
+        program = rabbitmq_server_program()
+        assert program is not None, missing_rabbitmq()
+        log = (self.folder / "server.log").open("ab")
+        self.process = subprocess.Popen(
+            [program],
+            env=self.environment(),
+            cwd=self.folder,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_until(self._ready, RABBITMQ_START_TIMEOUT, f"RabbitMQ node {self.name}")
+
+    def _ready(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            log = (self.folder / "server.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"rabbitmq-server exited with {self.process.returncode}: {log}")
+        return accepts(self.port)
+
+    def _vm_pid(self) -> int | None:
+        try:
+            return int((self.folder / "node.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def stop(self) -> None:
+        """Stop our node: SIGTERM to its start script, which stops the Erlang VM cleanly; the
+        VM itself (by the pid it wrote) if it outlives the script."""
+        if self.process is None:
+            return
+        vm = self._vm_pid()
+        if self.process.poll() is None:
+            stop_pid(self.process.pid)
+        self.process.wait()
+        if vm is not None:
+            stop_pid(vm)
+        (self.folder / "node.pid").unlink(missing_ok=True)
+
+    def restart(self) -> None:
+        """Stop and start again on the same ports; durable queues keep their messages."""
         self.stop()
         self.start()
 
