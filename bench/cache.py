@@ -1,7 +1,7 @@
 """Prompt-cache cost of clearing policies, replayed over the shared agent runs.
 
 Each SWE-agent, OpenHands and tau-bench run is replayed one request per assistant step with one
-idle gap (longer than ``RECAP_IDLE_MINUTES``) before its middle step (``core.replay``). Three
+idle gap (longer than ``RECAP_IDLE_MINUTES``) before its middle step (``core.cachecost``). Three
 policies: never clearing; clearing all but the last 3 tool results before every request (the
 common default elsewhere); and Recap's production decision (``core.policy``: the idle sweep's
 clearing after the gap, ``decide``'s pressure clearing otherwise).
@@ -14,8 +14,7 @@ from dataclasses import dataclass, replace
 from bench import Figure
 from bench.data import load
 from core import tokens
-from core.policy import Knobs
-from core.replay import (
+from core.cachecost import (
     RunCost,
     keep_last_every_request,
     middle_step,
@@ -24,6 +23,7 @@ from core.replay import (
     replay,
     to_msgs,
 )
+from core.policy import Knobs
 from core.settings import load_settings
 
 MODEL = "gpt-4o-mini"

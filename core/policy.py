@@ -2,7 +2,7 @@
 
 This is the one place Recap decides what to do with a conversation. The compress worker, the
 synchronous ``Recap.compress``, reconcile, ``stats``' suggestion and the cache benchmark
-(``core.replay.recap_policy``) call ``decide``; the idle sweep's set-based SQL takes its
+(``core.cachecost.recap_policy``) call ``decide``; the idle sweep's set-based SQL takes its
 thresholds from the same ``Knobs``, and the clearing after a new summary is
 ``post_summary_clearing``.
 

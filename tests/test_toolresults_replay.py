@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from core.policy import Knobs
-from core.replay import (
+from core.cachecost import (
     CACHED_PRICE,
     UNCACHED_PRICE,
     keep_last_every_request,
@@ -17,6 +16,7 @@ from core.replay import (
     replay,
     to_msgs,
 )
+from core.policy import Knobs
 
 ENCODING = "o200k_base"
 

@@ -18,7 +18,7 @@ before them had decided there was nothing to do: no summary written and none und
 nothing will ever cover what was dropped. A run that acts (clears or summarizes) is what keeps
 that count at zero.
 
-The prompt-cache price model is the one ``core.replay`` uses for the clearing benchmarks: a
+The prompt-cache price model is the one ``core.cachecost`` uses for the clearing benchmarks: a
 request's cached part is its longest prefix of whole messages identical, byte for byte, to the
 previous request (nothing is cached across the idle gap); cost = uncached x 1.25 + cached x 0.1.
 """
@@ -36,7 +36,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 
-from core import replay as pricing
+from core import cachecost as pricing
 from core import service, tokens
 from core.db import make_engine
 from core.errors import BudgetError, InputError

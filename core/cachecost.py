@@ -1,4 +1,4 @@
-"""Replaying a stored agent run request by request, to price clearing policies (pure).
+"""The prompt-cache price of clearing tool results, replayed request by request (pure).
 
 One request per assistant step: the request sent to produce assistant message ``i`` holds every
 message before it, cleared tool results rendered as their placeholder. A request's cached part is
@@ -7,21 +7,28 @@ run (nothing is cached across an idle gap: the provider's cache has expired). It
 tokens x 1.25 + cached tokens x 0.1 (prompt-cache write and read prices relative to plain input).
 
 A policy is called before each request with what it may look at and returns the ids it clears
-now; clearings are one-way, so they accumulate.
+now; clearings are one-way, so they accumulate. ``recap_policy`` is the production decision
+(``core.policy``); ``never`` and ``keep_last_every_request`` are the baselines.
+
+``oracle`` is the limit: the cheapest clearing schedule for a run, found exactly by dynamic
+programming over its steps by a policy that knows every future request and the idle gap, in the
+same action space as production (before a request, clear the oldest results worth clearing,
+never the last ``keep_last`` results, ``gap_keep_last`` at the first request after the gap).
 """
 
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from core import tokens
 from core.placeholders import cleared_placeholder
 from core.policy import Knobs, Snapshot, decide, idle_clearing
 from core.records import ClearingRec, Msg
-from core.toolresults import IDLE, plan_clearings
+from core.toolresults import IDLE, plan_clearings, reclaimable, tool_names
 
 UNCACHED_PRICE = 1.25  # writing the prompt cache costs a quarter more than plain input
 CACHED_PRICE = 0.1  # reading it costs a tenth
@@ -144,7 +151,7 @@ class _Renderer:
 
 def replay(branch: Sequence[Msg], policy: Policy, *, encoding: str, gap_at: int | None) -> RunCost:
     """Price one run under one policy; ``gap_at`` is the request index the idle gap precedes."""
-    steps = [i for i, m in enumerate(branch) if m.role == "assistant" and i > 0]
+    steps = request_ends(branch)
     renderer = _Renderer(encoding)
     clearings: dict[int, ClearingRec] = {}
     previous: list[str] = []
@@ -203,3 +210,134 @@ def middle_step(branch: Sequence[Msg]) -> int:
     """The request index at the middle of a run (where the benchmark puts its idle gap)."""
     steps = sum(1 for i, m in enumerate(branch) if m.role == "assistant" and i > 0)
     return steps // 2
+
+
+# --- the limit: the best schedule, knowing the whole run ---------------------------------------
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """A run as plain numbers, one entry per message, for ``oracle``."""
+
+    tokens: Sequence[int]  # each message's tokens as sent in full
+    placeholder: Mapping[int, int]  # position -> tokens as a placeholder, results worth clearing
+    results: Sequence[int]  # positions of every tool result, in order: what "the last k" counts
+    ends: Sequence[int]  # request ``s`` sends the messages before position ``ends[s]``
+    gap_at: int | None = None  # the request the idle gap precedes
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The cheapest schedule: its cost, and how many of the oldest results worth clearing are
+    cleared when each request is sent."""
+
+    cost: float
+    cleared: tuple[int, ...]
+
+
+def oracle(shape: RunShape, *, keep_last: int, gap_keep_last: int) -> Schedule:
+    """The least total cost of a run over every clearing schedule, by dynamic programming.
+
+    Before request ``s`` a schedule may clear the oldest results worth clearing (``placeholder``
+    keys, in position order) up to any count, never one of the last ``keep_last`` tool results
+    (``gap_keep_last`` at the first request after the gap); clearings are one-way. The state after
+    a request is how many are cleared, and a request's cost depends only on that count before and
+    after it: its cached prefix ends at the first result newly cleared, or at the previous
+    request's end, so the recurrence is exact.
+    """
+    clearable = sorted(shape.placeholder)
+    full = [0]  # full[i]: tokens of the messages before position i
+    for count in shape.tokens:
+        full.append(full[-1] + count)
+    saved = [0]  # saved[j]: tokens the first j results worth clearing reclaim
+    for position in clearable:
+        saved.append(saved[-1] + shape.tokens[position] - shape.placeholder[position])
+    best: dict[int, float] = {0: 0.0}
+    came_from: list[dict[int, int]] = []
+    previous_end = 0
+    for step, end in enumerate(shape.ends):
+        keep = gap_keep_last if step == shape.gap_at else keep_last
+        limit = _clearable_limit(shape.results, clearable, end, keep)
+        cold = step == 0 or step == shape.gap_at
+        following: dict[int, float] = {}
+        origin: dict[int, int] = {}
+        for before, so_far in sorted(best.items()):
+            for after in range(before, max(before, limit) + 1):
+                total = full[end] - saved[after]
+                cached = 0
+                if not cold:
+                    stop = previous_end if after == before else min(clearable[before], previous_end)
+                    cached = full[stop] - saved[before]
+                cost = so_far + (total - cached) * UNCACHED_PRICE + cached * CACHED_PRICE
+                if after not in following or cost < following[after]:
+                    following[after], origin[after] = cost, before
+        best, previous_end = following, end
+        came_from.append(origin)
+    state = min(best, key=lambda count: (best[count], count))
+    cost, counts = best[state], [state]
+    for origin in reversed(came_from[1:]):
+        state = origin[state]
+        counts.append(state)
+    return Schedule(cost, tuple(reversed(counts)) if shape.ends else ())
+
+
+def _clearable_limit(results: Sequence[int], clearable: Sequence[int], end: int, keep: int) -> int:
+    """How many of the oldest results worth clearing lie before the last ``keep`` tool results of
+    a request that sends the messages before ``end``."""
+    sent = bisect_left(results, end)
+    if sent <= keep:
+        return 0
+    boundary = results[sent - keep] if keep > 0 else end
+    return bisect_left(clearable, boundary)
+
+
+def shape_of(branch: Sequence[Msg], *, encoding: str, protected: Sequence[str] = ()) -> RunShape:
+    """The run's numbers as ``replay`` prices them: every message's tokens in full and, for each
+    result worth clearing (its placeholder smaller, its tool not protected: what
+    ``core.toolresults.plan_clearings`` may clear), as a placeholder."""
+    renderer = _Renderer(encoding)
+    names = tool_names(branch)
+    shielded = {name.lower() for name in protected}
+    placeholder: dict[int, int] = {}
+    results: list[int] = []
+    for position, message in enumerate(branch):
+        if message.role != "tool":
+            continue
+        results.append(position)
+        name = (message.name or names.get(message.tool_call_id or "") or "").lower()
+        if reclaimable(message) > 0 and name not in shielded:
+            placeholder[position] = renderer.render(message, True)[1]
+    return RunShape(
+        tokens=[renderer.render(m, False)[1] for m in branch],
+        placeholder=placeholder,
+        results=results,
+        ends=request_ends(branch),
+    )
+
+
+def request_ends(branch: Sequence[Msg]) -> list[int]:
+    """Where each request of a run ends: one request per assistant step (``replay``'s steps)."""
+    return [i for i, m in enumerate(branch) if m.role == "assistant" and i > 0]
+
+
+def following(branch: Sequence[Msg], shape: RunShape, schedule: Schedule) -> Policy:
+    """A policy that clears what ``schedule`` says, for ``replay`` to price."""
+    ids = [branch[position].id for position in sorted(shape.placeholder)]
+
+    def policy(moment: Moment) -> list[int]:
+        return ids[: schedule.cleared[moment.step]]
+
+    return policy
+
+
+def oracle_cost(
+    branch: Sequence[Msg], knobs: Knobs, *, encoding: str, gap_at: int | None
+) -> Schedule:
+    """The limit for one run with production's floors: ``knobs.keep_tool_results`` kept in full,
+    ``knobs.idle_keep_tool_results`` at the first request after the gap."""
+    shape = replace(
+        shape_of(branch, encoding=encoding, protected=knobs.protected_tools), gap_at=gap_at
+    )
+    return oracle(
+        shape, keep_last=knobs.keep_tool_results, gap_keep_last=knobs.idle_keep_tool_results
+    )
