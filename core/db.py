@@ -3,6 +3,10 @@
 Only ``recap init`` (and a host that asks for it) creates a database: every other use opens an
 SQLite file read-write without creating it, so a mistyped path or a read command before
 ``recap init`` changes nothing on disk and says what to do.
+
+A server database's pool follows the process's concurrency when a worker says how many threads
+it runs (``size_pool``): each thread holds at most one connection at a time, and none while the
+model is called, so a worker of 16 threads opens at most 16 connections, and keeps them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000  # writers wait for each other instead of failin
 URL_SETTING = "RECAP_DATABASE_URL"
 INIT_HINT = "run `recap init` first"
 SCHEMA_TABLE = "conversations"  # present once the first migration has run
+DEFAULT_POOL_SIZE = 5  # SQLAlchemy's own default, for processes that never call size_pool
+DEFAULT_MAX_OVERFLOW = 10
+_pool: dict[str, int] = {"pool_size": DEFAULT_POOL_SIZE, "max_overflow": DEFAULT_MAX_OVERFLOW}
 POSTGRES_UNDEFINED_TABLE = "42P01"  # SQLSTATE of a query on a table that does not exist
 
 
@@ -78,6 +85,8 @@ def make_engine(url: str | URL, *, create: bool = True, **kwargs: Any) -> Engine
     parsed = parse_url(url)
     if parsed.get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", True)
+        for key, value in _pool.items():
+            kwargs.setdefault(key, value)
         return create_engine(parsed, **kwargs)
     path = sqlite_file(parsed)
     if path is not None and create:
@@ -103,6 +112,20 @@ def _make_folder(folder: Path) -> None:
             f"{URL_SETTING}: cannot create the folder {folder} for the SQLite database "
             f"({exc.strerror or exc})"
         ) from None
+
+
+def size_pool(connections: int) -> None:
+    """Server-database engines made from now on keep up to ``connections`` connections and open
+    no more (``pool_size``, no overflow): a worker calls it with its thread count at start-up,
+    before its first engine. Engines already made keep their pool."""
+    if connections < 1:
+        raise ValueError(f"a pool needs at least one connection, not {connections}")
+    _pool.update(pool_size=connections, max_overflow=0)
+
+
+def pool_settings() -> dict[str, int]:
+    """``pool_size`` and ``max_overflow`` of the next server-database engine."""
+    return dict(_pool)
 
 
 _engines: dict[tuple[str, bool], Engine] = {}

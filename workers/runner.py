@@ -1,8 +1,10 @@
 """``recap worker``: start workers with defaults that suit this workload, and keep them running.
 
 Model calls are I/O-bound, so the ``compress`` queue runs on a threads pool with high
-concurrency; sweeps, cleanup and reconcile are short database jobs on a small prefork pool. One
-Celery worker has one pool, so each queue gets a worker process of its own. This module starts
+concurrency; sweeps, cleanup and reconcile are short database jobs on a small threads pool too
+(no forked copies of the worker, and no litellm: only a process that consumes the compress queue
+loads the model client). One Celery worker has one pool, so each queue gets a worker process of
+its own. This module starts
 them as children and supervises them: a child that exits while nobody asked it to (a crash, an
 "Unrecoverable error", a kill) is started again after a backoff that doubles with each death that
 came soon after its start; after ``MAX_FAST_DEATHS`` such deaths in a row the supervisor stops
@@ -11,10 +13,14 @@ SIGINT are forwarded (a warm shutdown), and then nothing is restarted.
 
 The compress worker also consumes Celery's default queue (``workers.app.DEFAULT_QUEUE``), so a
 plain ``send_task`` by name reaches it.
+
+The supervisor itself imports neither Celery nor SQLAlchemy nor litellm (the queue names come from
+``workers.queues``): it only starts, watches and signals its children.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,12 +28,12 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
-from workers.app import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE
+from workers.queues import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE
 
 COMPRESS_CONCURRENCY = 16  # threads: each mostly waits on the model's reply
-MAINTENANCE_CONCURRENCY = 2  # processes: short, CPU-light database batches
+MAINTENANCE_CONCURRENCY = 2  # threads: short, CPU-light database batches
 POLL_SECONDS = 0.5  # how often the supervisor looks at its children
 
 
@@ -61,7 +67,7 @@ def worker_argv(queue: str, *, beat: bool, extra: Sequence[str]) -> list[str]:
         pool = ["--pool", "threads", "--concurrency", str(COMPRESS_CONCURRENCY)]
         queues = f"{COMPRESS_QUEUE},{DEFAULT_QUEUE}"
     elif queue == MAINTENANCE_QUEUE:
-        pool = ["--pool", "prefork", "--concurrency", str(MAINTENANCE_CONCURRENCY)]
+        pool = ["--pool", "threads", "--concurrency", str(MAINTENANCE_CONCURRENCY)]
     else:
         pool = []
     # a node name per process (the supervisor's pid): two `recap worker`s on one host must not
@@ -99,6 +105,11 @@ def run_both(*, beat: bool, extra: Sequence[str]) -> int:
 
 
 def run_queues(queues: Sequence[str], *, beat: bool, extra: Sequence[str]) -> int:
+    """Build the children's command lines here (the settings are checked and read), then
+    become the supervisor: this process is replaced by ``python -m workers.runner``, which
+    imports only what supervising needs (see ``become_supervisor``)."""
+    from core.settings import get_settings
+
     if beat:
         os.makedirs(".recap", exist_ok=True)
     beat_queue = MAINTENANCE_QUEUE if MAINTENANCE_QUEUE in queues else queues[0]
@@ -106,16 +117,32 @@ def run_queues(queues: Sequence[str], *, beat: bool, extra: Sequence[str]) -> in
         queue: child_command(queue, beat=beat and queue == beat_queue, extra=extra)
         for queue in queues
     }
-    _configure_logging()
-    return Supervisor(commands).run()
+    settings = get_settings()
+    plan = {"commands": commands, "log_json": settings.log_json, "log_level": settings.log_level}
+    become_supervisor(plan)
 
 
-def _configure_logging() -> None:
-    from core.settings import get_settings
+def become_supervisor(plan: dict[str, Any]) -> NoReturn:
+    """Replace this process, same pid, with a fresh interpreter that runs ``main(plan)``.
+
+    The command line checked the settings, which loads pydantic and SQLAlchemy (the database
+    URL is parsed); a supervisor that kept them would hold tens of MB for the worker's whole
+    life. The plan (command lines and log format) travels as one JSON argument.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = [sys.executable, "-m", "workers.runner", json.dumps(plan)]
+    os.execv(sys.executable, argv)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m workers.runner PLAN``: supervise the children the JSON plan names."""
     from workers.logs import configure_logging
 
-    settings = get_settings()
-    configure_logging(json_output=settings.log_json, level=settings.log_level)
+    plan = json.loads(argv[0])
+    configure_logging(json_output=bool(plan["log_json"]), level=str(plan["log_level"]))
+    commands = {str(name): [str(a) for a in command] for name, command in plan["commands"].items()}
+    return Supervisor(commands).run()
 
 
 @dataclass
@@ -215,3 +242,7 @@ class Supervisor:
             return abs(self.gave_up.process.returncode or 0) or GAVE_UP_EXIT
         codes = [abs(c.process.returncode or 0) for c in self.children if c.process is not None]
         return max(codes, default=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -10,12 +10,13 @@ what a lost message or a dead worker left behind.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from celery.signals import celeryd_init, task_received, worker_process_init
 from sqlalchemy import Engine
 
-from core.db import dispose_engines, get_engine
+from core.db import dispose_engines, get_engine, size_pool
 from core.errors import RecapError
 from core.redact import error_text, known_secrets, redact
 from core.settings import Settings, get_settings
@@ -23,6 +24,7 @@ from core.tokens import UnknownModelError
 from workers import compress, events
 from workers.app import app
 from workers.errors import CompressionFailed, CompressionRetry
+from workers.queues import COMPRESS_QUEUE, DEFAULT_QUEUE
 
 COMPRESS_TASK = "recap.compress_session"
 RECONCILE_TASK = "recap.reconcile"
@@ -34,11 +36,41 @@ def engine() -> Engine:
 
 
 @celeryd_init.connect
-def _load_model_client(**_: Any) -> None:
+def _load_model_client(options: dict[str, Any] | None = None, **_: Any) -> None:
     """A worker that calls a model imports litellm while it starts (seconds), not inside its
-    first compression."""
-    if get_settings().summary_model:
+    first compression; a worker that consumes no compression queue never imports it (litellm
+    is most of a worker's memory)."""
+    if get_settings().summary_model and consumes_compressions(options or {}):
         from workers import llm  # noqa: F401
+
+
+@celeryd_init.connect
+def _size_database_pool(options: dict[str, Any] | None = None, conf: Any = None, **_: Any) -> None:
+    """Before any engine exists, size the database pool to the worker's concurrency: a thread
+    holds at most one connection at a time, so that is all a worker process ever opens."""
+    concurrency = (options or {}).get("concurrency") or getattr(conf, "worker_concurrency", None)
+    size_pool(pool_connections((options or {}).get("pool"), concurrency))
+
+
+def consumes_compressions(options: dict[str, Any]) -> bool:
+    """Whether a worker started with these options consumes ``recap.compress_session`` (the
+    compress queue, the default queue, or every queue when none was named)."""
+    queues = options.get("queues") or []
+    names = {q.strip() for q in (queues.split(",") if isinstance(queues, str) else queues)}
+    return not names - {""} or bool(names & {COMPRESS_QUEUE, DEFAULT_QUEUE})
+
+
+def pool_connections(pool: Any, concurrency: Any) -> int:
+    """Database connections one worker process needs: one per thread of a threads (or gevent,
+    eventlet) pool; one for a solo worker and for each child of a prefork pool, which runs one
+    task at a time."""
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "prefork")
+    if "prefork" in name or "solo" in name:
+        return 1
+    try:
+        return max(1, int(concurrency))
+    except (TypeError, ValueError):  # unset or "auto": Celery uses the CPU count
+        return os.cpu_count() or 1
 
 
 @worker_process_init.connect
