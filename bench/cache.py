@@ -4,7 +4,9 @@ Each SWE-agent, OpenHands and tau-bench run is replayed one request per assistan
 idle gap (longer than ``RECAP_IDLE_MINUTES``) before its middle step (``core.cachecost``). Three
 policies: never clearing; clearing all but the last 3 tool results before every request (the
 common default elsewhere); and Recap's production decision (``core.policy``: the idle sweep's
-clearing after the gap, ``decide``'s pressure clearing otherwise).
+clearing after the gap, ``decide``'s pressure clearing otherwise). Against the limit too: the
+cheapest clearing schedule of each run with production's floors, computed offline knowing every
+request and the gap (``core.cachecost.oracle``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from core.cachecost import (
     keep_last_every_request,
     middle_step,
     never,
+    oracle_cost,
     recap_policy,
     replay,
     to_msgs,
@@ -33,6 +36,7 @@ SOURCES = {
     "tau_bench": "tau_bench_airline.jsonl",
 }
 BASELINE_KEEP = 3  # what the common default keeps
+ORACLE_BOUND = "<= 1.15"  # Recap's policy within 15% of the best any schedule could do
 
 
 @dataclass
@@ -42,13 +46,15 @@ class Totals:
     never: float = 0.0
     keep3: float = 0.0
     recap: float = 0.0
+    oracle: float = 0.0
     after_gap_never: int = 0
     after_gap_recap: int = 0
 
-    def add(self, never_run: RunCost, keep_run: RunCost, recap_run: RunCost) -> None:
+    def add(self, never_run: RunCost, keep_run: RunCost, recap_run: RunCost, oracle: float) -> None:
         self.never += never_run.cost
         self.keep3 += keep_run.cost
         self.recap += recap_run.cost
+        self.oracle += oracle
         self.after_gap_never += never_run.tokens_after_gap
         self.after_gap_recap += recap_run.tokens_after_gap
 
@@ -56,12 +62,17 @@ class Totals:
         self.never += other.never
         self.keep3 += other.keep3
         self.recap += other.recap
+        self.oracle += other.oracle
         self.after_gap_never += other.after_gap_never
         self.after_gap_recap += other.after_gap_recap
 
     @property
     def vs_best(self) -> float:
         return self.recap / min(self.never, self.keep3)
+
+    @property
+    def vs_oracle(self) -> float:
+        return self.recap / self.oracle
 
 
 def replay_source(name: str, idle_keep: int | None = None) -> Totals:
@@ -82,11 +93,13 @@ def replay_source(name: str, idle_keep: int | None = None) -> Totals:
             replay(branch, never, encoding=encoding, gap_at=gap),
             replay(branch, keep3, encoding=encoding, gap_at=gap),
             replay(branch, recap, encoding=encoding, gap_at=gap),
+            oracle_cost(branch, knobs, encoding=encoding, gap_at=gap).cost,
         )
     return totals
 
 
 def run() -> list[Figure]:
+    settings = load_settings()
     overall = Totals()
     figures: list[Figure] = []
     for source, name in SOURCES.items():
@@ -102,6 +115,15 @@ def run() -> list[Figure]:
                 f"(keep-3 / never = {totals.keep3 / totals.never:.3f})",
             )
         )
+        figures.append(
+            Figure(
+                f"cache_cost_vs_oracle_{source}",
+                round(totals.vs_oracle, 3),
+                ORACLE_BOUND,
+                f"{source}: cost under Recap's policy / the least cost of any clearing schedule "
+                "with the same floors, knowing every request and the gap (core.cachecost.oracle)",
+            )
+        )
     figures.insert(
         0,
         Figure(
@@ -113,9 +135,22 @@ def run() -> list[Figure]:
             f"(keep-3 / never = {overall.keep3 / overall.never:.3f})",
         ),
     )
+    figures.insert(
+        1,
+        Figure(
+            "cache_cost_vs_oracle",
+            round(overall.vs_oracle, 3),
+            ORACLE_BOUND,
+            "all three sources: prompt-cache cost under Recap's policy / under the offline limit: "
+            "the cheapest schedule of clearing points, found exactly by dynamic programming over "
+            "each run's steps, that clears the oldest results worth clearing and keeps the last "
+            f"{settings.keep_tool_results} ({settings.idle_keep_tool_results} at the first "
+            "request after the gap), as production does",
+        ),
+    )
     variant = Totals()
     for name in SOURCES.values():
-        variant.merge(replay_source(name, idle_keep=load_settings().keep_tool_results))
+        variant.merge(replay_source(name, idle_keep=settings.keep_tool_results))
     figures.append(
         Figure(
             "cache_cost_vs_best_baseline_idle_keep_3",
