@@ -19,8 +19,13 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlmodel import Field, SQLModel
+
+# The predicate of the partial index of tool results; a query states it word for word (a literal,
+# not a bound parameter) for either database to use that index.
+TOOL_ONLY = "role = 'tool'"
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
 ID_TYPE = BigInteger().with_variant(Integer(), "sqlite")
@@ -67,6 +72,14 @@ class Message(SQLModel, table=True):
         # `recap serve` maps a resent history onto the tree from hashes, parents and ids alone.
         Index(
             "ix_messages_conversation_hash", "conversation_id", "content_hash", "parent_id", "id"
+        ),
+        # The idle sweep walks tool results alone, in id order (migration 0006).
+        Index(
+            "ix_messages_tool_results",
+            "id",
+            "conversation_id",
+            postgresql_where=text(TOOL_ONLY),
+            sqlite_where=text(TOOL_ONLY),
         ),
     )
 
@@ -149,6 +162,12 @@ class CompactionLog(SQLModel, table=True):
     duration_ms: int = 0
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    # Consecutive skipped runs of a conversation share one row (core.compaction_log.record_run):
+    # the runs it stands for, and the latest one's time (created_at is the first's).
+    repeats: int = Field(default=1, sa_column=Column(Integer, nullable=False, server_default="1"))
+    last_seen_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
 
 
 class Usage(SQLModel, table=True):

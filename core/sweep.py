@@ -26,6 +26,7 @@ from sqlalchemy import (
     case,
     func,
     literal,
+    literal_column,
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -41,6 +42,9 @@ from core.settings import Settings
 from core.tokens import TOKENS_PER_NAME
 from core.toolresults import DIGIT_RUN_BOUNDS, IDLE, ClearingPlan, placeholder_base_tokens
 
+# The tool role as an SQL literal, the words of the partial index of tool results
+# (``core.models.TOOL_ONLY``): a bound parameter would keep either database from using it.
+TOOL_ROLE = literal_column("'tool'", String)
 INSERT_CHUNK = 500  # rows per multi-row insert: far below SQLite's bound-parameter limit
 
 
@@ -152,7 +156,7 @@ def sweep_batch(
     """
     window = (
         select(MESSAGES.c.id)
-        .where(MESSAGES.c.role == "tool", MESSAGES.c.id > after_id)
+        .where(MESSAGES.c.role == TOOL_ROLE, MESSAGES.c.id > after_id)
         .order_by(MESSAGES.c.id)
         .limit(batch_size)
         .subquery()
@@ -199,7 +203,7 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
     after = bindparam("after_id", type_=Integer)
     until = bindparam("until_id", type_=Integer)
     in_window = select(inside.c.conversation_id).where(
-        inside.c.id > after, inside.c.id <= until, inside.c.role == "tool"
+        inside.c.id > after, inside.c.id <= until, inside.c.role == TOOL_ROLE
     )
     keep_before = (
         select(newer.c.id)
@@ -231,9 +235,12 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
     conditions = [
         m.c.id > after,
         m.c.id <= until,
-        m.c.role == "tool",
+        m.c.role == TOOL_ROLE,
         m.c.id > idle.c.covered,
-        reclaimed > 0,  # a result already cleared conflicts on message_id and is skipped
+        reclaimed > 0,
+        # a result already cleared is skipped by one probe of the clearings' unique index, not
+        # by a conflicting insert (which stays, for a result cleared meanwhile by another run)
+        ~select(CLEARINGS.c.message_id).where(CLEARINGS.c.message_id == m.c.id).exists(),
     ]
     if keep_last > 0:
         conditions.append(m.c.id < idle.c.keep_before)
