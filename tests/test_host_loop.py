@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,52 @@ def assemble_or_compress(recap: Recap, cid: str) -> Any:
         return recap.assemble(cid, tools=TOOLS)
 
 
+def agent_turn(
+    recap: Recap,
+    cid: str,
+    *,
+    steps: int = STEPS,
+    result_words: int = RESULT_WORDS,
+    after_step: Callable[[], object] | None = None,
+) -> None:
+    """One user message and ``steps`` tool steps through the README's loop (``call_0`` every
+    step, as servers that number calls per turn send it); every request within its budget."""
+    recap.add(cid, {"role": "user", "content": "Fix the failing tests in the repository."})
+    for step in range(steps):
+        request = assemble_or_compress(recap, cid)
+        assert request.tokens.total <= request.budget
+        call = {
+            "id": "call_0",
+            "type": "function",
+            "function": {"name": "tool_1", "arguments": "{}"},
+        }
+        recap.add(cid, {"role": "assistant", "content": f"step {step}", "tool_calls": [call]})
+        output = " ".join(f"line{step}-{i}" for i in range(result_words))
+        recap.add(cid, {"role": "tool", "tool_call_id": "call_0", "content": output})
+        if after_step is not None:
+            after_step()
+    assert assemble_or_compress(recap, cid).tokens.total <= WINDOW
+
+
+def assert_cuts_at_step_boundaries(recap: Recap, cid: str) -> None:
+    """Something was summarized, and every summary covers whole steps: a result, then the
+    next call."""
+    with session_scope(recap.engine) as session:
+        connection = session.connection()
+        of_cid = SUMMARIES.c.conversation_id == cid
+        cutoffs = [
+            r[0] for r in connection.execute(select(SUMMARIES.c.cutoff_message_id).where(of_cid))
+        ]
+        roles = dict(
+            connection.execute(
+                select(MESSAGES.c.id, MESSAGES.c.role).where(MESSAGES.c.conversation_id == cid)
+            ).all()
+        )
+    assert cutoffs, "the turn outgrew the window, so something was summarized"
+    for cutoff in cutoffs:
+        assert roles[cutoff] == "tool" and roles[cutoff + 1] == "assistant"
+
+
 @pytest.fixture
 def recap(tmp_path: Path) -> Recap:
     settings = Settings(
@@ -60,26 +107,8 @@ def test_an_agent_turn_of_400_steps_never_raises(recap: Recap) -> None:
     """400 steps of one turn on a 16k window: every request is assembled, within the budget,
     and every summary cuts at a step boundary with valid pairs."""
     cid = recap.new(max_input_tokens=WINDOW)
-    recap.add(cid, {"role": "user", "content": "Fix the failing tests in the repository."})
-    for step in range(STEPS):
-        request = assemble_or_compress(recap, cid)
-        assert request.tokens.total <= request.budget
-        call = {
-            "id": "call_0",
-            "type": "function",
-            "function": {"name": "tool_1", "arguments": "{}"},
-        }
-        recap.add(cid, {"role": "assistant", "content": f"step {step}", "tool_calls": [call]})
-        output = " ".join(f"line{step}-{i}" for i in range(RESULT_WORDS))
-        recap.add(cid, {"role": "tool", "tool_call_id": "call_0", "content": output})
-    assert assemble_or_compress(recap, cid).tokens.total <= WINDOW
-    with session_scope(recap.engine) as session:
-        connection = session.connection()
-        cutoffs = [row[0] for row in connection.execute(select(SUMMARIES.c.cutoff_message_id))]
-        roles = dict(connection.execute(select(MESSAGES.c.id, MESSAGES.c.role)).all())
-    assert cutoffs, "the turn outgrew the window, so something was summarized"
-    for cutoff in cutoffs:  # the summary covers whole steps: a result, then the next call
-        assert roles[cutoff] == "tool" and roles[cutoff + 1] == "assistant"
+    agent_turn(recap, cid)
+    assert_cuts_at_step_boundaries(recap, cid)
 
 
 def test_the_decision_sees_the_host_s_tools(recap: Recap, caplog: Any) -> None:

@@ -4,7 +4,9 @@ Each conversation of an import-format file is replayed through the real pipeline
 SQLite database: messages are added one by one; before each assistant message the request is
 assembled as the host would send it, and after each assistant step (its tool results included)
 ``compress_session`` runs in this process with the configured summarizer. An agent run can be one
-user turn with a hundred model calls, so each assistant step counts as a turn for the host.
+user turn with a hundred model calls, so each assistant step counts as a turn for the host. It
+also runs before the first request: what arrives before any model call (an imported
+conversation, a long first prompt) is history the worker sees too.
 
 Each request carries the fixed parts a live host sends beside the history: the conversation's
 tool schemas (a record's ``tools`` when it has them, else a representative set: one schema of a
@@ -278,11 +280,9 @@ def replay_conversation(
         while added < index:
             service.add_message(engine, cid, messages[added])
             added += 1
-        action = None
-        if number:
-            if host.profile_blind:
-                _forget_profile(engine, cid)
-            action = compress(cid)["action"]
+        if host.profile_blind:
+            _forget_profile(engine, cid)
+        action = compress(cid)["action"]
         after_gap = number == gap_step
         if after_gap:
             _idle_gap(engine, settings)
