@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,20 @@ def test_bad_file_is_one_line(tmp_path: Path, content: str, fragment: str) -> No
 def test_missing_file_is_one_line(tmp_path: Path) -> None:
     """A file that cannot be read is one clear error."""
     assert_one_line_error(recap("replay", str(tmp_path / "nope.jsonl")), "cannot read")
+
+
+def test_replay_reports_silent_truncations_with_the_host_s_tools(tmp_path: Path) -> None:
+    """A record that brings its own tool schemas is replayed with them: the JSON reports the
+    fixed parts and no silent truncation, per conversation and in total; the table shows it."""
+    from tests.test_fidelity import WINDOW, agent_record
+
+    path = tmp_path / "with-tools.jsonl"
+    path.write_text(json.dumps(agent_record(24)) + "\n")
+    report = recap("replay", str(path), "--window", str(WINDOW), "--json").json()
+    (conversation,) = report["conversations"]
+    assert conversation["tools_from_data"] and conversation["fixed_tokens"] >= 3_400
+    assert conversation["silent_truncations"] == 0 and conversation["summaries"] >= 1
+    assert report["total"]["silent_truncations"] == 0
+    assert report["total"]["truncations"] == 0
+    table = recap("replay", str(path), "--window", str(WINDOW))
+    assert table.code == 0 and "silent" in table.stdout
