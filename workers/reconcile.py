@@ -33,17 +33,7 @@ def reconcile(
 ) -> dict[str, Any]:
     """Re-enqueue conversations the decision would act on whose last run is missing or died."""
     moment = now or utcnow()
-    c = CONVERSATIONS.c
-    free = or_(c.lease_owner.is_(None), c.lease_expires_at < moment)
-    stale = or_(
-        c.dirty.is_(True),
-        c.lease_owner.is_not(None),
-        c.last_compacted_at.is_(None),
-        c.last_compacted_at < c.last_activity_at,
-    )
-    statement = select(c.id, c.dirty).where(free, stale).order_by(c.last_activity_at)
-    with session_scope(engine) as session:
-        rows = list(session.connection().execute(statement.limit(RECONCILE_BATCH)))
+    rows = candidates(engine, moment)
     knobs = policy.Knobs.from_settings(settings)
     enqueued = 0
     for conversation_id, dirty in rows:
@@ -53,6 +43,23 @@ def reconcile(
         else:
             _mark_checked(engine, conversation_id, moment)
     return {"enqueued": enqueued}
+
+
+def candidates(engine: Engine, now: datetime) -> list[tuple[str, bool]]:
+    """The conversations a pass examines, oldest activity first, with their dirty flags: no live
+    lease, and dirty, a dead run's lease, never run, or active since their last run."""
+    c = CONVERSATIONS.c
+    free = or_(c.lease_owner.is_(None), c.lease_expires_at < now)
+    stale = or_(
+        c.dirty.is_(True),
+        c.lease_owner.is_not(None),
+        c.last_compacted_at.is_(None),
+        c.last_compacted_at < c.last_activity_at,
+    )
+    statement = select(c.id, c.dirty).where(free, stale).order_by(c.last_activity_at)
+    with session_scope(engine) as session:
+        rows = session.connection().execute(statement.limit(RECONCILE_BATCH))
+        return [(str(cid), bool(dirty)) for cid, dirty in rows]
 
 
 def needs_run(engine: Engine, knobs: policy.Knobs, conversation_id: str, now: datetime) -> bool:
