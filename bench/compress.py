@@ -385,7 +385,10 @@ def wait_for_runs(engine: Any, count: int, timeout: float = 120) -> list[str]:
     deadline = time.monotonic() + timeout
     while True:
         with engine.connect() as connection:
-            actions = [str(a) for (a,) in connection.execute(select(COMPACTION_LOG.c.action))]
+            rows = connection.execute(  # consecutive skips share a row: its repeats count
+                select(COMPACTION_LOG.c.action, COMPACTION_LOG.c.repeats)
+            )
+            actions = [str(a) for a, repeats in rows for _ in range(int(repeats))]
         if len(actions) >= count:
             return actions
         if time.monotonic() > deadline:

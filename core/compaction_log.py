@@ -1,11 +1,17 @@
-"""The compaction log's retention: what operators need is kept, the trace of skips is bounded.
+"""The compaction log: one row per run that did something, and a bounded trace of skips.
 
-Every ``compress_session`` run writes one ``compaction_log`` row. Runs that did something
-(``cleared``, ``summarized``), failures (``failed``) and retries (``retry``) are what an operator
-reads, and what the failure cooldown reads (the failed runs since the last summary); most rows,
-though, are ``skipped`` runs (a host enqueues after every turn, and most turns need nothing). So:
+Runs that did something (``cleared``, ``summarized``), failures (``failed``) and retries
+(``retry``) are what an operator reads, and what the failure cooldown reads (the failed runs since
+the last summary); each gets a row of its own. Most runs, though, skip (a host enqueues after
+every turn, and most turns need nothing), so ``record_run`` writes a skip that follows a skip of
+the same conversation onto that row: ``repeats`` counts the runs it stands for, ``last_seen_at``
+is the latest one's time and its reason, tokens and task are the latest one's (``created_at``
+stays the first's). A conversation's log grows with what was done to it, not with its turns.
 
-- ``skipped`` rows older than ``RECAP_LOG_RETENTION_DAYS`` (default 3) are deleted;
+Old rows are pruned on a schedule (``recap.prune_compaction_log``, every
+``RECAP_LOG_PRUNE_SECONDS``):
+
+- ``skipped`` rows last seen before ``RECAP_LOG_RETENTION_DAYS`` (default 3) are deleted;
 - every row older than ``RECAP_LOG_HISTORY_DAYS`` (default 90, never less than the first) is
   deleted.
 
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, delete, select
+from sqlalchemy import Connection, Engine, bindparam, delete, insert, select, update
 
 from core.db import session_scope
 from core.models import CompactionLog, table_of
@@ -36,8 +42,24 @@ SKIPPED = "skipped"
 PRUNE_BATCH = 5_000  # rows looked at per transaction: a few ms, a short write lock on SQLite
 PRUNE_MAX_BATCHES = 20  # batches per run; a larger backlog continues in the next run
 
+# What a merged skip takes from the latest run (the rest, created_at first, stays the first's).
+LATEST_RUN_FIELDS = (
+    "task_id",
+    "trigger",
+    "leaf_message_id",
+    "reason",
+    "tokens_before",
+    "tokens_after",
+    "duration_ms",
+)
+_LATEST = (
+    select(LOG.c.id, LOG.c.action)
+    .where(LOG.c.conversation_id == bindparam("conversation_id"))
+    .order_by(LOG.c.id.desc())
+    .limit(1)
+)
 _ROWS_AFTER = (
-    select(LOG.c.id, LOG.c.action, LOG.c.created_at)
+    select(LOG.c.id, LOG.c.action, LOG.c.created_at, LOG.c.last_seen_at)
     .where(LOG.c.id > bindparam("after_id"))
     .order_by(LOG.c.id)
     .limit(bindparam("batch"))
@@ -59,9 +81,32 @@ def cuts(now: datetime, *, retention_days: float, history_days: float) -> Cuts:
     return Cuts(now - timedelta(days=retention_days), now - timedelta(days=history))
 
 
-def doomed(action: str, created_at: datetime, at: Cuts) -> bool:
-    """Whether a row with this action and time is past its retention."""
-    return created_at < at.all_before or (action == SKIPPED and created_at < at.skipped_before)
+def doomed(
+    action: str, created_at: datetime, at: Cuts, last_seen_at: datetime | None = None
+) -> bool:
+    """Whether a row with this action and time is past its retention (a streak of skips by
+    its latest run's time)."""
+    latest = max(created_at, last_seen_at) if last_seen_at is not None else created_at
+    return created_at < at.all_before or (action == SKIPPED and latest < at.skipped_before)
+
+
+def record_run(connection: Connection, values: dict[str, Any]) -> None:
+    """Write one run's row (``values``: the columns of a new row), or, for a skip that follows a
+    skip of the same conversation, count it on that row. Call it in the run's write transaction,
+    under the conversation's lease, so that no other run of it writes between the read and the
+    write."""
+    if values["action"] == SKIPPED:
+        latest = connection.execute(_LATEST, {"conversation_id": values["conversation_id"]}).first()
+        if latest is not None and latest.action == SKIPPED:
+            merged = {name: values[name] for name in LATEST_RUN_FIELDS if name in values}
+            statement = (
+                update(LOG)
+                .where(LOG.c.id == latest.id)
+                .values(repeats=LOG.c.repeats + 1, last_seen_at=values["created_at"], **merged)
+            )
+            connection.execute(statement)
+            return
+    connection.execute(insert(LOG).values(**values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +136,11 @@ def prune_batch(engine: Engine, at: Cuts, *, after_id: int, batch: int) -> Prune
         rows = connection.execute(_ROWS_AFTER, {"after_id": after_id, "batch": batch}).all()
         doomed_ids: list[int] = []
         last = after_id
-        for row_id, action, created_at in rows:
+        for row_id, action, created_at, last_seen_at in rows:
             moment = as_utc(created_at)
             if moment is not None and moment >= at.skipped_before:
                 return _done(connection, doomed_ids, last, examined=len(rows), more=False)
-            if moment is not None and doomed(str(action), moment, at):
+            if moment is not None and doomed(str(action), moment, at, as_utc(last_seen_at)):
                 doomed_ids.append(int(row_id))
             last = int(row_id)
         return _done(connection, doomed_ids, last, examined=len(rows), more=len(rows) == batch)

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine, insert, select
 
 from core import service
-from core.compaction_log import LOG, cuts, doomed, prune_log
+from core.compaction_log import LOG, cuts, doomed, prune_log, record_run
 from core.settings import Settings, get_settings
 from core.snapshot import recent_failures
 
@@ -39,6 +39,16 @@ def test_doomed(action: str, age_days: float, gone: bool) -> None:
     """Which rows are past their retention, by action and age."""
     at = cuts(NOW, retention_days=RETENTION, history_days=HISTORY)
     assert doomed(action, NOW - timedelta(days=age_days), at) is gone
+
+
+@pytest.mark.parametrize(("first_days", "last_days", "gone"), [(10, 1, False), (10, 4, True)])
+def test_a_skip_streak_lasts_from_its_latest_run(
+    first_days: float, last_days: float, gone: bool
+) -> None:
+    """A row that stands for a streak of skips is kept while its latest run is recent."""
+    at = cuts(NOW, retention_days=RETENTION, history_days=HISTORY)
+    first, last = NOW - timedelta(days=first_days), NOW - timedelta(days=last_days)
+    assert doomed("skipped", first, at, last) is gone
 
 
 def test_history_never_shorter_than_retention() -> None:
@@ -205,3 +215,64 @@ def test_prune_task_on_a_worker(worker: None, sqlite_engine: Engine) -> None:
     entry = beat_schedule(settings)["prune-compaction-log"]
     assert entry["task"] == PRUNE_LOG_TASK and entry["schedule"] == settings.log_prune_seconds
     assert TASK_ROUTES[PRUNE_LOG_TASK]["queue"] == "maintenance"
+
+
+# --- the trace of skips ---------------------------------------------------------------------------
+
+
+def _run_row(cid: str, action: str, minute: int) -> dict[str, Any]:
+    return {
+        "conversation_id": cid,
+        "trigger": "enqueue",
+        "action": action,
+        "reason": f"{action} at {minute}",
+        "tokens_before": minute,
+        "tokens_after": minute,
+        "created_at": NOW + timedelta(minutes=minute),
+    }
+
+
+def test_consecutive_skips_share_a_row(engine: Engine, settings: Settings) -> None:
+    """A skip after a skip of the same conversation is counted on that row (the latest run's
+    reason and time); anything else, or another conversation's skip, is a row of its own."""
+    one, two = (service.new_conversation(engine, settings, name) for name in ("one", "two"))
+    runs = [(one, "skipped"), (one, "skipped"), (two, "skipped"), (one, "skipped")]
+    runs += [(one, "summarized"), (one, "skipped"), (two, "skipped"), (one, "failed")]
+    runs += [(one, "skipped"), (one, "skipped")]
+    for minute, (cid, action) in enumerate(runs):
+        with engine.begin() as connection:
+            record_run(connection, _run_row(cid, action, minute))
+    c = LOG.c
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(
+                c.conversation_id, c.action, c.repeats, c.reason, c.created_at, c.last_seen_at
+            ).order_by(c.id)
+        ).all()
+    found = [(cid, action, repeats, reason) for cid, action, repeats, reason, _, _ in rows]
+    assert found == [
+        (one, "skipped", 3, "skipped at 3"),
+        (two, "skipped", 2, "skipped at 6"),
+        (one, "summarized", 1, "summarized at 4"),
+        (one, "skipped", 1, "skipped at 5"),
+        (one, "failed", 1, "failed at 7"),
+        (one, "skipped", 2, "skipped at 9"),
+    ]
+    first, last = rows[0][4], rows[0][5]
+    assert first.replace(tzinfo=UTC) == NOW and last.replace(tzinfo=UTC) == NOW + timedelta(
+        minutes=3
+    )
+    assert rows[2][5] is None  # a row of one run has no later sighting
+
+
+def test_runs_that_skip_leave_one_row(sqlite_engine: Engine, settings: Settings) -> None:
+    """Twenty production runs that skip, one after another, leave one row counting twenty."""
+    from workers.compress import compress_now
+
+    cid = service.new_conversation(sqlite_engine, settings, "quiet")
+    service.add_message(sqlite_engine, cid, {"role": "user", "content": "hello"})
+    for _ in range(20):
+        assert compress_now(sqlite_engine, settings, cid)["action"] == "skipped"
+    with sqlite_engine.connect() as connection:
+        rows = connection.execute(select(LOG.c.action, LOG.c.repeats)).all()
+    assert [tuple(row) for row in rows] == [("skipped", 20)]

@@ -795,10 +795,12 @@ def test_forty_turns_resent_stored_once_and_requests_shrink(
 
 
 def _runs(serve: Serve, cid: str) -> int:
-    """compress_session runs the worker has logged for the conversation."""
+    """compress_session runs the worker has logged for the conversation (consecutive skips
+    share a row, counted by its ``repeats``)."""
     log = table_of(CompactionLog)
     with serve.engine.connect() as connection:
-        statement = select(func.count()).where(log.c.conversation_id == cid)
+        total = func.coalesce(func.sum(log.c.repeats), 0)
+        statement = select(total).where(log.c.conversation_id == cid)
         return int(connection.execute(statement).scalar_one())
 
 
