@@ -4,9 +4,10 @@ Runs that did something (``cleared``, ``summarized``), failures (``failed``) and
 (``retry``) are what an operator reads, and what the failure cooldown reads (the failed runs since
 the last summary); each gets a row of its own. Most runs, though, skip (a host enqueues after
 every turn, and most turns need nothing), so ``record_run`` writes a skip that follows a skip of
-the same conversation onto that row: ``repeats`` counts the runs it stands for, ``last_seen_at``
-is the latest one's time and its reason, tokens and task are the latest one's (``created_at``
-stays the first's). A conversation's log grows with what was done to it, not with its turns.
+the same conversation onto that row (not a run overtaken by another run's summary, which keeps
+its own): ``repeats`` counts the runs it stands for, ``last_seen_at`` is the latest one's time,
+and its reason, tokens and task are the latest one's (``created_at`` stays the first's). A
+conversation's log grows with what was done to it, not with its turns.
 
 Old rows are pruned on a schedule (``recap.prune_compaction_log``, every
 ``RECAP_LOG_PRUNE_SECONDS``):
@@ -53,7 +54,7 @@ LATEST_RUN_FIELDS = (
     "duration_ms",
 )
 _LATEST = (
-    select(LOG.c.id, LOG.c.action)
+    select(LOG.c.id, LOG.c.action, LOG.c.summary_id)
     .where(LOG.c.conversation_id == bindparam("conversation_id"))
     .order_by(LOG.c.id.desc())
     .limit(1)
@@ -90,14 +91,20 @@ def doomed(
     return created_at < at.all_before or (action == SKIPPED and latest < at.skipped_before)
 
 
+def plain_skip(action: str, summary_id: int | None) -> bool:
+    """A run that found nothing to do; not one that found its summary written by another run
+    (a skip naming that summary), which keeps a row of its own."""
+    return action == SKIPPED and summary_id is None
+
+
 def record_run(connection: Connection, values: dict[str, Any]) -> None:
     """Write one run's row (``values``: the columns of a new row), or, for a skip that follows a
     skip of the same conversation, count it on that row. Call it in the run's write transaction,
     under the conversation's lease, so that no other run of it writes between the read and the
     write."""
-    if values["action"] == SKIPPED:
+    if plain_skip(values["action"], values.get("summary_id")):
         latest = connection.execute(_LATEST, {"conversation_id": values["conversation_id"]}).first()
-        if latest is not None and latest.action == SKIPPED:
+        if latest is not None and plain_skip(latest.action, latest.summary_id):
             merged = {name: values[name] for name in LATEST_RUN_FIELDS if name in values}
             statement = (
                 update(LOG)

@@ -276,3 +276,17 @@ def test_runs_that_skip_leave_one_row(sqlite_engine: Engine, settings: Settings)
     with sqlite_engine.connect() as connection:
         rows = connection.execute(select(LOG.c.action, LOG.c.repeats)).all()
     assert [tuple(row) for row in rows] == [("skipped", 20)]
+
+
+def test_a_run_overtaken_by_another_keeps_its_row(
+    sqlite_engine: Engine, settings: Settings
+) -> None:
+    """A skip that found its summary written by another run names it, and is never merged."""
+    cid = service.new_conversation(sqlite_engine, settings, "overtaken")
+    overtaken = {**_run_row(cid, "skipped", 1), "summary_id": 7, "reason": "by another run"}
+    for values in (_run_row(cid, "skipped", 0), overtaken, _run_row(cid, "skipped", 2)):
+        with sqlite_engine.begin() as connection:
+            record_run(connection, values)
+    with sqlite_engine.connect() as connection:
+        rows = connection.execute(select(LOG.c.summary_id, LOG.c.repeats).order_by(LOG.c.id))
+        assert [tuple(row) for row in rows] == [(None, 1), (7, 1), (None, 1)]
