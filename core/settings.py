@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     llm_timeout: float = Field(default=60, gt=0)
     max_attempts: int = Field(default=5, ge=1, le=20)
     retry_backoff_max: int = Field(default=60, ge=1)
+    # RabbitMQ (an amqp:// broker): "quorum" queues (replicated, retries delayed by the broker),
+    # or "classic" durable queues for servers older than 3.10 or queues declared classic before.
+    amqp_queue_type: Literal["quorum", "classic"] = "quorum"
     failure_streak: int = Field(default=3, ge=1)  # failed runs in a row before a cooldown
     failure_cooldown_minutes: float = Field(default=10, gt=0)  # doubles per further failure
     summary_prompt: str = DEFAULT_SUMMARY_PROMPT
@@ -200,6 +203,13 @@ class Settings(BaseSettings):
     def visibility_timeout(self) -> int:
         """Redis redelivers only after the hard limit plus the longest retry delay have passed."""
         return self.task_time_limit + self.retry_backoff_max + LEASE_GRACE_SECONDS
+
+    @property
+    def ack_timeout(self) -> int:
+        """Seconds a worker may hold a RabbitMQ delivery before acknowledging it (late acks):
+        one hard limit waiting for a busy pool's thread, one running, and the longest retry delay
+        a worker holds in memory; RabbitMQ's consumer timeout must be above it."""
+        return 2 * self.task_time_limit + self.retry_backoff_max + LEASE_GRACE_SECONDS
 
 
 # Largest float setting: 1e8 minutes is 190 years, and a cooldown that doubles from it still

@@ -1,8 +1,9 @@
 """Pointing the one Celery app at a test's own broker settings, and putting it back after.
 
 Tests share ``workers.app.app``: each test that starts a worker configures it for its broker
-with a Redis key prefix of its own (runs sharing the server never see each other's messages)
-and restores it afterwards, so no test inherits another one's broker, connections or queues.
+with a Redis key prefix of its own (runs sharing the server never see each other's messages; on
+RabbitMQ each test has a vhost of its own instead) and restores it afterwards, so no test
+inherits another one's broker, connections or queues.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from core.settings import Settings
-from workers.app import app, celery_config, configure
+from workers.app import app, celery_config, configure, is_redis
 
 
 def reset_app_connections() -> None:
@@ -24,10 +25,11 @@ def reset_app_connections() -> None:
 
 @contextmanager
 def configured_app(settings: Settings, prefix: str | None) -> Iterator[None]:
-    """The Celery app pointed at this test's broker (with its own key prefix), then restored."""
+    """The Celery app pointed at this test's broker (with its own Redis key prefix), then
+    restored."""
     saved = {key: app.conf.get(key) for key in celery_config(settings)}
     configure(app, settings)
-    if prefix is not None:
+    if prefix is not None and is_redis(settings.broker_url):
         options = {**app.conf.broker_transport_options, "global_keyprefix": prefix}
         app.conf.broker_transport_options = options
     reset_app_connections()

@@ -2,7 +2,9 @@
 
 Every server here is the test's own: a ``redis-server`` on a free port and a PostgreSQL cluster
 made with ``initdb`` (as the ``postgres`` user when the tests run as root), restarted and stopped
-by their pids; the shared servers are never touched. The worker is a real ``recap worker``
+by their pids; the shared servers are never touched. ``Stack`` and ``stack_on`` take any broker
+with a URL and a ``restart()``: ``tests/test_rabbitmq.py`` runs the same worker on a RabbitMQ
+node of its own. The worker is a real ``recap worker``
 process calling the local model server through litellm; the model's reply is held (``Gate``)
 while a server restarts, so "during the model call" and "during the write" need no sleeps.
 """
@@ -17,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import structlog
@@ -143,14 +145,24 @@ def chat(turns: int, tag: str) -> list[dict[str, str]]:
     return messages
 
 
+class Broker(Protocol):
+    """A broker server of the test's own: where it is, and a restart."""
+
+    @property
+    def url(self) -> str: ...
+
+    def restart(self) -> None: ...
+
+
 @dataclass
 class Stack:
     """A worker, its broker, its database and its model, as one test sees them."""
 
     engine: Engine
-    broker: RedisServer
+    broker: Broker
     worker: WorkerProcess
     gate: Gate
+    server: LLMServer
     cluster: PostgresCluster | None = None
 
     def new(self) -> str:
@@ -202,7 +214,9 @@ class Stack:
         assert self.worker.alive
 
 
-def _worker(tmp: Path, database_url: str, broker: RedisServer, server: LLMServer) -> WorkerProcess:
+def _worker(
+    tmp: Path, database_url: str, broker: Broker, server: LLMServer, args: tuple[str, ...]
+) -> WorkerProcess:
     env = worker_env(
         RECAP_DATABASE_URL=database_url,
         RECAP_BROKER_URL=broker.url,
@@ -213,35 +227,47 @@ def _worker(tmp: Path, database_url: str, broker: RedisServer, server: LLMServer
         RECAP_MAX_ATTEMPTS="6",
         RECAP_OUTPUT_DIR=str(tmp / "outputs"),
     )
-    return WorkerProcess(env, tmp / "worker.log").start()
+    return WorkerProcess(env, tmp / "worker.log", args=args).start()
 
 
 @contextmanager
-def _stack(tmp: Path, database_url: str, cluster: PostgresCluster | None) -> Iterator[Stack]:
-    problem = missing_redis()
-    if problem is not None:
-        need_service("redis-server", problem)
+def stack_on(
+    broker: Broker,
+    tmp: Path,
+    database_url: str,
+    cluster: PostgresCluster | None = None,
+    worker_args: tuple[str, ...] = ("--queues", "compress"),
+) -> Iterator[Stack]:
+    """A `recap worker` on this broker and database, calling a gated model server."""
     gate = Gate()
     server = LLMServer(default=gate).start()
     engine = make_engine(database_url)
     upgrade(engine)
-    with RedisServer.started() as broker:
-        worker = _worker(tmp, database_url, broker, server)
-        try:
-            yield Stack(engine, broker, worker, gate, cluster)
-        finally:
-            gate.open()
-            worker.stop()
-            reset()
-            server.stop()
-            engine.dispose()
+    worker = _worker(tmp, database_url, broker, server, worker_args)
+    try:
+        yield Stack(engine, broker, worker, gate, server, cluster)
+    finally:
+        gate.open()
+        worker.stop()
+        reset()
+        server.stop()
+        engine.dispose()
+
+
+@contextmanager
+def _redis_stack(tmp: Path, database_url: str, cluster: PostgresCluster | None) -> Iterator[Stack]:
+    problem = missing_redis()
+    if problem is not None:
+        need_service("redis-server", problem)
+    with RedisServer.started() as broker, stack_on(broker, tmp, database_url, cluster) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")
 def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A worker on SQLite and a Redis of its own (restarted by the tests)."""
     tmp = tmp_path_factory.mktemp("redis-stack")
-    with _stack(tmp, f"sqlite:///{tmp / 'recap.db'}", None) as stack:
+    with _redis_stack(tmp, f"sqlite:///{tmp / 'recap.db'}", None) as stack:
         yield stack
 
 
@@ -254,11 +280,11 @@ def pg_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("pg-stack")
     with PostgresCluster.started() as cluster:
         url = cluster.create_database("recap")
-        with _stack(tmp, url, cluster) as stack:
+        with _redis_stack(tmp, url, cluster) as stack:
             yield stack
 
 
-def _held_run(stack: Stack) -> str:
+def held_run(stack: Stack) -> str:
     """A conversation over its trigger whose compression is now waiting on the model."""
     cid = stack.new()
     before = stack.gate.arrived
@@ -273,7 +299,7 @@ def test_a_redis_restart_during_the_model_call_keeps_the_worker(redis_stack: Sta
     summary, the lease let go), reconnects, and serves a task enqueued after the restart."""
     s = redis_stack
     children = s.worker.children()
-    cid = _held_run(s)
+    cid = held_run(s)
     s.broker.restart()
     s.gate.open()
     s.wait_summary(cid)
@@ -300,7 +326,7 @@ def test_a_postgres_restart_during_the_model_call(pg_stack: Stack) -> None:
     lease let go, and the worker serves what comes next."""
     s = pg_stack
     assert s.cluster is not None
-    cid = _held_run(s)
+    cid = held_run(s)
     s.cluster.restart()
     s.gate.open()
     s.wait_summary(cid)
@@ -314,7 +340,7 @@ def test_postgres_down_through_the_write_keeps_the_summary_and_retries(pg_stack:
     s = pg_stack
     assert s.cluster is not None
     retries = s.worker.text().count("database_unavailable_retrying")
-    cid = _held_run(s)
+    cid = held_run(s)
     s.cluster.stop()
     s.gate.open()
     s.worker.wait_log("database_unavailable_retrying", timeout=30, count=retries + 1)

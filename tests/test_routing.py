@@ -4,7 +4,9 @@ the queue wrong.
 The compress worker consumes the ``compress`` queue and Celery's default queue ``celery``, so a
 host that builds a bare ``Celery(broker=URL)`` and sends ``recap.compress_session`` by name is
 served (issue: 200 of 200 such tasks used to sit unconsumed until reconcile). The worker is a real
-``recap worker`` process on a Redis server of the test's own, with the offline summarizer.
+``recap worker`` process, with the offline summarizer, on a broker of the test's own: a Redis
+server, and a vhost of the test run's RabbitMQ node (where ``celery`` must stay the queue a plain
+Celery app declares, and ``compress`` is a quorum queue).
 """
 
 from __future__ import annotations
@@ -111,11 +113,20 @@ def test_compress_later_reuses_one_app_per_broker(private_redis: RedisServer) ->
     assert len(_queued(private_redis.url, COMPRESS_QUEUE)) == 2
 
 
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker_url(request: pytest.FixtureRequest) -> str:
+    """A broker of the test's own: a private Redis server, or a fresh RabbitMQ vhost."""
+    if request.param == "redis":
+        return request.getfixturevalue("private_redis").url  # type: ignore[no-any-return]
+    return str(request.getfixturevalue("amqp_url"))
+
+
 def test_a_plain_send_task_by_name_is_served_by_recap_worker(
-    private_redis: RedisServer, tmp_path: Path
+    broker_url: str, tmp_path: Path
 ) -> None:
     """`Celery(broker=URL).send_task("recap.compress_session", args=[id])`, the plainest call
-    there is, and `compress_later`, are both consumed by a real `recap worker` process."""
+    there is, and `compress_later`, are both consumed by a real `recap worker` process, on Redis
+    and on RabbitMQ."""
     url = f"sqlite:///{tmp_path / 'recap.db'}"
     engine = make_engine(url)
     upgrade(engine)
@@ -128,15 +139,15 @@ def test_a_plain_send_task_by_name_is_served_by_recap_worker(
     )
     env = worker_env(
         RECAP_DATABASE_URL=url,
-        RECAP_BROKER_URL=private_redis.url,
+        RECAP_BROKER_URL=broker_url,
         RECAP_OUTPUT_DIR=str(tmp_path / "outputs"),
     )
     worker = WorkerProcess(env, tmp_path / "worker.log").start()
     try:
-        plain = Celery(broker=private_redis.url)
+        plain = Celery(broker=broker_url)
         plain.send_task("recap.compress_session", args=[ids[0]])
         plain.close()
-        compress_later(ids[1], broker_url=private_redis.url)
+        compress_later(ids[1], broker_url=broker_url)
         for cid in ids:
             wait_for(
                 lambda cid=cid: service.list_summaries(engine, cid),
@@ -146,4 +157,5 @@ def test_a_plain_send_task_by_name_is_served_by_recap_worker(
             )
     finally:
         worker.stop()
+        enqueue.reset()
         engine.dispose()

@@ -6,20 +6,36 @@ Flower, a ``compress`` queue (model calls: a threads pool with high concurrency)
 Celery's default queue ``celery``, so the plainest ``send_task("recap.compress_session", ...)`` from
 an app that knows nothing of Recap's routes is served too (``workers.enqueue`` routes it right).
 Importing this module applies ``workers.patches`` (a worker survives a Redis restart mid-task).
+
+The broker is Redis or RabbitMQ (``amqp://``), with the same routing on both. On RabbitMQ the
+``compress`` and ``maintenance`` queues are durable quorum queues (``RECAP_AMQP_QUEUE_TYPE``,
+``classic`` for servers older than 3.10) on topic exchanges, so Celery delays retries in the
+broker (native delayed delivery) instead of holding them in a worker whose prefetch cannot grow
+(quorum queues have no global QoS); publishes wait for the broker's confirm; and each consumer asks
+for an acknowledgement timeout above what a late ack can take (``Settings.ack_timeout``). The
+default queue ``celery`` stays exactly what a plain Celery app declares (classic, direct), so a
+host that knows nothing of Recap can still send to it.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, cast
 
 import structlog
 from celery import Celery, Task
-from celery.signals import celeryd_init, setup_logging, task_postrun, task_prerun
+from celery.signals import (
+    celeryd_init,
+    setup_logging,
+    task_postrun,
+    task_prerun,
+    worker_init,
+)
 from kombu import Exchange, Queue
 
-from core.redact import known_secrets
+from core.redact import known_secrets, redact
 from core.settings import Settings, get_settings
 from workers import patches
 from workers.logs import configure_logging, register_secrets
@@ -37,8 +53,27 @@ TASK_ROUTES = {
 }
 
 
+AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
+REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "sentinel://")
+
+
+def is_amqp(broker_url: str) -> bool:
+    """Whether the broker is RabbitMQ (or another AMQP 0-9-1 server)."""
+    return broker_url.startswith(AMQP_SCHEMES)
+
+
+def is_redis(url: str) -> bool:
+    return url.startswith(REDIS_SCHEMES)
+
+
+def quorum_queues(settings: Settings) -> bool:
+    """Whether Recap's own queues are RabbitMQ quorum queues."""
+    return is_amqp(settings.broker_url) and settings.amqp_queue_type == "quorum"
+
+
 def transport_options(settings: Settings) -> dict[str, Any]:
-    """Broker options: folders for the embedded file broker, a visibility timeout for Redis."""
+    """Broker options: folders for the embedded file broker, publisher confirms for RabbitMQ, a
+    visibility timeout for Redis."""
     if settings.broker_url.startswith("filesystem://"):
         folder = Path(settings.broker_folder).resolve()
         queue, control = folder / "queue", folder / "control"
@@ -49,7 +84,65 @@ def transport_options(settings: Settings) -> dict[str, Any]:
             "data_folder_out": str(queue),
             "control_folder": str(control),
         }
+    if is_amqp(settings.broker_url):
+        return {"confirm_publish": True}  # a send returns once the broker has the message
     return {"visibility_timeout": settings.visibility_timeout}
+
+
+def task_queue(name: str, settings: Settings) -> Queue:
+    """One of Recap's queues as the workers and ``workers.enqueue`` declare it.
+
+    Redis and the file broker: durable, on a direct exchange of its name (as always). RabbitMQ:
+    ``compress`` and ``maintenance`` are quorum queues on a topic exchange (native delayed
+    delivery binds only those); ``celery`` stays Celery's own default declaration, which a plain
+    ``Celery(broker=URL)`` repeats (a different one would be refused by the broker). Every
+    RabbitMQ consumer asks for an acknowledgement timeout above ``Settings.ack_timeout``
+    (honoured from RabbitMQ 3.12, ignored before; see the README)."""
+    if not is_amqp(settings.broker_url):
+        return Queue(name, Exchange(name, type="direct"), routing_key=name)
+    consumer = {"x-consumer-timeout": settings.ack_timeout * 1000}
+    if name == DEFAULT_QUEUE or not quorum_queues(settings):
+        exchange = Exchange(name, type="direct")
+        return Queue(name, exchange, routing_key=name, consumer_arguments=consumer)
+    return Queue(
+        name,
+        Exchange(name, type="topic"),
+        routing_key=name,
+        queue_arguments={"x-queue-type": "quorum"},
+        consumer_arguments=consumer,
+    )
+
+
+def task_queues(settings: Settings) -> tuple[Queue, ...]:
+    return tuple(
+        task_queue(name, settings) for name in (COMPRESS_QUEUE, MAINTENANCE_QUEUE, DEFAULT_QUEUE)
+    )
+
+
+def uses_native_delay(celery: Celery) -> bool:
+    """Whether this app's countdowns go through RabbitMQ's native delayed delivery (an amqp
+    broker and a quorum queue among the app's queues, as Celery itself decides)."""
+    queues = celery.conf.task_queues or ()
+    return is_amqp(str(celery.conf.broker_url or "")) and any(
+        (queue.queue_arguments or {}).get("x-queue-type") == "quorum" for queue in queues
+    )
+
+
+def whole_countdown(countdown: float | None) -> float | None:
+    """Native delayed delivery counts whole seconds and refuses a countdown under one (Celery
+    5.7 passes ``int(countdown)`` on): round a fractional one up."""
+    if countdown is None or countdown <= 0:
+        return countdown
+    return float(max(1, math.ceil(countdown)))
+
+
+class RecapTask(Task):  # type: ignore[misc]
+    """Celery's Task, with retries that native delayed delivery accepts."""
+
+    def retry(self, *args: Any, countdown: float | None = None, **kwargs: Any) -> Any:
+        if uses_native_delay(self.app):
+            countdown = whole_countdown(countdown)
+        return super().retry(*args, countdown=countdown, **kwargs)
 
 
 def beat_schedule(settings: Settings) -> dict[str, Any]:
@@ -69,12 +162,13 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The whole Celery configuration derived from Recap's settings."""
     options = transport_options(settings)
+    backend = str(settings.result_backend or "")
     return {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_backend,
         "broker_transport_options": options,
         "result_backend_transport_options": (
-            options if str(settings.result_backend or "").startswith("redis") else {}
+            {"visibility_timeout": settings.visibility_timeout} if is_redis(backend) else {}
         ),
         "broker_connection_retry_on_startup": True,
         "task_serializer": "json",
@@ -91,13 +185,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
-        "task_queues": tuple(
-            Queue(name, Exchange(name, type="direct"), routing_key=name)
-            for name in (COMPRESS_QUEUE, MAINTENANCE_QUEUE, DEFAULT_QUEUE)
-        ),
+        "task_queues": task_queues(settings),
         "task_default_queue": COMPRESS_QUEUE,
         "task_default_exchange": COMPRESS_QUEUE,
+        "task_default_exchange_type": task_queue(COMPRESS_QUEUE, settings).exchange.type,
         "task_default_routing_key": COMPRESS_QUEUE,
+        # quorum queues have no global QoS: Celery then sets a per-consumer prefetch (5.5+)
+        "worker_detect_quorum_queues": True,
         "task_routes": TASK_ROUTES,
         "beat_schedule": beat_schedule(settings),
         "timezone": "UTC",
@@ -113,7 +207,7 @@ def secrets_of(settings: Settings) -> list[str]:
 def create_app(settings: Settings | None = None) -> Celery:
     """A configured Celery app with Recap's tasks registered."""
     patches.apply()
-    celery = Celery("recap")
+    celery = Celery("recap", task_cls=RecapTask)
     celery.conf.update(celery_config(settings or get_settings()))
     celery.conf.imports = ("workers.tasks", "workers.maintenance")
     return celery
@@ -136,6 +230,29 @@ def _setup_logging(loglevel: str | None = None, **_: Any) -> None:
     settings = get_settings()
     register_secrets(secrets_of(settings))
     configure_logging(json_output=settings.log_json, level=loglevel or settings.log_level)
+
+
+QUEUE_DECLARE_RETRIES = 3  # a broker still down after these is left to the consumer's own retries
+
+
+@worker_init.connect
+def _declare_queues(sender: Any = None, **_: Any) -> None:
+    """On quorum queues, declare every Recap queue before the worker consumes: Celery's native
+    delayed delivery binds each queue of the app at start, the ones this worker does not consume
+    too, and a missing exchange fails the whole setup ("Native delayed delivery will not be
+    available")."""
+    celery = getattr(sender, "app", None) or app
+    if not uses_native_delay(celery):
+        return
+    try:
+        with celery.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=QUEUE_DECLARE_RETRIES)
+            channel = connection.default_channel
+            for queue in celery.conf.task_queues:
+                queue(channel).declare()
+    except Exception as exc:  # the consumer connects (and retries) on its own next
+        error = redact(f"{type(exc).__name__}: {exc}", secrets_of(get_settings()))
+        log.warning("queue_declare_failed", error=error)
 
 
 def conversation_of(args: Any, kwargs: Any) -> str | None:

@@ -5,11 +5,13 @@
     compress_later(conversation_id)  # after each turn; never waits; returns the task id
 
 It reads ``RECAP_BROKER_URL`` (or takes ``broker_url``), sends ``recap.compress_session`` to the
-``compress`` queue with JSON, and keeps one small Celery app per broker URL, whose producer pool
-reuses the broker connection from call to call. It configures no result backend: a host that
-enqueues never waits for the result, so it subscribes to nothing (the workers still store
-results for Flower). A plain ``send_task`` by name also works (the compress worker consumes
-Celery's default queue too); this helper is the one that cannot get the queue wrong.
+``compress`` queue with JSON (declared exactly as the workers declare it: on RabbitMQ a durable
+quorum queue, and the send returns once the broker confirms it), and keeps one small Celery app
+per broker URL, whose producer pool reuses the broker connection from call to call. It
+configures no result backend: a host that enqueues never waits for the result, so it subscribes
+to nothing (the workers still store results for Flower). A plain ``send_task`` by name also
+works (the compress worker consumes Celery's default queue too); this helper is the one that
+cannot get the queue wrong.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import threading
 from typing import Any
 
 from celery import Celery
-from kombu import Exchange, Queue
 
 from workers.app import COMPRESS_QUEUE
 
@@ -45,7 +46,8 @@ def compress_later(
     if force:
         kwargs["force"] = True
     app = producer_app(broker_url)
-    result = app.send_task(COMPRESS_TASK, args=[conversation_id], kwargs=kwargs, queue=_queue())
+    queue = app.conf.task_queues[0]
+    result = app.send_task(COMPRESS_TASK, args=[conversation_id], kwargs=kwargs, queue=queue)
     return str(result.id)
 
 
@@ -64,9 +66,10 @@ def producer_app(broker_url: str | None = None) -> Celery:
 
 def _make_app(url: str) -> Celery:
     from core.settings import get_settings
-    from workers.app import transport_options
+    from workers.app import task_queue, transport_options
 
     settings = get_settings().model_copy(update={"broker_url": url})
+    queue = task_queue(COMPRESS_QUEUE, settings)
     app = Celery("recap-host", set_as_current=False)
     app.conf.update(
         broker_url=url,
@@ -74,16 +77,11 @@ def _make_app(url: str) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         result_backend=None,
-        task_queues=(_queue(),),
+        task_queues=(queue,),
+        task_default_exchange_type=queue.exchange.type,
         task_routes={COMPRESS_TASK: {"queue": COMPRESS_QUEUE}},
     )
     return app
-
-
-def _queue() -> Queue:
-    return Queue(
-        COMPRESS_QUEUE, Exchange(COMPRESS_QUEUE, type="direct"), routing_key=COMPRESS_QUEUE
-    )
 
 
 def reset() -> None:
