@@ -1,6 +1,7 @@
 """docker-compose.yml validates, wires every service with the contract's setting names, and is
 safe by default: no default passwords, Flower on 127.0.0.1, Redis with a password and an
-append-only file, the model's API key only where the model is called."""
+append-only file, the model's API key only where the model is called. docker-compose.rabbitmq.yml
+over it moves every Recap service to a RabbitMQ broker with a required password of its own."""
 
 from __future__ import annotations
 
@@ -49,10 +50,16 @@ def compose_env(**values: str) -> dict[str, str]:
     return {**env, **values}
 
 
-def run_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``docker-compose config`` (or ``docker compose config``) with this environment."""
+RABBITMQ_FILE = "docker-compose.rabbitmq.yml"
+RABBITMQ_PASSWORD = "rabbit-test-pass"
+
+
+def run_config(env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess[str]:
+    """``docker-compose config`` (or ``docker compose config``) with this environment, over
+    ``docker-compose.yml`` and these override files."""
+    files = [arg for name in ("docker-compose.yml", *overrides) for arg in ("-f", name)]
     if shutil.which("docker-compose"):
-        command = ["docker-compose", "config"]
+        command = ["docker-compose", *files, "config"]
     elif (
         shutil.which("docker")
         and subprocess.run(
@@ -60,7 +67,7 @@ def run_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         ).returncode
         == 0
     ):
-        command = ["docker", "compose", "config"]
+        command = ["docker", "compose", *files, "config"]
     else:
         need_service("docker-compose", "neither docker-compose nor `docker compose` is installed")
     return subprocess.run(
@@ -68,9 +75,9 @@ def run_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def compose_config() -> dict:  # type: ignore[type-arg]
+def compose_config(*overrides: str, **values: str) -> dict:  # type: ignore[type-arg]
     """The resolved configuration as docker-compose prints it, with the required variables set."""
-    done = run_config(compose_env(**REQUIRED, RECAP_SUMMARY_API_KEY=API_KEY))
+    done = run_config(compose_env(**REQUIRED, RECAP_SUMMARY_API_KEY=API_KEY, **values), *overrides)
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)
 
@@ -153,3 +160,43 @@ def test_the_api_key_reaches_only_the_services_that_call_the_model() -> None:
     services = compose_config()["services"]
     holders = {name for name, s in services.items() if API_KEY in str(environment(s))}
     assert holders == MODEL_CALLERS
+
+
+def rabbitmq_config() -> dict:  # type: ignore[type-arg]
+    return compose_config(RABBITMQ_FILE, RABBITMQ_PASSWORD=RABBITMQ_PASSWORD)
+
+
+def test_the_rabbitmq_file_moves_every_recap_service_to_rabbitmq() -> None:
+    """Over the main file, every Recap service uses the RabbitMQ service with its password (and
+    waits for it to be healthy), results stay in Redis, and nothing else of the service changes."""
+    services = rabbitmq_config()["services"]
+    url = f"amqp://recap:{RABBITMQ_PASSWORD}@rabbitmq:5672/recap"
+    for name in SERVICES - {"redis", "postgres"}:
+        env = environment(services[name])
+        assert env["RECAP_BROKER_URL"] == url, name
+        assert env["RECAP_RESULT_BACKEND"].startswith("redis://")
+        assert env["RECAP_DATABASE_URL"].startswith("postgresql")
+        if name != "migrate":
+            assert services[name]["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
+    assert environment(services["compress-worker"])["RECAP_SUMMARY_API_KEY"] == API_KEY
+
+
+def test_rabbitmq_has_a_password_a_volume_and_a_stable_node_name() -> None:
+    """RabbitMQ's user has the password the services use, its data is on a volume, and the
+    hostname (its node name, under which it keeps its data) is fixed."""
+    rabbitmq = rabbitmq_config()["services"]["rabbitmq"]
+    assert environment(rabbitmq)["RABBITMQ_DEFAULT_PASS"] == RABBITMQ_PASSWORD
+    assert any(":/var/lib/rabbitmq" in str(v) for v in rabbitmq["volumes"])
+    assert rabbitmq["hostname"] == "rabbitmq"
+    assert "ports" not in rabbitmq  # reachable by the services, not published on the host
+
+
+def test_rabbitmq_needs_its_password_and_only_when_chosen() -> None:
+    """Without RABBITMQ_PASSWORD the RabbitMQ file stops compose with a message; the main file
+    alone never asks for it."""
+    done = run_config(compose_env(**REQUIRED), RABBITMQ_FILE)
+    assert done.returncode != 0
+    assert "set RABBITMQ_PASSWORD" in done.stderr + done.stdout
+    assert run_config(compose_env(**REQUIRED)).returncode == 0
+    text = (ROOT / RABBITMQ_FILE).read_text()
+    assert "${RABBITMQ_PASSWORD:-" not in text and "${RABBITMQ_PASSWORD-" not in text
