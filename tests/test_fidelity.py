@@ -214,7 +214,8 @@ class Stack:
 
     def runs(self, cid: str) -> int:
         with self.host.engine.connect() as connection:
-            statement = select(func.count()).where(LOG.c.conversation_id == cid)
+            total = func.coalesce(func.sum(LOG.c.repeats), 0)  # consecutive skips share a row
+            statement = select(total).where(LOG.c.conversation_id == cid)
             return int(connection.execute(statement).scalar_one())
 
 
