@@ -197,7 +197,13 @@ def _broker_error(exc: Exception) -> str | None:
         return None
     from kombu.exceptions import OperationalError
 
-    if not isinstance(exc, OperationalError):
+    errors: tuple[type[BaseException], ...] = (OperationalError,)
+    if "amqp" in sys.modules:  # RabbitMQ refusing the login is not wrapped by kombu
+        from amqp.exceptions import AccessRefused
+        from amqp.exceptions import ConnectionError as AMQPConnectionError
+
+        errors += (AccessRefused, AMQPConnectionError)
+    if not isinstance(exc, errors):
         return None
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"cannot reach the broker (RECAP_BROKER_URL): {reason}"
