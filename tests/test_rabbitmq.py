@@ -11,6 +11,7 @@ what a run decides. The restart test comes last: it restarts the node.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +22,11 @@ import structlog
 from kombu import Connection
 
 from core.settings import Settings, load_settings
+from tests.cli_helpers import assert_one_line_error, recap_process
 from tests.llm_server import Reply
 from tests.services import RabbitNode
 from tests.test_restarts import Stack, held_run, stack_on
-from tests.worker_stack import wait_for
+from tests.worker_stack import ROOT, wait_for
 from workers import enqueue, events
 from workers.app import (
     COMPRESS_QUEUE,
@@ -160,6 +162,18 @@ def test_compress_later_publishes_a_persistent_message_on_the_quorum_queue(rabbi
     assert (headers["task"], headers["id"]) == ("recap.compress_session", task_id)
     args, kwargs, _ = json.loads(message.body)
     assert (args, kwargs) == (["conv-1"], {"leaf_message_id": 7})
+
+
+def test_a_refused_rabbitmq_login_is_one_clear_line(
+    rabbitmq_node: RabbitNode, sqlite_engine: Any
+) -> None:
+    """A wrong RabbitMQ password (the broker refuses the login, which kombu does not wrap) is
+    one line naming the broker setting, no traceback, and the password is not in it."""
+    url = f"amqp://guest:wrong-pass@127.0.0.1:{rabbitmq_node.port}//"
+    env = {**os.environ, "RECAP_BROKER_URL": url, "PYTHONPATH": str(ROOT)}
+    result = recap_process("reconcile", env=env)
+    assert_one_line_error(result, "cannot reach the broker (RECAP_BROKER_URL)")
+    assert "ACCESS_REFUSED" in result.stderr and "wrong-pass" not in result.stderr
 
 
 # --- a real recap worker on RabbitMQ ----------------------------------------------------------
