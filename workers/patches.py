@@ -22,6 +22,11 @@ unacked set and come back after the visibility timeout (or are gone with a Redis
 without persistence), and a late ack on the dead channel is logged as "Couldn't ack" instead of
 crashing. ``apply()`` is idempotent and leaves any other transport alone; delete this module when
 kombu stops calling ``_connparams`` on a detached transport (the test then passes without it).
+
+RabbitMQ needs nothing of the kind: kombu's py-amqp transport drops a lost connection's channels
+without restoring anything itself (the broker requeues their unacknowledged messages), and
+``tests/test_rabbitmq.py`` restarts a node under a running worker with this patch in place but
+unused (it touches only ``kombu.transport.redis``).
 """
 
 from __future__ import annotations
