@@ -5,7 +5,7 @@ A PostgreSQL database of its own (``recap_bench_large`` on the server of
 1,000,000 messages, written in bulk with ``COPY``. The messages are the shared conversations one
 after another (tool results, calls, user and assistant turns in their own proportions), each
 synthetic conversation a slice of them with its call ids made its own; lengths follow a long
-tail (a few hundred messages at most, median about 60). Long conversations carry progressive
+tail (up to 800 messages, median about 70). Long conversations carry progressive
 summaries; their results before the first cutoff are cleared under pressure; most conversations
 idle for more than a day were swept before (keeping the last result); a few are stale for
 reconcile (dirty, never run, active since their last run, a dead run's lease). One of the 10,000
