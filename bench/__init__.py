@@ -26,6 +26,7 @@ BENCHES: tuple[str, ...] = (
     "media",
     "serve",
     "large",
+    "fidelity",
 )
 
 
