@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +145,27 @@ def redis_url() -> str:
     return REDIS_URL
 
 
+_booting: list[RabbitNode] = []  # launched at collection, taken by the fixture below
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When a collected test needs RabbitMQ, launch its node now: it boots (seconds) while the
+    tests before it run."""
+    wanted = any("rabbitmq_node" in getattr(item, "fixturenames", ()) for item in session.items)
+    if wanted and missing_rabbitmq() is None:
+        node = RabbitNode()
+        node.launch()
+        _booting.append(node)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A node launched for tests that never ran is stopped too."""
+    while _booting:
+        node = _booting.pop()
+        node.stop()
+        shutil.rmtree(node.folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def rabbitmq_node() -> Iterator[RabbitNode]:
     """A RabbitMQ node of this test run's own (``tests.services.RabbitNode``: rabbitmq-server on
@@ -152,7 +174,7 @@ def rabbitmq_node() -> Iterator[RabbitNode]:
     problem = missing_rabbitmq()
     if problem is not None:
         need_service("RabbitMQ", problem)
-    with RabbitNode.started() as node:
+    with RabbitNode.started(_booting.pop() if _booting else None) as node:
         yield node
 
 

@@ -221,11 +221,14 @@ class RabbitNode:
 
     @classmethod
     @contextlib.contextmanager
-    def started(cls) -> Iterator[RabbitNode]:
-        node = cls()
+    def started(cls, launched: RabbitNode | None = None) -> Iterator[RabbitNode]:
+        """A running node (``launched``, once it is ready, or a new one), stopped and removed
+        afterwards."""
+        node = launched or cls()
         try:
-            node.write_files()
-            node.start()
+            if node.process is None:
+                node.launch()
+            node.wait_ready()
             yield node
         finally:
             node.stop()
@@ -309,8 +312,15 @@ class RabbitNode:
         return self.process.pid
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the node without waiting for it (the test run boots it while other tests run)."""
         program = rabbitmq_server_program()
         assert program is not None, missing_rabbitmq()
+        if not (self.folder / "rabbitmq.conf").exists():
+            self.write_files()
         log = (self.folder / "server.log").open("ab")
         self.process = subprocess.Popen(
             [program],
@@ -320,6 +330,8 @@ class RabbitNode:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+    def wait_ready(self) -> None:
         wait_until(self._ready, RABBITMQ_START_TIMEOUT, f"RabbitMQ node {self.name}")
 
     def _ready(self) -> bool:
