@@ -270,6 +270,8 @@ def replay_conversation(
     report = ConversationReport(id=str(record.get("id", cid)), messages=len(messages))
     report.window = tokens.context_window(model, window)
     parts = host_parts(record, toolset) if host.fixed_parts else None
+    if host.profile_blind:
+        compress = _blind(engine, compress)
     request = _Requester(engine, settings, cid, report, _Pricer(encoding), host, parts, compress)
     report.tools_from_data = parts is not None and parts.tools_from_data
     report.fixed_tokens = request.fixed_tokens
@@ -280,8 +282,6 @@ def replay_conversation(
         while added < index:
             service.add_message(engine, cid, messages[added])
             added += 1
-        if host.profile_blind:
-            _forget_profile(engine, cid)
         action = compress(cid)["action"]
         after_gap = number == gap_step
         if after_gap:
@@ -292,10 +292,18 @@ def replay_conversation(
     return report
 
 
-def _forget_profile(engine: Any, cid: str) -> None:
-    with engine.begin() as connection:
-        profiles = REQUEST_PROFILES
-        connection.execute(delete(profiles).where(profiles.c.conversation_id == cid))
+def _blind(
+    engine: Any, compress: Callable[[str], dict[str, Any]]
+) -> Callable[[str], dict[str, Any]]:
+    """``compress`` after forgetting the request profile: the decision plans with history."""
+
+    def run(cid: str) -> dict[str, Any]:
+        with engine.begin() as connection:
+            profiles = REQUEST_PROFILES
+            connection.execute(delete(profiles).where(profiles.c.conversation_id == cid))
+        return compress(cid)
+
+    return run
 
 
 class _Requester:
