@@ -54,7 +54,7 @@ def queues(conf: dict[str, Any]) -> dict[str, Any]:
 
 def test_rabbitmq_gets_quorum_queues_confirms_and_an_ack_timeout() -> None:
     """compress and maintenance are durable quorum queues on topic exchanges, publishes are
-    confirmed, and every consumer asks for an ack timeout above the task's hard limit."""
+    confirmed, and their consumers ask for an ack timeout above the task's hard limit."""
     settings = load_settings(broker_url=AMQP)
     conf = celery_config(settings)
     assert conf["broker_transport_options"] == {"confirm_publish": True}
@@ -101,7 +101,7 @@ def test_classic_queue_type_for_older_servers() -> None:
     keeps global QoS and delays retries in the worker)."""
     for queue in config(AMQP, amqp_queue_type="classic")["task_queues"]:
         assert not queue.queue_arguments and queue.exchange.type == "direct"
-        assert queue.consumer_arguments  # the ack timeout is asked for all the same
+        assert not queue.consumer_arguments  # the server's consumer_timeout applies
 
 
 def test_an_unknown_queue_type_is_a_clear_settings_error() -> None:

@@ -11,8 +11,8 @@ The broker is Redis or RabbitMQ (``amqp://``), with the same routing on both. On
 ``compress`` and ``maintenance`` queues are durable quorum queues (``RECAP_AMQP_QUEUE_TYPE``,
 ``classic`` for servers older than 3.10) on topic exchanges, so Celery delays retries in the
 broker (native delayed delivery) instead of holding them in a worker whose prefetch cannot grow
-(quorum queues have no global QoS); publishes wait for the broker's confirm; and each consumer asks
-for an acknowledgement timeout above what a late ack can take (``Settings.ack_timeout``). The
+(quorum queues have no global QoS); publishes wait for the broker's confirm; and their consumers
+ask for an acknowledgement timeout above what a late ack can take (``Settings.ack_timeout``). The
 default queue ``celery`` stays exactly what a plain Celery app declares (classic, direct), so a
 host that knows nothing of Recap can still send to it.
 """
@@ -95,21 +95,18 @@ def task_queue(name: str, settings: Settings) -> Queue:
     Redis and the file broker: durable, on a direct exchange of its name (as always). RabbitMQ:
     ``compress`` and ``maintenance`` are quorum queues on a topic exchange (native delayed
     delivery binds only those); ``celery`` stays Celery's own default declaration, which a plain
-    ``Celery(broker=URL)`` repeats (a different one would be refused by the broker). Every
-    RabbitMQ consumer asks for an acknowledgement timeout above ``Settings.ack_timeout``
-    (honoured from RabbitMQ 3.12, ignored before; see the README)."""
-    if not is_amqp(settings.broker_url):
-        return Queue(name, Exchange(name, type="direct"), routing_key=name)
-    consumer = {"x-consumer-timeout": settings.ack_timeout * 1000}
+    ``Celery(broker=URL)`` repeats (a different one would be refused by the broker). A quorum
+    queue's consumers ask for an acknowledgement timeout above ``Settings.ack_timeout`` (honoured
+    from RabbitMQ 3.12, ignored before); classic queues keep the server's ``consumer_timeout``
+    (see the README)."""
     if name == DEFAULT_QUEUE or not quorum_queues(settings):
-        exchange = Exchange(name, type="direct")
-        return Queue(name, exchange, routing_key=name, consumer_arguments=consumer)
+        return Queue(name, Exchange(name, type="direct"), routing_key=name)
     return Queue(
         name,
         Exchange(name, type="topic"),
         routing_key=name,
         queue_arguments={"x-queue-type": "quorum"},
-        consumer_arguments=consumer,
+        consumer_arguments={"x-consumer-timeout": settings.ack_timeout * 1000},
     )
 
 
