@@ -5,6 +5,8 @@ and takes SQLite's write lock), so two processes serving one conversation never 
 from __future__ import annotations
 
 import hmac
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,7 @@ from workers.serve.prefix import SYSTEM_ROLES, Node, longest_stored_prefix, open
 
 HASH_BATCH = 500  # hashes per IN list: far below every driver's parameter limit
 CREATE_ATTEMPTS = 2  # a conversation created by another process meanwhile is read on the retry
+SEEN_CONVERSATIONS = 256  # conversations whose last request is kept to skip rehashing its history
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +48,68 @@ class Owner:
     max_input_tokens: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A conversation's last request: its messages as sent, as checked, and their hashes."""
+
+    sent: list[Any]
+    checked: list[dict[str, Any]]
+    hashes: list[str]
+
+
+class SeenRequests:
+    """The last request of recently used conversations, so that a resent history is checked and
+    hashed only past the part it repeats (a client resends the whole history every turn: the
+    messages equal to last time's have last time's hashes). In memory, the least recently used
+    conversations dropped past ``size``; the stored tree stays the only truth, this only saves
+    recomputing what the request repeats."""
+
+    def __init__(self, size: int = SEEN_CONVERSATIONS) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple[str, str], Seen] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str]) -> Seen | None:
+        with self._lock:
+            seen = self._entries.get(key)
+            if seen is not None:
+                self._entries.move_to_end(key)
+            return seen
+
+    def put(self, key: tuple[str, str], seen: Seen) -> None:
+        with self._lock:
+            self._entries[key] = seen
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def validate(messages: Sequence[Any]) -> list[dict[str, Any]]:
     """The request's history, each message checked and its tool results paired with calls."""
-    checked = [check_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    return checked_and_hashed(messages, None).checked
+
+
+def checked_and_hashed(messages: Sequence[Any], previous: Seen | None) -> Seen:
+    """The request's history checked (tool results paired with calls) and hashed; the messages
+    equal to ``previous``'s, from the first on, reuse its checks and hashes."""
+    reused = 0
+    if previous is not None:
+        limit = min(len(messages), len(previous.sent))
+        while reused < limit and messages[reused] == previous.sent[reused]:
+            reused += 1
+        checked = previous.checked[:reused]
+        hashes = previous.hashes[:reused]
+    else:
+        checked, hashes = [], []
+    for index in range(reused, len(messages)):
+        message = check_message(messages[index], f"messages[{index}]")
+        checked.append(message)
+        hashes.append(message_hash(message))
     check_tool_pairing(checked, "messages")
-    return checked
+    return Seen(list(messages), checked, hashes)
 
 
 def store_request(
@@ -58,18 +118,23 @@ def store_request(
     conversation_id: str,
     owner: Owner,
     messages: Sequence[Mapping[str, Any]],
+    seen: SeenRequests | None = None,
 ) -> Mapped:
     """Map ``messages`` onto the conversation (created for ``owner`` when new): the longest
     stored prefix is reused, the rest appended after it. A conversation of another owner is a
     ``NotFoundError``, as if it did not exist. The messages are checked first (an
-    ``InputError`` before anything is written)."""
-    messages = validate(messages)
-    hashes = [message_hash(m) for m in messages]
+    ``InputError`` before anything is written); with ``seen``, only past what the
+    conversation's last request already held."""
+    key = (owner.fingerprint, conversation_id)
+    request = checked_and_hashed(messages, seen.get(key) if seen is not None else None)
     for attempt in range(CREATE_ATTEMPTS):
         try:
             with session_scope(engine) as session:
                 conversation = _claim(session, conversation_id, owner)
-                return _append(session, conversation, ingest, messages, hashes)
+                mapped = _append(session, conversation, ingest, request.checked, request.hashes)
+            if seen is not None:
+                seen.put(key, request)
+            return mapped
         except IntegrityError:  # created by another process between our read and insert
             if attempt + 1 == CREATE_ATTEMPTS:
                 raise

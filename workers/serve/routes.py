@@ -218,19 +218,23 @@ def _stream_turn(
     relay = Relay(stream, include_usage=usage)
 
     async def close() -> None:
-        outcome = "disconnected"
+        outcome, response = "disconnected", None
         try:
             await relay.close()
             if relay.finished:
-                response = upstream.build_from_chunks(relay.chunks, turn.sent)
-                await turns.finish(turn, response)
+                response = await turns.finish_stream(turn, relay.chunks)
                 outcome = "stored"
         except Exception as exc:
             outcome = "failed"
             log.error("serve_reply_not_stored", error=turns.error_text(exc))
-        finally:
+        finally:  # the next turn needs the reply stored, not its usage recorded
             turns.locks.release(turn.conversation_id)
         _log_turn(turn, mapped, started, outcome)
+        if response is not None:
+            try:
+                await turns.record_usage(turn, response)
+            except Exception as exc:
+                log.error("serve_usage_not_recorded", error=turns.error_text(exc))
         await turns.enqueue(turn.conversation_id, turn.leaf_id)
 
     return TurnStream(relay, close, headers=dict(reply_headers(turn)))

@@ -80,6 +80,7 @@ class Turns:
         self.settings = settings
         self.ingest = Ingest.from_settings(settings)
         self.locks = ConversationLocks()
+        self.seen = history.SeenRequests()
         self._secrets = known_secrets(settings)
 
     async def store_request(self, turn: Turn) -> history.Mapped:
@@ -91,6 +92,7 @@ class Turns:
             turn.conversation_id,
             turn.owner,
             turn.history,
+            self.seen,
         )
         turn.leaf_id = mapped.leaf_id
         return mapped
@@ -143,28 +145,49 @@ class Turns:
         )
 
     async def finish(self, turn: Turn, response: Any) -> int:
-        """Store the reply and its usage; the reply's id."""
-        reply = upstream.reply_message(response)
-        reply_id = await self.recap.run(
-            history.store_reply,
+        """Store the reply and its usage (one trip to the thread pool); the reply's id."""
+        return await self.recap.run(self._finish, turn, response)
+
+    async def finish_stream(self, turn: Turn, chunks: list[Any]) -> Any:
+        """Store the reply a finished stream assembles from ``chunks`` (built on the thread pool,
+        not the event loop); the reply, whose usage ``record_usage`` records."""
+        return await self.recap.run(self._finish_stream, turn, chunks)
+
+    async def record_usage(self, turn: Turn, response: Any) -> None:
+        """The usage the provider reported for the turn, when it did."""
+        await self.recap.run(self._record_usage, turn, response)
+
+    def _finish(self, turn: Turn, response: Any) -> int:
+        reply_id = self._store_reply(turn, response)
+        self._record_usage(turn, response)
+        return reply_id
+
+    def _finish_stream(self, turn: Turn, chunks: list[Any]) -> Any:
+        response = upstream.build_from_chunks(chunks, turn.sent)
+        self._store_reply(turn, response)
+        return response
+
+    def _store_reply(self, turn: Turn, response: Any) -> int:
+        return history.store_reply(
             self.recap.recap.engine,
             self.ingest,
             turn.conversation_id,
             turn.owner,
             turn.leaf_id,
-            reply,
+            upstream.reply_message(response),
         )
+
+    def _record_usage(self, turn: Turn, response: Any) -> None:
         usage = upstream.usage_of(response)
         if usage is not None:
             prompt, completion, cached = usage
-            await self.recap.record_usage(
+            self.recap.recap.record_usage(
                 turn.conversation_id,
                 prompt_tokens=prompt,
                 completion_tokens=completion,
                 cached_tokens=cached,
                 leaf=turn.leaf_id,
             )
-        return reply_id
 
     async def enqueue(self, conversation_id: str, leaf_id: int | None) -> None:
         """``recap.compress_session`` for the workers; a broker outage is logged, not raised:
