@@ -9,6 +9,11 @@ measured is Recap's (and the HTTP hops'), not a model's. `recap serve` runs as a
   client does: it is mapped onto the stored tree, assembled, sent upstream and streamed back).
   Medians of rounds that alternate the two, so load on the machine falls on both alike. The
   absolute medians are reported beside it.
+- ``litellm_overhead_vs_direct``: the floor under that ratio. The same request sent by
+  litellm alone (``litellm.acompletion``, configured as `recap serve` configures it, from this
+  process, nothing stored or assembled) to its first streamed chunk, over calling the model
+  server directly; measured in the same alternating rounds. `recap serve` sends every request
+  through litellm, so its ratio cannot fall below this one.
 - ``serve_requests_per_second`` (SQLite) and ``serve_requests_per_second_postgres``: stored,
   non-streaming turns completed per second by 16 concurrent clients, each resending its own
   growing conversation. Reported, not bounded: it depends on the machine's cores.
@@ -16,6 +21,7 @@ measured is Recap's (and the HTTP hops'), not a model's. `recap serve` runs as a
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import statistics
@@ -157,21 +163,64 @@ def _first_byte(
     return elapsed
 
 
+class LitellmAlone:
+    """``workers.serve.upstream.complete`` (litellm, as `recap serve` configures it) on an event
+    loop of its own, kept for every call so that litellm's cached client is reused."""
+
+    def __init__(self, upstream: str, messages: list[dict[str, Any]]) -> None:
+        from core.settings import Settings
+
+        self.settings = Settings(upstream_api_base=upstream, upstream_api_key="bench-upstream-key")
+        self.messages = messages
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def first_chunk(self) -> float:
+        """Seconds until litellm yields the first streamed chunk (then the rest is read)."""
+        return asyncio.run_coroutine_threadsafe(self._first_chunk(), self.loop).result()
+
+    async def _first_chunk(self) -> float:
+        from workers.serve import upstream
+
+        started = time.perf_counter()
+        stream = await upstream.complete(MODEL, self.messages, {}, self.settings, stream=True)
+        chunks = stream.__aiter__()
+        await chunks.__anext__()
+        elapsed = time.perf_counter() - started
+        async for _ in chunks:
+            pass
+        return elapsed
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
 def overhead(base: str, upstream: str, messages: list[dict[str, Any]]) -> list[Figure]:
-    """The time-to-first-byte ratio, and both medians in milliseconds."""
+    """The time-to-first-byte ratio, and both medians in milliseconds; litellm's own ratio."""
     body = {"model": MODEL, "messages": messages, "stream": True}
     direct_body = {**body, "model": MODEL.split("/", 1)[1]}
     served = {"Authorization": f"Bearer {KEY}", "X-Recap-Conversation": f"bench-{uuid.uuid4()}"}
     direct: list[float] = []
     through: list[float] = []
-    with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
-        for index in range(WARMUP_ROUNDS + ROUNDS):
-            a = _first_byte(client, f"{upstream}/chat/completions", direct_body, {})
-            b = _first_byte(client, f"{base}/chat/completions", body, served)
-            if index >= WARMUP_ROUNDS:
-                direct.append(a)
-                through.append(b)
+    alone: list[float] = []
+    litellm_alone = LitellmAlone(upstream, messages)
+    try:
+        with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+            for index in range(WARMUP_ROUNDS + ROUNDS):
+                a = _first_byte(client, f"{upstream}/chat/completions", direct_body, {})
+                b = _first_byte(client, f"{base}/chat/completions", body, served)
+                c = litellm_alone.first_chunk()
+                if index >= WARMUP_ROUNDS:
+                    direct.append(a)
+                    through.append(b)
+                    alone.append(c)
+    finally:
+        litellm_alone.close()
     direct_ms, serve_ms = statistics.median(direct) * 1000, statistics.median(through) * 1000
+    litellm_ms = statistics.median(alone) * 1000
     return [
         Figure(
             "serve_overhead_vs_direct",
@@ -183,6 +232,15 @@ def overhead(base: str, upstream: str, messages: list[dict[str, Any]]) -> list[F
         ),
         Figure("serve_ttfb_ms", round(serve_ms, 2), "", "median time to first byte via serve"),
         Figure("direct_ttfb_ms", round(direct_ms, 2), "", "median time to first byte, direct"),
+        Figure(
+            "litellm_overhead_vs_direct",
+            round(litellm_ms / direct_ms, 3),
+            "",
+            f"the floor under serve's ratio: the same request through litellm alone, nothing "
+            f"stored or assembled, to its first chunk ({litellm_ms:.1f} ms) over calling the "
+            "model server directly; medians",
+        ),
+        Figure("litellm_ttfb_ms", round(litellm_ms, 2), "", "median first chunk, litellm alone"),
     ]
 
 
