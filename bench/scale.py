@@ -174,12 +174,14 @@ def broker(kind: str) -> Iterator[str]:
 
 def timed_runs(
     engine: Any, broker_url: str, ids: list[str], workers: list[Any]
-) -> tuple[float, float]:
-    """(seconds, worker CPU seconds) for compressing ``ids`` once each after a warm-up."""
+) -> tuple[float, float, float]:
+    """(seconds, worker CPU seconds, growth of the workers' resident memory in MiB from idle to
+    after the runs) for compressing ``ids`` once each after a warm-up."""
     from bench.compress import wait_for_runs
     from workers.enqueue import compress_later
 
     warm, timed = ids[:WARM_UP_RUNS], ids[WARM_UP_RUNS:]
+    idle = sum(rss_mib(pid) for w in workers for pid in process_tree(w.process.pid))
     for cid in warm:
         compress_later(cid, broker_url=broker_url)
     wait_for_runs(engine, len(warm), timeout=RUN_TIMEOUT)
@@ -191,16 +193,17 @@ def timed_runs(
     actions = wait_for_runs(engine, len(ids), timeout=RUN_TIMEOUT)
     elapsed = time.perf_counter() - started
     cpu = cpu_seconds(pids) - cpu_before
+    grown = sum(rss_mib(pid) for pid in pids) - idle
     summarized = actions.count("summarized")
     if summarized != len(ids):
         raise SystemExit(f"bench.scale: {summarized} of {len(ids)} runs summarized: {actions}")
-    return elapsed, cpu
+    return elapsed, cpu, grown
 
 
 def one_configuration(
     folder: Path, kind: str, processes: int, api_base: str
-) -> tuple[float, float]:
-    """(seconds, worker CPU seconds) for ``RUNS`` compressions on ``processes`` workers."""
+) -> tuple[float, float, float]:
+    """``timed_runs`` for ``RUNS`` compressions on ``processes`` workers."""
     from bench.compress import prepared
     from bench.load import database
     from tests.worker_stack import WorkerProcess, worker_env
@@ -232,8 +235,8 @@ def one_configuration(
 
 
 def scale_figure(folder: Path, kind: str, api_base: str) -> Figure:
-    one_s, one_cpu = one_configuration(folder, kind, 1, api_base)
-    two_s, two_cpu = one_configuration(folder, kind, 2, api_base)
+    one_s, one_cpu, one_grown = one_configuration(folder, kind, 1, api_base)
+    two_s, two_cpu, _ = one_configuration(folder, kind, 2, api_base)
     timed = RUNS
     ratio = (timed / two_s) / (timed / one_s)
     return Figure(
@@ -245,7 +248,8 @@ def scale_figure(folder: Path, kind: str, api_base: str) -> Figure:
         f"processes of 16 threads {timed / two_s:.1f}/s over one {timed / one_s:.1f}/s (ideal 2); "
         f"worker CPU {two_cpu:.1f} s and {one_cpu:.1f} s, "
         f"{1000 * two_cpu / timed:.0f} and {1000 * one_cpu / timed:.0f} ms per compression, "
-        f"on {os.cpu_count()} cores",
+        f"on {os.cpu_count()} cores; one process's memory grew {one_grown:.0f} MiB from idle "
+        f"to after its 16 threads ran",
     )
 
 
