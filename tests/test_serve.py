@@ -30,12 +30,14 @@ from sqlalchemy import Engine, func, select
 
 from core import service
 from core.db import make_engine
+from core.errors import InputError
 from core.hashing import message_hash
 from core.migrate import upgrade
 from core.models import MESSAGES, CompactionLog, Usage, table_of
 from core.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.llm_server import LLMServer, Reply
 from tests.processes import stop_group
+from workers.serve.history import SeenRequests, checked_and_hashed
 from workers.serve.prefix import longest_stored_prefix, open_calls, split_system
 from workers.serve.turns import ConversationLocks
 
@@ -216,6 +218,30 @@ def test_open_calls() -> None:
         {"role": "tool", "tool_call_id": "call_1", "content": "x"},
     ]
     assert open_calls(messages) == {"call_2"}
+
+
+def test_resent_history_reuses_only_what_it_repeats() -> None:
+    """Checks and hashes are reused for the messages equal to the last request's, from the first
+    on: the result is the same as computing them afresh, an edited message and everything after
+    it is hashed anew, and a bad message past the repeated part is still refused."""
+    first = [
+        {"role": "user", "content": "fix the test"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "1 failed"},
+    ]
+    seen = checked_and_hashed(first, None)
+    assert seen.hashes == [message_hash(m) for m in seen.checked]
+    edited = [json.loads(json.dumps(first[0])), {"role": "assistant", "content": "no"}]
+    again = checked_and_hashed([*edited, {"role": "user", "content": "then?"}], seen)
+    fresh = checked_and_hashed([*edited, {"role": "user", "content": "then?"}], None)
+    assert again == fresh and again.hashes[0] == seen.hashes[0]
+    with pytest.raises(InputError, match="message 3: tool result"):
+        checked_and_hashed([*first, {"role": "tool", "tool_call_id": "nope", "content": "x"}], seen)
+    cache = SeenRequests(size=2)
+    for key in ("a", "b", "c"):
+        cache.put(("owner", key), seen)
+    assert len(cache) == 2 and cache.get(("owner", "a")) is None
+    assert cache.get(("other", "c")) is None and cache.get(("owner", "c")) is seen
 
 
 def test_conversation_locks_serialize_and_are_dropped() -> None:
