@@ -16,6 +16,14 @@ have a 1,500-token window, so each is summarized about twice during its 20 turns
 - ``load_tasks_per_second``: tasks enqueued over the seconds from the first enqueue until the
   queues are empty and no lease is held (reported).
 - ``load_summaries``: summaries stored (reported; it shows the window made summaries happen).
+
+Then the two-process mode: the same load, 100 conversations x 20 turns (2,000 tasks), served by two
+``recap worker`` processes on one queue, over PostgreSQL, once on a Redis server and once on a
+RabbitMQ node of the benchmark's own (a node is skipped, and says so, where ``rabbitmq-server``
+is not installed): ``load_two_processes_duplicate_summaries_{redis,rabbitmq}`` and
+``load_two_processes_lost_messages_{redis,rabbitmq}``, bound 0, and their tasks per second
+(reported). A run is over when the workers' logs report a finished run (``task_done``) for every
+task sent and no lease is held, which reads the same on both brokers.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Any
 from bench import Figure
 
 CONVERSATIONS = 200
+TWO_PROCESS_CONVERSATIONS = 100  # the two-process runs, once per broker
 TURNS = 20
 HOST_THREADS = 8  # concurrent chat servers adding turns and enqueueing
 MODEL_SECONDS = 0.2
@@ -78,41 +87,50 @@ def database() -> Iterator[str]:
 
 
 @contextmanager
-def stack(folder: Path) -> Iterator[tuple[Any, str, Any]]:
-    """(engine, broker URL, worker) with the model server, Redis and the worker running."""
+def stack(
+    folder: Path, broker_kind: str = "redis", processes: int = 1
+) -> Iterator[tuple[Any, str, list[Any]]]:
+    """(engine, broker URL, workers) with the model server, a broker of the benchmark's own and
+    ``processes`` workers running (one ``recap worker`` with both queues; several with the
+    compress queue each, as a scaled-out deployment runs them)."""
     from bench.compress import model_process
+    from bench.scale import broker
     from core.db import make_engine
     from core.migrate import upgrade
-    from tests.services import RedisServer
     from tests.worker_stack import WorkerProcess, worker_env
 
     model = model_process(MODEL_SECONDS)
     try:
         api_base = str(model.stdout.readline().decode().strip())  # type: ignore[union-attr]
-        with database() as url, RedisServer.started() as broker:
+        with database() as url, broker(broker_kind) as broker_url:
             engine = make_engine(url)
             upgrade(engine)
             env = worker_env(
                 RECAP_DATABASE_URL=url,
-                RECAP_BROKER_URL=broker.url,
+                RECAP_BROKER_URL=broker_url,
                 RECAP_SUMMARY_MODEL=STAND_IN_MODEL,
                 RECAP_SUMMARY_API_BASE=api_base,
                 RECAP_SUMMARY_API_KEY="bench",
                 RECAP_SUMMARY_MAX_OUTPUT_TOKENS="500",
                 RECAP_OUTPUT_DIR=str(folder / "outputs"),
             )
-            worker = WorkerProcess(env, folder / "worker.log", args=()).start()
+            args = () if processes == 1 else ("--queues", "compress")
+            logs = [folder / f"{broker_kind}-{processes}-{n}.log" for n in range(processes)]
+            workers = [WorkerProcess(env, log, args=args) for log in logs]
             try:
-                yield engine, broker.url, worker
+                with ThreadPoolExecutor(processes) as starting:
+                    list(starting.map(WorkerProcess.start, workers))
+                yield engine, broker_url, workers
             finally:
-                worker.stop()
+                for worker in workers:
+                    worker.stop()
                 engine.dispose()
     finally:
         model.kill()
         model.wait()
 
 
-def host(engine: Any, broker_url: str) -> tuple[int, float]:
+def host(engine: Any, broker_url: str, conversations: int = CONVERSATIONS) -> tuple[int, float]:
     """Create the conversations, then add every turn and enqueue after it, from several threads;
     (tasks enqueued, time of the first enqueue)."""
     from core import service
@@ -120,7 +138,7 @@ def host(engine: Any, broker_url: str) -> tuple[int, float]:
     from workers.enqueue import compress_later
 
     settings = get_settings()
-    ids = [f"load-{n:03d}" for n in range(CONVERSATIONS)]
+    ids = [f"load-{n:03d}" for n in range(conversations)]
     for cid in ids:
         service.new_conversation(engine, settings, cid, max_input_tokens=WINDOW)
     started = time.monotonic()
@@ -136,16 +154,23 @@ def host(engine: Any, broker_url: str) -> tuple[int, float]:
     return enqueued, started
 
 
-def drained(engine: Any, broker_url: str) -> bool:
-    """No task queued or in flight, and no lease held."""
-    import redis
+def finished_runs(workers: list[Any]) -> int:
+    """Compression runs the workers' logs report done (a ``task_done`` line each)."""
+    return sum(
+        1
+        for worker in workers
+        for line in worker.text().splitlines()
+        if '"task_done"' in line and '"recap.compress_session"' in line
+    )
+
+
+def drained(engine: Any, workers: list[Any], enqueued: int) -> bool:
+    """Every task sent has run to its end, and no lease is held."""
     from sqlalchemy import func, select
 
     from core.models import CONVERSATIONS as TABLE
 
-    client = redis.Redis.from_url(broker_url)
-    queued = sum(int(client.llen(q)) for q in ("compress", "celery")) + int(client.hlen("unacked"))
-    if queued:
+    if finished_runs(workers) < enqueued:
         return False
     with engine.connect() as connection:
         held = connection.execute(
@@ -154,16 +179,16 @@ def drained(engine: Any, broker_url: str) -> bool:
     return not held
 
 
-def lost_messages(engine: Any) -> int:
+def lost_messages(engine: Any, conversations: int = CONVERSATIONS) -> int:
     """Messages the host added that are not on the exported branch, in order."""
     from core import service
 
     lost = 0
-    for n in range(CONVERSATIONS):
+    for n in range(conversations):
         cid = f"load-{n:03d}"
         expected = [m["content"] for t in range(TURNS) for m in turn(cid, t)]
         exported = service.export_conversation(engine, cid)
-        messages = exported["messages"] if isinstance(exported, dict) else exported
+        messages = exported["messages"]
         stored = [m.get("content") for m in messages if m.get("role") in ("user", "assistant")]
         lost += len(expected) - sum(1 for a, b in zip(expected, stored, strict=False) if a == b)
     return lost
@@ -193,30 +218,60 @@ def counts(engine: Any) -> dict[str, int]:
     return {"summaries": total, "duplicates": int(duplicates or 0), "rejected": rejected or 0}
 
 
-def run(_data: list[Path] | None = None) -> list[Figure]:
+def one_load(
+    folder: Path, broker_kind: str, processes: int, conversations: int
+) -> dict[str, float]:
+    """Run the load once; its counts, lost messages and tasks per second."""
     from tests.worker_stack import wait_for
+
+    with stack(folder, broker_kind, processes) as (engine, broker_url, workers):
+        enqueued, started = host(engine, broker_url, conversations)
+        wait_for(
+            lambda: drained(engine, workers, enqueued), DRAIN_TIMEOUT, "the load", workers[0].log
+        )
+        seconds = time.monotonic() - started
+        found = counts(engine)
+        lost = lost_messages(engine, conversations)
+    if not found["summaries"]:
+        raise SystemExit("bench.load: no summary was made; the window is too large to test")
+    return {**found, "lost": lost, "per_second": round(enqueued / seconds, 1), "tasks": enqueued}
+
+
+def run(_data: list[Path] | None = None) -> list[Figure]:
+    from tests.services import missing_rabbitmq
 
     with tempfile.TemporaryDirectory(prefix="recap-load-") as tmp:
         folder = Path(tmp)
         os.environ["RECAP_OUTPUT_DIR"] = str(folder / "outputs")
-        with stack(folder) as (engine, broker_url, worker):
-            enqueued, started = host(engine, broker_url)
-            wait_for(lambda: drained(engine, broker_url), DRAIN_TIMEOUT, "the load", worker.log)
-            seconds = time.monotonic() - started
-            found = counts(engine)
-            lost = lost_messages(engine)
-    if not found["summaries"]:
-        raise SystemExit("bench.load: no summary was made; the window is too large to test")
-    return [
+        found = one_load(folder, "redis", 1, CONVERSATIONS)
+        kinds = ["redis"] if missing_rabbitmq() else ["redis", "rabbitmq"]
+        two = {kind: one_load(folder, kind, 2, TWO_PROCESS_CONVERSATIONS) for kind in kinds}
+    figures = [
         Figure("load_duplicate_summaries", found["duplicates"], "== 0",
                f"summaries sharing a predecessor, {CONVERSATIONS} x {TURNS} turns, one worker"),
-        Figure("load_lost_messages", lost, "== 0",
+        Figure("load_lost_messages", found["lost"], "== 0",
                "added messages missing from the exported branch after the load"),
         Figure("load_wasted_model_calls", found["rejected"], "== 0",
                "runs whose model summary was rejected (compaction log), paid and thrown away"),
-        Figure("load_tasks_per_second", round(enqueued / seconds, 1), "",
-               f"{enqueued} tasks from the first enqueue until drained, model at "
+        Figure("load_tasks_per_second", found["per_second"], "",
+               f"{found['tasks']:.0f} tasks from the first enqueue until drained, model at "
                f"{MODEL_SECONDS} s, Redis + PostgreSQL, one recap worker"),
         Figure("load_summaries", found["summaries"], "",
                f"summaries stored during the load ({CONVERSATIONS} conversations)"),
     ]  # fmt: skip
+    for kind, result in two.items():
+        name = "Redis" if kind == "redis" else "RabbitMQ"
+        where = (
+            f"{TWO_PROCESS_CONVERSATIONS} x {TURNS} turns ({result['tasks']:.0f} tasks), two "
+            f"`recap worker --queues compress` processes, {name} + PostgreSQL"
+        )
+        figures += [
+            Figure(f"load_two_processes_duplicate_summaries_{kind}", result["duplicates"],
+                   "== 0", f"summaries sharing a predecessor, {where}; "
+                   f"{result['summaries']:.0f} summaries"),
+            Figure(f"load_two_processes_lost_messages_{kind}", result["lost"], "== 0",
+                   f"added messages missing from the exported branch, {where}"),
+            Figure(f"load_two_processes_tasks_per_second_{kind}", result["per_second"], "",
+                   f"tasks from the first enqueue until drained, {where}"),
+        ]  # fmt: skip
+    return figures
