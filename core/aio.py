@@ -27,6 +27,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from core import assembly
 from core.client import Recap
+from core.results import CompressResult, ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from core.settings import Settings
 
 P = ParamSpec("P")
@@ -87,7 +88,7 @@ class AsyncRecap:
 
     async def compress(
         self, conversation_id: str, *, leaf: int | None = None, force: bool = False
-    ) -> dict[str, Any]:
+    ) -> CompressResult:
         """``Recap.compress``: compress now so that the next request fits (seconds, with a
         summary model): call it on ``BudgetError`` or a provider's context overflow."""
         return await self.run(self.recap.compress, conversation_id, leaf=leaf, force=force)
@@ -125,7 +126,7 @@ class AsyncRecap:
         completion_tokens: int = 0,
         cached_tokens: int = 0,
         leaf: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> UsageRecorded:
         """``Recap.record_usage``: store the provider's usage for the request sent at ``leaf``."""
         return await self.run(
             self.recap.record_usage,
@@ -136,15 +137,19 @@ class AsyncRecap:
             leaf=leaf,
         )
 
-    async def stats(self, conversation_id: str, *, leaf: int | None = None) -> dict[str, Any]:
+    async def stats(self, conversation_id: str, *, leaf: int | None = None) -> Stats:
         """``Recap.stats``: context pressure without calling any model."""
         return await self.run(self.recap.stats, conversation_id, leaf=leaf)
 
     async def export(
         self, conversation_id: str, *, leaf: int | None = None, full: bool = False
-    ) -> dict[str, Any]:
+    ) -> ExportedConversation:
         """``Recap.export``: the branch as stored."""
         return await self.run(self.recap.export, conversation_id, leaf=leaf, full=full)
+
+    async def summaries(self, conversation_id: str) -> list[SummaryInfo]:
+        """``Recap.summaries``: the conversation's summaries, oldest first."""
+        return await self.run(self.recap.summaries, conversation_id)
 
     def close(self) -> None:
         """Wait for running calls, then stop the pool's threads."""

@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 from core import assembly, service
 from core.db import get_engine, require_schema
 from core.outputs import Ingest
+from core.results import CompressResult, ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from core.settings import Settings, get_settings
 
 
@@ -115,7 +116,7 @@ class Recap:
         completion_tokens: int = 0,
         cached_tokens: int = 0,
         leaf: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> UsageRecorded:
         """Store the provider's usage for the request sent at ``leaf`` (calibrates estimates)."""
         return service.record_usage(
             self.engine,
@@ -128,29 +129,34 @@ class Recap:
 
     def compress(
         self, conversation_id: str, *, leaf: int | None = None, force: bool = False
-    ) -> dict[str, Any]:
+    ) -> CompressResult:
         """Compress now, in this process, so that the next request fits: the worker's own run
         (``recap.compress_session``'s code path and lease, so it never races a worker; when a
         worker holds the lease this waits for it, then checks again). Returns the object
-        ``recap compress --json`` prints. Call it on ``BudgetError`` or on the provider's
+        ``recap compress --json`` prints, typed. Call it on ``BudgetError`` or on the provider's
         context-overflow error, then retry the request once."""
         from workers.compress import compress_now  # no Celery: the run, not the task
 
-        return compress_now(self.engine, self.settings, conversation_id, leaf, force)
+        done = compress_now(self.engine, self.settings, conversation_id, leaf, force)
+        return CompressResult.of(done)
 
     def set_output_reserve(self, conversation_id: str, output_tokens: int | None) -> None:
         """Keep ``output_tokens`` free for the reply in this conversation (0: none, as for a
         model whose window is for input alone); None returns to the default rule."""
         service.set_output_reserve(self.engine, conversation_id, output_tokens)
 
-    def stats(self, conversation_id: str, *, leaf: int | None = None) -> dict[str, Any]:
+    def stats(self, conversation_id: str, *, leaf: int | None = None) -> Stats:
         """Context pressure without calling any model."""
         return service.conversation_stats(self.engine, conversation_id, self.settings, leaf)
 
     def export(
         self, conversation_id: str, *, leaf: int | None = None, full: bool = False
-    ) -> dict[str, Any]:
+    ) -> ExportedConversation:
         """The branch as stored, in the import format."""
         return service.export_conversation(
             self.engine, conversation_id, leaf, full=full, output_dir=self.settings.output_dir
         )
+
+    def summaries(self, conversation_id: str) -> list[SummaryInfo]:
+        """The conversation's summaries, oldest first."""
+        return service.list_summaries(self.engine, conversation_id)

@@ -22,6 +22,7 @@ from core.db import is_schema_missing, session_scope
 from core.errors import InputError, SchemaMissingError
 from core.models import utcnow
 from core.records import ClearingRec, Msg
+from core.results import ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from core.settings import Settings, get_settings
 from core.validate import parse_json_line
 
@@ -148,7 +149,7 @@ def export_conversation(
     *,
     full: bool = False,
     output_dir: Path | None = None,
-) -> dict[str, Any]:
+) -> ExportedConversation:
     """The branch as stored, in the import format, each message with its ``id``; with ``full``,
     tool outputs and arguments truncated on the way in are put back while their files exist
     (only files Recap saved under ``output_dir``, default ``RECAP_OUTPUT_DIR``)."""
@@ -156,33 +157,30 @@ def export_conversation(
         conversation = store.get_conversation(session, conversation_id)
         branch = store.load_branch(session, conversation_id, leaf)
         meta = dict(conversation.meta or {})
-    out: dict[str, Any] = {"id": conversation_id, **meta}
     root = output_dir or get_settings().output_dir
 
     def render(message: Msg) -> dict[str, Any]:
         return outputs.restore(message, root) if full else message.to_openai()
 
-    out["messages"] = [
-        {"id": m.id, **outputs.export_parts(render(m), root, full=full)} for m in branch
-    ]
-    return out
+    messages = [{"id": m.id, **outputs.export_parts(render(m), root, full=full)} for m in branch]
+    return ExportedConversation(id=conversation_id, messages=messages, meta=meta)
 
 
-def list_summaries(engine: Engine, conversation_id: str) -> list[dict[str, Any]]:
+def list_summaries(engine: Engine, conversation_id: str) -> list[SummaryInfo]:
     """The conversation's summaries, oldest first, as the CLI prints them."""
     with session_scope(engine) as session:
         store.get_conversation(session, conversation_id)
         summaries = store.load_summaries(session, conversation_id)
     return [
-        {
-            "id": s.id,
-            "cutoff_message_id": s.cutoff_message_id,
-            "previous_summary_id": s.previous_summary_id,
-            "tokens": s.tokens,
-            "model": s.model,
-            "identifier_retention": round(s.identifier_retention, 4),
-            "created_at": s.created_at.isoformat() if s.created_at else "",
-        }
+        SummaryInfo(
+            id=s.id,
+            cutoff_message_id=s.cutoff_message_id,
+            previous_summary_id=s.previous_summary_id,
+            tokens=s.tokens,
+            model=s.model,
+            identifier_retention=round(s.identifier_retention, 4),
+            created_at=s.created_at.isoformat() if s.created_at else "",
+        )
         for s in summaries
     ]
 
@@ -196,7 +194,7 @@ def record_usage(
     cached_tokens: int = 0,
     leaf: int | None = None,
     default_fixed: int = 0,
-) -> dict[str, Any]:
+) -> UsageRecorded:
     """Record the provider's usage for the request sent at ``leaf`` (default: the latest),
     beside Recap's estimate of the same request (history and the fixed parts the host last
     sent, else ``default_fixed``): the calibration factor the budget applies from then on."""
@@ -223,7 +221,7 @@ def record_usage(
             now=now,
         )
     factor = tokens.Calibration(estimated, prompt_tokens).factor
-    return {"estimated": estimated, "measured": prompt_tokens, "calibration": round(factor, 4)}
+    return UsageRecorded(estimated=estimated, measured=prompt_tokens, calibration=round(factor, 4))
 
 
 def set_output_reserve(engine: Engine, conversation_id: str, output_tokens: int | None) -> None:
@@ -238,7 +236,7 @@ def set_output_reserve(engine: Engine, conversation_id: str, output_tokens: int 
 
 def conversation_stats(
     engine: Engine, conversation_id: str, settings: Settings, leaf: int | None = None
-) -> dict[str, Any]:
+) -> Stats:
     """Context pressure as the compression decision sees it (``core.policy``), no model call.
 
     ``used`` is the whole request in provider tokens: the provider's reading when it is for this
@@ -262,22 +260,22 @@ def conversation_stats(
     measured = exact or plan.calibration != 1
     if exact and reading is not None:
         used = reading.measured
-    return {
-        "window": plan.window,
-        "used": used,
-        "basis": "measured" if measured else "estimated",
-        "pressure": round(p.ratio, 4),
-        "suggest_compress": decision.action != policy.SKIP,
-        "estimated": estimated,
-        "calibration": round(plan.calibration, 4),
-        "fixed": plan.fixed,
-        "history": p.history,
-        "output_reserve": plan.output_reserve,
-        "available": p.available,
-        "trigger": p.trigger,
-        "decision": decision.action,
-        "reason": decision.reason,
-    }
+    return Stats(
+        window=plan.window,
+        used=used,
+        basis="measured" if measured else "estimated",
+        pressure=round(p.ratio, 4),
+        suggest_compress=decision.action != policy.SKIP,
+        estimated=estimated,
+        calibration=round(plan.calibration, 4),
+        fixed=plan.fixed,
+        history=p.history,
+        output_reserve=plan.output_reserve,
+        available=p.available,
+        trigger=p.trigger,
+        decision=decision.action,
+        reason=decision.reason,
+    )
 
 
 def assemble(

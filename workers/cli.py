@@ -441,7 +441,7 @@ def export(
     full: Annotated[bool, typer.Option(help="Put back truncated tool outputs.")] = False,
 ) -> None:
     """Print the branch as stored, in the import format (always JSON)."""
-    payload = service.export_conversation(engine(), conversation, leaf, full=full)
+    payload = service.export_conversation(engine(), conversation, leaf, full=full).as_dict()
     sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
 
 
@@ -579,7 +579,7 @@ def stats(
     as_json: JsonFlag = False,
 ) -> None:
     """Context pressure, without calling any model."""
-    payload = service.conversation_stats(engine(), conversation, settings(), leaf)
+    payload = service.conversation_stats(engine(), conversation, settings(), leaf).as_dict()
     emit(
         payload,
         as_json,
@@ -594,7 +594,7 @@ def summaries(
     as_json: JsonFlag = False,
 ) -> None:
     """List the conversation's summaries, oldest first."""
-    rows = service.list_summaries(engine(), conversation)
+    rows = [row.as_dict() for row in service.list_summaries(engine(), conversation)]
     columns = [
         "id",
         "cutoff_message_id",
@@ -635,7 +635,7 @@ def usage(
         completion_tokens=completion_tokens,
         cached_tokens=cached_tokens,
         leaf=leaf,
-    )
+    ).as_dict()
     emit(payload, as_json, lambda: table("usage", list(payload), [list(payload.values())]))
 
 

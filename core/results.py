@@ -1,0 +1,134 @@
+"""What the host API returns: typed, frozen results that the CLI prints and hosts use alike.
+
+Each result is a dataclass with attributes a type checker knows (``stats.pressure``), and it also
+reads as a mapping (``stats["pressure"]``, ``dict(stats)``), so code written against the earlier
+dict results keeps working. ``as_dict()`` is the JSON object the CLI prints for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+class _Readable(Mapping[str, Any]):
+    """Mapping access over a dataclass's own fields (read-only)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self}
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._names():
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __eq__(self, other: object) -> bool:  # equal to the same result, or to its dict
+        if isinstance(other, Mapping):
+            return self.as_dict() == dict(other.items())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking values (lists) inside
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, eq=False)
+class Stats(_Readable):
+    """Context pressure as the compression decision sees it (``recap stats``)."""
+
+    window: int
+    used: int  # the whole request in provider tokens (measured, or estimated x calibration)
+    basis: str  # "measured" or "estimated"
+    pressure: float  # history over the room the budget leaves it
+    suggest_compress: bool
+    estimated: int
+    calibration: float
+    fixed: int  # the fixed parts the host last sent (system, tools, ...), or the default
+    history: int
+    output_reserve: int
+    available: int
+    trigger: int
+    decision: str
+    reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class UsageRecorded(_Readable):
+    """A provider's usage reading beside Recap's estimate of the same request (``recap usage``)."""
+
+    estimated: int
+    measured: int
+    calibration: float
+
+
+@dataclass(frozen=True, eq=False)
+class CompressResult(_Readable):
+    """What one compression run did (``recap compress --json``, the task's result)."""
+
+    action: str  # summarized, cleared, skipped, busy, failed, ...
+    reason: str
+    summary_id: int | None
+    cutoff_message_id: int | None
+    tokens_before: int
+    tokens_after: int
+
+    @classmethod
+    def of(cls, payload: Mapping[str, Any]) -> CompressResult:
+        return cls(
+            action=str(payload["action"]),
+            reason=str(payload.get("reason", "")),
+            summary_id=payload.get("summary_id"),
+            cutoff_message_id=payload.get("cutoff_message_id"),
+            tokens_before=int(payload.get("tokens_before", 0)),
+            tokens_after=int(payload.get("tokens_after", 0)),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class SummaryInfo(_Readable):
+    """One stored summary, as ``recap summaries`` lists it."""
+
+    id: int
+    cutoff_message_id: int
+    previous_summary_id: int | None
+    tokens: int
+    model: str | None
+    identifier_retention: float
+    created_at: str
+
+
+@dataclass(frozen=True, eq=False)
+class ExportedConversation(Mapping[str, Any]):
+    """A branch as stored, in the import format (``recap export``): ``id``, the conversation's
+    own metadata keys, and ``messages`` (each with its ``id``)."""
+
+    id: str
+    messages: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, **self.meta, "messages": self.messages}
+
+    def __getitem__(self, key: str) -> Any:
+        return self.as_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.as_dict())
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return self.as_dict() == dict(other.items())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
