@@ -16,8 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize(
     "command",
-    [["ruff", "check", "--output-format", "concise", "."], ["mypy"]],
-    ids=["ruff", "mypy"],
+    [
+        ["ruff", "check", "--output-format", "concise", "."],
+        ["ruff", "format", "--check", "."],
+        ["mypy"],
+    ],
+    ids=["ruff", "ruff-format", "mypy"],
 )
 def test_tool_passes(command: list[str]) -> None:
     """The checker exits 0 on the repository."""
