@@ -53,20 +53,29 @@ RAW_INSERT = (
 )
 
 
-def run() -> list[Figure]:
+Measure = Callable[[str, list[dict[str, Any]], str, Path], list[Figure]]
+
+
+def on_both_databases(name: str, measure: Measure) -> list[Figure]:
+    """``measure(url, records, suffix, folder)`` on SQLite, then on a fresh PostgreSQL database
+    (figures suffixed ``_postgres``) when the server is reachable."""
     records = load_all()
     with tempfile.TemporaryDirectory() as folder:
-        figures = _measure(f"sqlite:///{Path(folder) / 'bench.db'}", records, "", Path(folder))
+        figures = measure(f"sqlite:///{Path(folder) / 'bench.db'}", records, "", Path(folder))
         database = _postgres_database()
         if database is None:
-            print("bench.add: PostgreSQL not reachable, its figures are left out", file=sys.stderr)
+            print(f"bench.{name}: PostgreSQL not reachable, left out", file=sys.stderr)
             return figures
         url, drop = database
         try:
-            figures += _measure(url, records, "_postgres", Path(folder))
+            figures += measure(url, records, "_postgres", Path(folder))
         finally:
             drop()
     return figures
+
+
+def run() -> list[Figure]:
+    return on_both_databases("add", _measure)
 
 
 def _measure(url: str, records: list[dict[str, Any]], suffix: str, folder: Path) -> list[Figure]:

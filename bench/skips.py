@@ -16,8 +16,6 @@ answers at ``RECAP_TEST_POSTGRES_URL``.
 from __future__ import annotations
 
 import statistics
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
@@ -25,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import Figure
-from bench.add import _postgres_database
+from bench.add import on_both_databases
 from bench.assemble import long_conversation
-from bench.data import load_all
 
 MODEL = "gpt-4o-mini"
 SHORT, LONG = 50, 5_000  # the two conversation lengths compared
@@ -38,19 +35,7 @@ GROWTH_BOUND = "<= 1.5"  # a skip at 5,000 messages costs about what it costs at
 
 
 def run() -> list[Figure]:
-    records = load_all()
-    with tempfile.TemporaryDirectory() as folder:
-        figures = _measure(f"sqlite:///{Path(folder) / 'bench.db'}", records, "", Path(folder))
-        database = _postgres_database()
-        if database is None:
-            print("bench.skips: PostgreSQL not reachable, its figure is left out", file=sys.stderr)
-            return figures
-        url, drop = database
-        try:
-            figures += _measure(url, records, "_postgres", Path(folder))
-        finally:
-            drop()
-    return figures
+    return on_both_databases("skips", _measure)
 
 
 def _measure(url: str, records: list[dict[str, Any]], suffix: str, folder: Path) -> list[Figure]:
