@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from core import assembly
 from core.client import Recap
+from core.request import assembly
 from core.results import CompressResult, ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from core.settings import Settings
 

@@ -13,11 +13,12 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from core import assembly, service
-from core.db import get_engine, require_schema
-from core.outputs import Ingest
+from core import service
+from core.request import assembly
 from core.results import CompressResult, ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from core.settings import Settings, get_settings
+from core.storage.db import get_engine, require_schema
+from core.storage.outputs import Ingest
 
 
 class Recap:
@@ -36,7 +37,7 @@ class Recap:
         self.settings = settings or get_settings()
         self.engine = engine or get_engine(self.settings.database_url, create=create_schema)
         if create_schema:
-            from core.migrate import upgrade
+            from core.storage.migrate import upgrade
 
             upgrade(self.engine)
         else:

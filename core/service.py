@@ -14,19 +14,22 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from core import assembly, media, outputs, policy, reads, recount, store, tokens
-from core import budget as budgets
-from core import profile as profiles
-from core import snapshot as snapshots
-from core.db import is_schema_missing, session_scope
+from core.counting import budget as budgets
+from core.counting import media, tokens
+from core.decision import policy
 from core.errors import InputError, SchemaMissingError
-from core.models import utcnow
-from core.records import ClearingRec, Msg
+from core.request import assembly
+from core.request.validate import parse_json_line
 from core.results import ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from core.settings import Settings, get_settings
-from core.validate import parse_json_line
+from core.storage import outputs, reads, recount, store
+from core.storage import profile as profiles
+from core.storage import snapshot as snapshots
+from core.storage.db import is_schema_missing, session_scope
+from core.storage.models import utcnow
+from core.storage.records import ClearingRec, Msg
 
-Prepare = store.Preparer  # the ingest step (core.outputs.Ingest)
+Prepare = store.Preparer  # the ingest step (core.storage.outputs.Ingest)
 log = logging.getLogger("recap.assemble")
 
 
@@ -226,7 +229,7 @@ def record_usage(
 
 def set_output_reserve(engine: Engine, conversation_id: str, output_tokens: int | None) -> None:
     """Keep ``output_tokens`` free for the reply in this conversation's requests (0: none), or
-    with None go back to the rule of ``core.budget.output_reserve``."""
+    with None go back to the rule of ``core.counting.budget.output_reserve``."""
     if output_tokens is not None and output_tokens < 0:
         raise InputError(f"the output reserve must not be negative, got {output_tokens}")
     with session_scope(engine) as session:
@@ -237,7 +240,8 @@ def set_output_reserve(engine: Engine, conversation_id: str, output_tokens: int 
 def conversation_stats(
     engine: Engine, conversation_id: str, settings: Settings, leaf: int | None = None
 ) -> Stats:
-    """Context pressure as the compression decision sees it (``core.policy``), no model call.
+    """Context pressure as the compression decision sees it (``core.decision.policy``), no model
+    call.
 
     ``used`` is the whole request in provider tokens: the provider's reading when it is for this
     very leaf (``basis`` "measured"), else Recap's estimate of the history and the fixed parts
@@ -295,8 +299,8 @@ def assemble(
 ) -> assembly.AssembledRequest:
     """The request the host should send now for the branch ending at ``leaf``.
 
-    One short read session copies out what the request needs (``core.reads``); the rest is
-    ``core.assembly.assemble``. The window is ``max_input_tokens`` when given, else the
+    One short read session copies out what the request needs (``core.storage.reads``); the rest is
+    ``core.request.assembly.assemble``. The window is ``max_input_tokens`` when given, else the
     conversation's override (unless another ``model`` is named), else the model's window from
     litellm's map.
     """
@@ -384,8 +388,8 @@ def _request_limit(
     leaf: int | None,
     now: datetime,
 ) -> int:
-    """The whole request's limit in estimated tokens: ``core.budget`` with the output reserve
-    and the calibration factor of the latest provider reading."""
+    """The whole request's limit in estimated tokens: ``core.counting.budget`` with the output
+    reserve and the calibration factor of the latest provider reading."""
     reserve = budgets.output_reserve(
         tokens.model_info(model),
         window_given=window_given,
@@ -468,8 +472,8 @@ def _record_media(engine: Engine, conversation_id: str, request: assembly.Assemb
     write, only when something aged anew), so they stay aged whatever the next request holds."""
     if not request.media_aged:
         return
-    from core.sweep import apply_clearings
-    from core.toolresults import ClearingPlan, PlannedClearing
+    from core.decision.toolresults import ClearingPlan, PlannedClearing
+    from core.storage.sweep import apply_clearings
 
     items = tuple(PlannedClearing(mid, reclaimed) for mid, reclaimed in request.media_aged)
     with session_scope(engine) as session:

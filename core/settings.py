@@ -11,8 +11,8 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.errors import RecapError
-from core.limits import INT32_MAX
-from core.prompts import DEFAULT_SUMMARY_PROMPT, PREVIOUS_SUMMARY_PLACEHOLDER
+from core.storage.limits import INT32_MAX
+from core.summaries.prompts import DEFAULT_SUMMARY_PROMPT, PREVIOUS_SUMMARY_PLACEHOLDER
 
 DEFAULT_BROKER_URL = "filesystem://"  # kombu's file transport: works across processes, no server
 DEFAULT_PROTECTED_TOOLS = ("todo_write", "todowrite", "todo", "update_plan", "plan", "think")
@@ -50,7 +50,8 @@ class Settings(BaseSettings):
     recent_max_tokens: int = Field(default=8_000, ge=1)
     keep_turns: int = Field(default=2, ge=0)
     safety_margin: float = Field(default=0.05, ge=0, lt=0.5)
-    # The request budget (core.budget): a reply needs room in windows that input and output share.
+    # The request budget (core.counting.budget): a reply needs room in windows that input and output
+    # share.
     reserve_output_tokens: int = Field(default=4_096, ge=0)
     # Fixed parts (system, tools, reminder, files) assumed until the host's first assemble.
     default_fixed_tokens: int = Field(default=0, ge=0)
@@ -70,12 +71,12 @@ class Settings(BaseSettings):
     max_output_bytes: int = Field(default=50_000, ge=1_000)
     max_argument_chars: int = Field(default=2_000, ge=200)
     output_retention_days: float = Field(default=7, gt=0)
-    # The compaction log (core.compaction_log): skipped runs are kept this many days, every
+    # The compaction log (core.storage.compaction_log): skipped runs are kept this many days, every
     # run (the summaries, clearings and failures operators read) for the longer history.
     log_retention_days: float = Field(default=3, gt=0)
     log_history_days: float = Field(default=90, gt=0)
-    # Media (core.media): inline base64 over this many bytes is stored out of the row; only the
-    # last keep_media user turns send their media in full, within the per-request caps; the
+    # Media (core.counting.media): inline base64 over this many bytes is stored out of the row; only
+    # the last keep_media user turns send their media in full, within the per-request caps; the
     # assembled request is kept under max_request_bytes (Gemini's 20 MB inline request limit,
     # the strictest of the common providers: Anthropic takes 32 MB, OpenAI 50 MB).
     media_inline_bytes: int = Field(default=32_768, ge=0)
@@ -156,7 +157,7 @@ class Settings(BaseSettings):
     def _url_has_scheme(cls, value: str) -> str:
         if "://" not in value:
             raise ValueError("must be an SQLAlchemy URL such as sqlite:///./recap.db")
-        from core.db import url_problem
+        from core.storage.db import url_problem
 
         problem = url_problem(value)
         if problem is not None:

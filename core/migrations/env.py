@@ -1,4 +1,4 @@
-"""Alembic environment: runs on the connection ``core.migrate`` passes in, or on a URL."""
+"""Alembic environment: runs on the connection ``core.storage.migrate`` passes in, or on a URL."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from alembic import context
 from sqlalchemy import Connection
 from sqlmodel import SQLModel
 
-import core.models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from core.db import make_engine
+import core.storage.models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from core.storage.db import make_engine
 
 config = context.config
 target_metadata = SQLModel.metadata

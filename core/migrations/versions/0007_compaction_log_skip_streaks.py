@@ -5,7 +5,7 @@ Revises: 0006
 Create Date: 2026-12-01
 
 A host enqueues a run after every turn and most runs skip, so consecutive skipped runs of one
-conversation are recorded on one row (``core.compaction_log.record_run``): ``repeats`` counts the
+conversation are recorded on one row (``core.storage.compaction_log.record_run``): ``repeats`` counts the
 runs it stands for (1 for every row written before this revision), ``last_seen_at`` is the latest
 one's time (``created_at`` stays the first's).
 """

@@ -8,7 +8,7 @@ tokens x 1.25 + cached tokens x 0.1 (prompt-cache write and read prices relative
 
 A policy is called before each request with what it may look at and returns the ids it clears
 now; clearings are one-way, so they accumulate. ``recap_policy`` is the production decision
-(``core.policy``); ``never`` and ``keep_last_every_request`` are the baselines.
+(``core.decision.policy``); ``never`` and ``keep_last_every_request`` are the baselines.
 
 ``oracle`` is the limit: the cheapest clearing schedule for a run, found exactly by dynamic
 programming over its steps by a policy that knows every future request and the idle gap, in the
@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from core import tokens
-from core.placeholders import cleared_placeholder
-from core.policy import Knobs, Snapshot, decide, idle_clearing
-from core.records import ClearingRec, Msg
-from core.toolresults import IDLE, plan_clearings, reclaimable, tool_names
+from core.counting import tokens
+from core.decision.policy import Knobs, Snapshot, decide, idle_clearing
+from core.decision.toolresults import IDLE, plan_clearings, reclaimable, tool_names
+from core.request.placeholders import cleared_placeholder
+from core.storage.records import ClearingRec, Msg
 
 UNCACHED_PRICE = 1.25  # writing the prompt cache costs a quarter more than plain input
 CACHED_PRICE = 0.1  # reading it costs a tenth
@@ -80,8 +80,8 @@ def keep_last_every_request(keep: int) -> Policy:
 
 
 def recap_policy(knobs: Knobs, *, model: str, window: int | None = None) -> Policy:
-    """Recap's production decision (``core.policy``): after the idle gap, what the idle sweep
-    clears (``idle_clearing``, the sweep's own knobs); otherwise whatever ``decide`` clears
+    """Recap's production decision (``core.decision.policy``): after the idle gap, what the idle
+    sweep clears (``idle_clearing``, the sweep's own knobs); otherwise whatever ``decide`` clears
     under pressure (nothing while the request is under the trigger, so the cache stays warm).
     Summaries are not priced here: no summarizer runs in a replay of clearings."""
 
@@ -105,7 +105,7 @@ def recap_policy(knobs: Knobs, *, model: str, window: int | None = None) -> Poli
 
 
 def to_msgs(messages: Sequence[Mapping[str, object]], encoding: str) -> list[Msg]:
-    """An imported run as stored messages (ids from 1, counts from ``core.tokens``)."""
+    """An imported run as stored messages (ids from 1, counts from ``core.counting.tokens``)."""
     out: list[Msg] = []
     for index, message in enumerate(messages):
         content = message.get("content")
@@ -294,7 +294,7 @@ def _clearable_limit(results: Sequence[int], clearable: Sequence[int], end: int,
 def shape_of(branch: Sequence[Msg], *, encoding: str, protected: Sequence[str] = ()) -> RunShape:
     """The run's numbers as ``replay`` prices them: every message's tokens in full and, for each
     result worth clearing (its placeholder smaller, its tool not protected: what
-    ``core.toolresults.plan_clearings`` may clear), as a placeholder."""
+    ``core.decision.toolresults.plan_clearings`` may clear), as a placeholder."""
     renderer = _Renderer(encoding)
     names = tool_names(branch)
     shielded = {name.lower() for name in protected}

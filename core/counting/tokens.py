@@ -17,7 +17,7 @@ from typing import Any
 
 import tiktoken
 
-from core import media, reasoning
+from core.counting import media, reasoning
 from core.errors import RecapError
 
 O200K = "o200k_base"
@@ -104,7 +104,8 @@ def content_text(content: Any) -> str:
 def count_message(message: Mapping[str, Any], encoding: str, *, model: str | None = None) -> int:
     """Tokens one OpenAI-format message costs in a request, overheads included; media parts
     (images, audio, files) by the published rule of ``model``'s provider family
-    (``core.media.part_tokens``); reasoning and thinking content as ``count_reasoning`` says."""
+    (``core.counting.media.part_tokens``); reasoning and thinking content as ``count_reasoning``
+    says."""
     total = TOKENS_PER_MESSAGE + count_short(str(message.get("role", "")), encoding)
     content = message.get("content")
     total += count_text(content_text(content), encoding)
@@ -131,7 +132,8 @@ def _count_reasoning_text(text: str, encoding: str) -> int:
 
 
 def count_reasoning(message: Mapping[str, Any], encoding: str, *, model: str | None = None) -> int:
-    """Tokens of the reasoning and thinking content in a message's count (``core.reasoning``).
+    """Tokens of the reasoning and thinking content in a message's count
+    (``core.counting.reasoning``).
 
     With ``model``: what that model's family sends of it while the message is in the turn in
     progress, the most it is ever sent (a stored count; assembly subtracts what it drops).
@@ -150,7 +152,7 @@ def count_reasoning(message: Mapping[str, Any], encoding: str, *, model: str | N
 def count_basis(message: Mapping[str, Any], encoding: str, *, model: str | None = None) -> str:
     """What ``count_message(message, encoding, model=model)`` was made with, as the ``encoding``
     column stores it: the encoding, and the reasoning family when the message carries reasoning
-    (``core.reasoning.basis``; ``all`` without a model: every reasoning string counted)."""
+    (``core.counting.reasoning.basis``; ``all`` without a model: every reasoning string counted)."""
     family = reasoning.family_of(model) if model is not None else reasoning.ALL
     return reasoning.basis(encoding, family, message)
 

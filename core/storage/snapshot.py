@@ -1,13 +1,14 @@
-"""Reading what the compression decision looks at (``core.policy.Snapshot``), and afterwards the
-text of the messages a summary covers.
+"""Reading what the compression decision looks at (``core.decision.policy.Snapshot``), and
+afterwards the text of the messages a summary covers.
 
-The snapshot is content-free: the branch comes from ids and parents (``core.reads.branch_path``),
-then the root and the messages after the applicable summary's cutoff are read without their
-text: role, stored tokens, tool-call ids and names (arguments dropped), the call a result answers,
-its tool name and saved-output path. Text is read by ``load_contents`` for the messages sent to
-the summarizer only. ``history_bound`` answers "is this conversation anywhere near its trigger"
-from the stored counts of the messages after the latest summary alone (a walk up the branch by
-primary key), so a run that skips costs about the same at 50 messages and at 5,000.
+The snapshot is content-free: the branch comes from ids and parents
+(``core.storage.reads.branch_path``), then the root and the messages after the applicable summary's
+cutoff are read without their text: role, stored tokens, tool-call ids and names (arguments
+dropped), the call a result answers, its tool name and saved-output path. Text is read by
+``load_contents`` for the messages sent to the summarizer only. ``history_bound`` answers "is this
+conversation anywhere near its trigger" from the stored counts of the messages after the latest
+summary alone (a walk up the branch by primary key), so a run that skips costs about the same at
+50 messages and at 5,000.
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select, text
 from sqlmodel import Session
 
-from core import policy, store
-from core.branch import applicable_summary
-from core.compression import COOLDOWN_MAX_FACTOR
+from core.decision import policy
 from core.errors import NotFoundError
-from core.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
-from core.profile import load_profile
-from core.reads import branch_path
-from core.records import Msg
+from core.request.branch import applicable_summary
+from core.storage import store
+from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
+from core.storage.profile import load_profile
+from core.storage.reads import branch_path
+from core.storage.records import Msg
+from core.summaries.compression import COOLDOWN_MAX_FACTOR
 
 COMPACTION_LOG = table_of(CompactionLog)
 COOLDOWN_DOUBLINGS = COOLDOWN_MAX_FACTOR.bit_length()  # failures read past the streak

@@ -33,7 +33,7 @@ def cleared_placeholder(
 
 def placeholder_frames() -> tuple[str, ...]:
     """Every wording of the placeholder with its variable parts left empty: what the token bound
-    of a placeholder is computed from (``core.toolresults.placeholder_tokens_bound``)."""
+    of a placeholder is computed from (``core.decision.toolresults.placeholder_tokens_bound``)."""
     head = _HEAD.format(tool="", call_id="", tokens="")
     return (
         head + _NOT_SAVED,

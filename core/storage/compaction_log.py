@@ -34,9 +34,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, delete, insert, select, update
 
-from core.db import session_scope
-from core.models import CompactionLog, table_of
-from core.store import as_utc
+from core.storage.db import session_scope
+from core.storage.models import CompactionLog, table_of
+from core.storage.store import as_utc
 
 LOG = table_of(CompactionLog)
 SKIPPED = "skipped"

@@ -22,12 +22,18 @@ from typing import Any
 
 import structlog
 
-from core import media
+from core.counting import media
+from core.decision.toolresults import (
+    Limits,
+    byte_size,
+    is_oversized,
+    output_preview,
+    trim_arguments,
+)
 from core.errors import InputError
-from core.records import Msg
 from core.settings import Settings
-from core.store import Prepared
-from core.toolresults import Limits, byte_size, is_oversized, output_preview, trim_arguments
+from core.storage.records import Msg
+from core.storage.store import Prepared
 
 DIGEST_CHARS = 32  # 128 bits of SHA-256: collisions are out of reach, and names stay short
 SUFFIX = ".txt"

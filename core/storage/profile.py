@@ -3,7 +3,7 @@
 ``assemble`` records the token cost of the fixed parts it was given (system prompt, tool schemas,
 reminder, context files: counts and a hash, never the text), ``record_usage`` the provider's
 reading that calibrates Recap's estimate, and ``set_output_reserve`` a conversation's own output
-reserve. The compression decision, ``stats`` and reconcile plan with it (``core.budget``).
+reserve. The compression decision, ``stats`` and reconcile plan with it (``core.counting.budget``).
 
 The request path reads the stored hash with the branch (one primary-key read in the same
 session) and writes only when the fixed parts changed, so a host that sends the same tools every
@@ -21,9 +21,9 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from core.budget import Reading
-from core.models import REQUEST_PROFILES
-from core.store import as_utc
+from core.counting.budget import Reading
+from core.storage.models import REQUEST_PROFILES
+from core.storage.store import as_utc
 
 HASH_BYTES = 16  # 128 bits: a collision between two versions of one host's parts is not a risk
 

@@ -99,7 +99,7 @@ class Message(SQLModel, table=True):
     encoding: str = Field(max_length=32)
     output_path: str | None = Field(default=None, max_length=1024)
     original_bytes: int | None = None
-    # core.hashing.message_hash of the message as it arrived (before any truncation).
+    # core.storage.hashing.message_hash of the message as it arrived (before any truncation).
     content_hash: str | None = Field(default=None, max_length=32)
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
 
@@ -162,8 +162,9 @@ class CompactionLog(SQLModel, table=True):
     duration_ms: int = 0
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
-    # Consecutive skipped runs of a conversation share one row (core.compaction_log.record_run):
-    # the runs it stands for, and the latest one's time (created_at is the first's).
+    # Consecutive skipped runs of a conversation share one row
+    # (core.storage.compaction_log.record_run): the runs it stands for, and the latest one's time
+    # (created_at is the first's).
     repeats: int = Field(default=1, sa_column=Column(Integer, nullable=False, server_default="1"))
     last_seen_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
@@ -188,7 +189,7 @@ class Usage(SQLModel, table=True):
 class RequestProfile(SQLModel, table=True):
     """What the host last sent beside the stored history (token counts and a hash, never the
     text), the latest provider reading that calibrates the estimate, and the conversation's
-    output reserve override: the inputs of ``core.budget`` that ``assemble`` and
+    output reserve override: the inputs of ``core.counting.budget`` that ``assemble`` and
     ``record_usage`` learn, one row per conversation."""
 
     __tablename__ = "request_profiles"

@@ -2,12 +2,13 @@
 
 Truncation happens once, on the way in: an output over the line or byte limit keeps a preview in
 its row (head and tail of the text, or the structure of a JSON search result) and a note saying
-where the full text was saved. ``core.outputs`` writes the file; everything here is string work.
+where the full text was saved. ``core.storage.outputs`` writes the file; everything here is string
+work.
 
 Clearing is a one-way state recorded beside a message: the request shows a fixed placeholder
 instead of the output. ``plan_clearings`` decides which results of a branch to clear; the
-``clearings`` rows are written by ``core.sweep.apply_clearings`` (one conversation) or the batched
-``core.sweep`` sweep (every idle conversation at once).
+``clearings`` rows are written by ``core.storage.sweep.apply_clearings`` (one conversation) or the
+batched ``core.storage.sweep`` sweep (every idle conversation at once).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from core import tokens
-from core.placeholders import DEFAULT_TOOL_NAME, placeholder_frames
-from core.records import ClearingRec, Msg
-from core.tokens import TOKENS_PER_NAME
+from core.counting import tokens
+from core.counting.tokens import TOKENS_PER_NAME
+from core.request.placeholders import DEFAULT_TOOL_NAME, placeholder_frames
+from core.storage.records import ClearingRec, Msg
 
 # --- truncation --------------------------------------------------------------------------------
 
@@ -361,7 +362,7 @@ def placeholder_tokens_bound(
     name and call id), for either encoding, computed without a tokenizer: a token is at least one
     character, so a variable part costs at most its length. ``tokens_reclaimed`` is the stored
     count minus this bound: it never overstates what a clearing saves, and the SQL sweep computes
-    the very same number (``core.sweep``)."""
+    the very same number (``core.storage.sweep``)."""
     total = placeholder_base_tokens(output_path is not None)
     total += digit_tokens(tokens) + 2 * len(call_id) + (len(output_path) if output_path else 0)
     if tool_name:  # named in the text and in the message's name field

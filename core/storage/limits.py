@@ -1,8 +1,9 @@
 """What both databases can store, checked before anything is written (pure, no SQLAlchemy).
 
 Recap runs on SQLite and PostgreSQL, and an input is accepted or refused the same way on both:
-the narrower of the two decides. The integer bounds are those of the columns in ``core.models``
-(a test checks that they agree), so a number the CLI or a host passes never overflows a column.
+the narrower of the two decides. The integer bounds are those of the columns in
+``core.storage.models`` (a test checks that they agree), so a number the CLI or a host passes never
+overflows a column.
 """
 
 from __future__ import annotations

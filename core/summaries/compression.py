@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from core import media
-from core.branch import effective_history_tokens, messages_after_cutoff
-from core.prompts import (
+from core.counting import media
+from core.request.branch import effective_history_tokens, messages_after_cutoff
+from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.summaries.prompts import (
     CUTOFF_MARKER,
     NO_PREVIOUS_SUMMARY,
     PREVIOUS_SUMMARY_PLACEHOLDER,
     RETENTION_REMINDER,
     SUMMARY_REMINDER,
 )
-from core.records import ClearingRec, Msg, SummaryRec
 
 Counter = Callable[[Mapping[str, Any]], int]
 Rendered = dict[str, str]
@@ -39,7 +39,7 @@ REQUEST_PRIMING_TOKENS = 3  # every request is primed with the assistant's reply
 TRIM_SAFETY = 0.9  # characters per token vary: trim a little below the computed share
 COOLDOWN_MAX_FACTOR = 16  # a cooldown doubles with each further failure, up to this many times
 # The words a "not smaller" rejection carries: the planner sent too small a span, so it is not
-# counted as a failure of the summarizer (``core.policy.Failure.counts``).
+# counted as a failure of the summarizer (``core.decision.policy.Failure.counts``).
 REJECTED_NOT_SMALLER = "does not reduce the"
 
 ERROR_TEXT_RE = re.compile(

@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from core import media
-from core.compression import describe_calls, tool_names, trim_text
-from core.identifiers import ERROR_RE, identifiers_of_span
-from core.prompts import EXTRACTIVE_NOTE
-from core.records import ClearingRec, Msg
+from core.counting import media
+from core.storage.records import ClearingRec, Msg
+from core.summaries.compression import describe_calls, tool_names, trim_text
+from core.summaries.identifiers import ERROR_RE, identifiers_of_span
+from core.summaries.prompts import EXTRACTIVE_NOTE
 
 QUOTE_CHARS = 240  # one quoted sentence or request
 GOAL_CHARS = 400  # the goal is the first request, cut here

@@ -2,25 +2,26 @@
 
 This is the one place Recap decides what to do with a conversation. The compress worker, the
 synchronous ``Recap.compress``, reconcile, ``stats``' suggestion and the cache benchmark
-(``core.cachecost.recap_policy``) call ``decide``; the idle sweep's set-based SQL takes its
+(``core.decision.cachecost.recap_policy``) call ``decide``; the idle sweep's set-based SQL takes its
 thresholds from the same ``Knobs``, and the clearing after a new summary is
 ``post_summary_clearing``.
 
 The snapshot holds ids, parents, stored token counts, roles and tool-call ids and names, the
-clearings, the applicable summary's size, the request profile (``core.profile``), the failure
-history and the clock: no message text. Content is read afterwards, for the messages sent to the
-summarizer only.
+clearings, the applicable summary's size, the request profile (``core.storage.profile``), the
+failure history and the clock: no message text. Content is read afterwards, for the messages sent to
+the summarizer only.
 
 The decision, in order:
 
 1. ``pressure``: the history's provider tokens (the calibrated estimate) against the trigger,
-   ``trigger_ratio x available`` where ``available`` comes from ``core.budget``. Under it: skip.
+   ``trigger_ratio x available`` where ``available`` comes from ``core.counting.budget``. Under it:
+   skip.
 2. Urgent when the history takes ``urgent_ratio`` (0.95) of ``available`` or more: the next
    request is about to lose history, so the clear-at-least gate and the cooldown's wait go.
 3. Clear old tool results when that reclaims ``clear_at_least_tokens`` (any saving when urgent);
    when it brings the history under the trigger, that is all.
-4. Otherwise summarize: the split of ``core.compression.plan_split`` (at a user message, or inside
-   an agent turn at a step boundary, never between a call and its result). A span under
+4. Otherwise summarize: the split of ``core.summaries.compression.plan_split`` (at a user message,
+   or inside an agent turn at a step boundary, never between a call and its result). A span under
    ``min_summary_span_tokens`` is not sent: no summary of it would be smaller. After repeated
    failures the summarizer rests (``cooldown_until``); a "does not reduce" rejection is not a
    failure of the summarizer and does not count.
@@ -34,10 +35,20 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from core import budget as budgets
-from core import tokens
-from core.branch import effective_history_tokens
-from core.compression import (
+from core.counting import budget as budgets
+from core.counting import tokens
+from core.decision.toolresults import (
+    IDLE,
+    POST_SUMMARY,
+    PRESSURE,
+    ClearingPlan,
+    min_tokens_for,
+    plan_clearings,
+)
+from core.request.branch import effective_history_tokens
+from core.storage.profile import Profile
+from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.summaries.compression import (
     REJECTED_NOT_SMALLER,
     Split,
     cooldown_until,
@@ -45,16 +56,6 @@ from core.compression import (
     pending_messages,
     plan_split,
     split_root,
-)
-from core.profile import Profile
-from core.records import ClearingRec, Msg, SummaryRec
-from core.toolresults import (
-    IDLE,
-    POST_SUMMARY,
-    PRESSURE,
-    ClearingPlan,
-    min_tokens_for,
-    plan_clearings,
 )
 
 SKIP = "skip"
@@ -163,9 +164,9 @@ class Decision:
 
 
 def budget_of(snapshot: Snapshot, knobs: Knobs) -> budgets.Budget:
-    """``core.budget.request_budget`` for this conversation: its window, the output reserve,
-    the fixed parts the host last sent (else the default and the stored system prompt, plus the
-    reply priming) and the calibration factor."""
+    """``core.counting.budget.request_budget`` for this conversation: its window, the output
+    reserve, the fixed parts the host last sent (else the default and the stored system prompt, plus
+    the reply priming) and the calibration factor."""
     window = tokens.context_window(snapshot.model, snapshot.window_override)
     profile = snapshot.profile
     reserve = budgets.output_reserve(
@@ -354,7 +355,7 @@ def idle_clearing(
 ) -> ClearingPlan:
     """Past ``idle_minutes`` the provider's cache has expired: clear all but the last
     ``idle_keep_tool_results``. The idle sweep does the same in set-based SQL
-    (``core.sweep``, with these knobs)."""
+    (``core.storage.sweep``, with these knobs)."""
     return plan_clearings(
         sent,
         clearings,
@@ -367,7 +368,7 @@ def idle_clearing(
 
 def early_skip(head: Snapshot, knobs: Knobs, history_bound: int) -> Decision | None:
     """The skip ``decide`` would return, known from an upper bound on the history alone (the
-    snapshot's branch not read yet: ``core.snapshot.history_bound``), or None when the bound
+    snapshot's branch not read yet: ``core.storage.snapshot.history_bound``), or None when the bound
     does not settle it. The stored system prompt is inside the bound, so leaving it out of the
     fixed parts here keeps the answer on the safe side."""
     p = pressure(head, knobs, history=history_bound)

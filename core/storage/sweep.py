@@ -1,6 +1,6 @@
 """Writing clearings: one conversation's plan, or every idle conversation in set-based batches.
 
-``apply_clearings`` records a ``core.toolresults`` plan (the compression run's first step).
+``apply_clearings`` records a ``core.decision.toolresults`` plan (the compression run's first step).
 ``sweep_batch`` clears, in one ``INSERT ... SELECT``, the next batch of old tool results of every
 conversation idle past ``idle_minutes``: the provider's prompt cache of such a conversation has
 expired, so changing its prefix costs nothing. Both insert with "on conflict do nothing": a result
@@ -33,17 +33,17 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session
 
-from core.db import session_scope
+from core.counting.tokens import TOKENS_PER_NAME
+from core.decision.policy import Knobs
+from core.decision.toolresults import DIGIT_RUN_BOUNDS, IDLE, ClearingPlan, placeholder_base_tokens
 from core.errors import InputError
-from core.models import CLEARINGS, CONVERSATIONS, MESSAGES, SUMMARIES, utcnow
-from core.placeholders import DEFAULT_TOOL_NAME
-from core.policy import Knobs
+from core.request.placeholders import DEFAULT_TOOL_NAME
 from core.settings import Settings
-from core.tokens import TOKENS_PER_NAME
-from core.toolresults import DIGIT_RUN_BOUNDS, IDLE, ClearingPlan, placeholder_base_tokens
+from core.storage.db import session_scope
+from core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, SUMMARIES, utcnow
 
 # The tool role as an SQL literal, the words of the partial index of tool results
-# (``core.models.TOOL_ONLY``): a bound parameter would keep either database from using it.
+# (``core.storage.models.TOOL_ONLY``): a bound parameter would keep either database from using it.
 TOOL_ROLE = literal_column("'tool'", String)
 INSERT_CHUNK = 500  # rows per multi-row insert: far below SQLite's bound-parameter limit
 
@@ -112,9 +112,9 @@ class SweepBatch:
 
 
 def reclaimed_sql(m: Any) -> ColumnElement[int]:
-    """``core.toolresults.placeholder_tokens_bound`` as an SQL expression over a message row, so
-    the sweep records exactly what the per-conversation plan would: stored tokens minus the bound.
-    (A tool message always has its call id; the import refuses one without.)
+    """``core.decision.toolresults.placeholder_tokens_bound`` as an SQL expression over a message
+    row, so the sweep records exactly what the per-conversation plan would: stored tokens minus the
+    bound. (A tool message always has its call id; the import refuses one without.)
     """
     base = case(
         (m.c.output_path.is_(None), placeholder_base_tokens(False)),
@@ -147,7 +147,7 @@ def sweep_batch(
 
     Two statements: one finds where the window of ``batch_size`` results ends, one set-based
     ``INSERT ... SELECT`` clears what is eligible inside it, working out each conversation's
-    thresholds once. Eligible, as in ``core.toolresults.plan_clearings``: a tool result not
+    thresholds once. Eligible, as in ``core.decision.toolresults.plan_clearings``: a tool result not
     already cleared, not of a protected tool (a result without a tool name is left alone while
     any tool is protected), older than its conversation's last ``keep_last`` results, after the
     conversation's latest summary cutoff, and larger than its placeholder. Recency is by message

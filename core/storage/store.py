@@ -16,22 +16,10 @@ from sqlalchemy import Connection, Engine, TextClause, bindparam, event, func, i
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from core import limits, tokens
-from core.branch import applicable_summary, branch_ids
+from core.counting import tokens
 from core.errors import InputError, NotFoundError
-from core.hashing import message_hash
-from core.models import (
-    CLEARINGS,
-    CONVERSATIONS,
-    MESSAGES,
-    SUMMARIES,
-    Conversation,
-    Message,
-    Usage,
-    utcnow,
-)
-from core.records import ClearingRec, Msg, SummaryRec
-from core.validate import (
+from core.request.branch import applicable_summary, branch_ids
+from core.request.validate import (
     DERIVED_PREFIX,
     KNOWN_KEYS,
     Step,
@@ -41,6 +29,19 @@ from core.validate import (
     check_tool_pairing,
     open_calls_from_tail,
 )
+from core.storage import limits
+from core.storage.hashing import message_hash
+from core.storage.models import (
+    CLEARINGS,
+    CONVERSATIONS,
+    MESSAGES,
+    SUMMARIES,
+    Conversation,
+    Message,
+    Usage,
+    utcnow,
+)
+from core.storage.records import ClearingRec, Msg, SummaryRec
 
 MESSAGE_COLUMNS = tuple(
     MESSAGES.c[name]
@@ -71,7 +72,8 @@ class Prepared(NamedTuple):
 
 
 class Preparer(Protocol):
-    """The ingest step (``core.outputs.Ingest``): a checked message in, what to store out."""
+    """The ingest step (``core.storage.outputs.Ingest``): a checked message in, what to store
+    out."""
 
     def prepare(self, message: dict[str, Any]) -> Prepared: ...
 
@@ -653,7 +655,7 @@ def failed_runs(
 ) -> list[FailedRun]:
     """Conversations whose latest failed run is at or after ``since`` and that no later run
     summarized or cleared: that run of each, newest first."""
-    from core.models import CompactionLog, table_of
+    from core.storage.models import CompactionLog, table_of
 
     log = table_of(CompactionLog)
     run, later, retry = log.alias("run"), log.alias("later"), log.alias("retry")

@@ -11,9 +11,9 @@ Order of the request::
     last user message, the tool calls and results after it, [reminder]
 
 Tokens: the history uses the per-message counts stored at ingest (a cleared result counts as
-``tokens - tokens_reclaimed``, as in ``core.branch.effective_history_tokens``); only the parts built
-now (system prompt, summary message, tools, reminder, context files, stub results, text-only turns)
-are counted, and those counts are cached by text.
+``tokens - tokens_reclaimed``, as in ``core.request.branch.effective_history_tokens``); only the
+parts built now (system prompt, summary message, tools, reminder, context files, stub results,
+text-only turns) are counted, and those counts are cached by text.
 
 Budget: ``budget = window x (1 - safety_margin)``. The fixed parts (system, tools, reminder, summary
 and the reply priming) and the tail (the last user message and everything after it) must fit, else
@@ -37,11 +37,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from core import media, reasoning, render, tokens
+from core.counting import media, reasoning, tokens
 from core.errors import BudgetError, InputError
-from core.placeholders import cleared_placeholder
-from core.prompts import SUMMARY_MESSAGE_PREFIX
-from core.records import ClearingRec, Msg, SummaryRec
+from core.request import render
+from core.request.placeholders import cleared_placeholder
+from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 
 SYSTEM_ROLES = ("system", "developer")
 # The summary, context files, forgotten-file note and reminder are user messages: every provider
@@ -185,12 +186,13 @@ def assemble(
     same as with them passed, and they are reported as dropped.
 
     ``budget`` is the request's limit in estimated tokens when the caller worked it out
-    (``core.budget``: output reserve and calibration included); else ``window x (1 - margin)``.
+    (``core.counting.budget``: output reserve and calibration included); else ``window x (1 -
+    margin)``.
 
-    Media (``media_policy``, see ``core.media``): parts older than the last ``keep_turns`` user
-    turns, of a message recorded as aged, beyond the per-request caps, or in a text-only request
-    are sent as placeholders; the byte guard then ages the oldest parts still sent in full until
-    the request is within ``max_request_bytes``, and stored bytes are put back by its loader.
+    Media (``media_policy``, see ``core.counting.media``): parts older than the last ``keep_turns``
+    user turns, of a message recorded as aged, beyond the per-request caps, or in a text-only
+    request are sent as placeholders; the byte guard then ages the oldest parts still sent in full
+    until the request is within ``max_request_bytes``, and stored bytes are put back by its loader.
     Messages whose media all aged here are listed in ``media_aged``, to be recorded.
     """
     _check_knobs(window, safety_margin)
@@ -666,7 +668,9 @@ class _Parts:
     missing_outputs: Collection[str]
     encoding: str
     repeated_call_ids: bool  # some call id is used twice among the messages considered
-    family: str = reasoning.OPENAI  # what reasoning the provider takes back (core.reasoning)
+    family: str = (
+        reasoning.OPENAI
+    )  # what reasoning the provider takes back (core.counting.reasoning)
     text_only: bool = False  # a text-only request sends no reasoning
 
 

@@ -1,8 +1,8 @@
 """The request budget (pure): one answer to "how many tokens may this request carry".
 
 Every consumer plans with the same numbers: ``assemble`` (what it may send), the compression
-decision (``core.policy``: the trigger, urgency, pressure clearing), ``stats``, reconcile and the
-cache benchmark. In provider tokens::
+decision (``core.decision.policy``: the trigger, urgency, pressure clearing), ``stats``, reconcile
+and the cache benchmark. In provider tokens::
 
     usable    = window x (1 - safety_margin) - output reserve
     available = usable - fixed parts
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from core.tokens import CALIBRATION_MAX, CALIBRATION_MIN
+from core.counting.tokens import CALIBRATION_MAX, CALIBRATION_MIN
 
 # A reading older than this starts to lose weight; at the stale age it is ignored.
 CALIBRATION_FRESH = timedelta(hours=24)

@@ -1,4 +1,4 @@
-"""Hot-path reads for the request view: what ``core.assembly.assemble`` needs of one branch.
+"""Hot-path reads for the request view: what ``core.request.assembly.assemble`` needs of one branch.
 
 A long conversation sends only its newest part: 5,000 stored messages under a 128k window send
 about a fifth of them. So the branch is found from ids and parents alone, and full rows are read
@@ -18,11 +18,13 @@ from sqlalchemy import Connection, Select, Text, and_, bindparam, func, or_, sel
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlmodel import Session
 
-from core import assembly, media, store
-from core.branch import applicable_summary, branch_ids
+from core.counting import media
 from core.errors import NotFoundError
-from core.models import CONVERSATIONS, MESSAGES
-from core.records import ClearingRec, Msg, SummaryRec
+from core.request import assembly
+from core.request.branch import applicable_summary, branch_ids
+from core.storage import store
+from core.storage.models import CONVERSATIONS, MESSAGES
+from core.storage.records import ClearingRec, Msg, SummaryRec
 
 FIRST_BATCH = 256  # rows in the newest batch, and the fewest in any later one
 BATCH_SLACK = 1.1  # later batches: the rows the rest of the budget should need, plus a tenth
@@ -32,7 +34,7 @@ COLUMNS = (
         type_coerce(column, Text) if column.name in JSON_COLUMNS else column
         for column in store.MESSAGE_COLUMNS
     ),
-    MESSAGES.c.encoding,  # what the stored count was made with (core.recount reads it)
+    MESSAGES.c.encoding,  # what the stored count was made with (core.storage.recount reads it)
 )
 BASIS = len(store.MESSAGE_COLUMNS)  # the position of ``encoding`` in COLUMNS
 ROLE, TOKENS, TOOL_CALLS, TOOL_CALL_ID = 2, 4, 5, 6  # positions in store.MESSAGE_COLUMNS
@@ -254,8 +256,8 @@ class _Rows:
 
 
 def _holds_media(parts: Any) -> bool:
-    """Whether stored content parts hold media (``core.media``), from the column's text or its
-    decoded value, without decoding the text."""
+    """Whether stored content parts hold media (``core.counting.media``), from the column's text or
+    its decoded value, without decoding the text."""
     if isinstance(parts, str):
         return f'"{media.META_KEY}"' in parts
     return isinstance(parts, list) and any(

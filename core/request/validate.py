@@ -6,9 +6,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from core import limits, media
+from core.counting import media
 from core.errors import InputError
-from core.records import ROLES
+from core.storage import limits
+from core.storage.records import ROLES
 
 KNOWN_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name", "id"}
 # Keys starting with this are Recap's own (file paths, sizes): refused in input, never stored.

@@ -2,14 +2,15 @@
 
 Every message row stores its ``tokens`` and what they were counted with in ``encoding``: the
 tiktoken encoding, followed by the reasoning family for rows that carry reasoning (a family decides
-whether that reasoning is in the count: ``core.reasoning``). A row is current for a model when its
-``encoding`` is one of ``core.reasoning.bases_for`` that model's encoding and family.
+whether that reasoning is in the count: ``core.counting.reasoning``). A row is current for a model
+when its ``encoding`` is one of ``core.counting.reasoning.bases_for`` that model's encoding and
+family.
 
 When a conversation moves to a model with another basis (``set_model``; o200k ``gpt-4o`` to
 cl100k ``gpt-4``, or an OpenAI model to a Claude one for rows with thinking), its rows are
 recounted:
 
-- lazily on the request path: the request read gives each row's basis (``core.reads``), and
+- lazily on the request path: the request read gives each row's basis (``core.storage.reads``), and
   ``assemble`` recounts the stale rows it read, for this request, and writes their new counts back
   in one short transaction, so no row is recounted there twice;
 - in batches off the request path: ``recount_conversation`` walks the conversation by id in
@@ -29,13 +30,14 @@ from typing import Any
 from sqlalchemy import Connection, Engine, bindparam, select, update
 from sqlmodel import Session
 
-from core import reasoning, store, tokens
-from core.assembly import REASONING_CLEARING
-from core.db import session_scope
+from core.counting import reasoning, tokens
 from core.errors import NotFoundError
-from core.models import CLEARINGS, CONVERSATIONS, MESSAGES
-from core.reads import RequestBranch
-from core.records import Msg
+from core.request.assembly import REASONING_CLEARING
+from core.storage import store
+from core.storage.db import session_scope
+from core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES
+from core.storage.reads import RequestBranch
+from core.storage.records import Msg
 
 RECOUNT_BATCH = 500  # rows per transaction: a few ms of counting, a short write lock on SQLite
 
@@ -244,8 +246,8 @@ def record(
     no longer sent (``reasoning`` clearings)."""
     if not changes and not dropped:
         return
-    from core.sweep import apply_clearings
-    from core.toolresults import ClearingPlan, PlannedClearing
+    from core.decision.toolresults import ClearingPlan, PlannedClearing
+    from core.storage.sweep import apply_clearings
 
     with session_scope(engine) as session:
         write(session.connection(), changes)

@@ -9,7 +9,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine
 
-MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 
 
 def alembic_config(engine: Engine) -> Config:
@@ -51,7 +51,7 @@ def schema_drift(engine: Engine) -> list[object]:
     from alembic.autogenerate import compare_metadata
     from sqlmodel import SQLModel
 
-    import core.models  # noqa: F401  (registers the tables)
+    import core.storage.models  # noqa: F401  (registers the tables)
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
