@@ -81,9 +81,9 @@ def run() -> list[Figure]:
 def _measure(url: str, records: list[dict[str, Any]], suffix: str, folder: Path) -> list[Figure]:
     from core import service
     from core.client import Recap
-    from core.db import make_engine
-    from core.migrate import upgrade
     from core.settings import load_settings
+    from core.storage.db import make_engine
+    from core.storage.migrate import upgrade
 
     engine = make_engine(url)
     upgrade(engine)
@@ -145,8 +145,8 @@ def _raw_insert(engine: Any, conversation_id: str) -> Callable[[], None]:
     """A plain INSERT of the result's row (tokens counted beforehand) in its own transaction."""
     from sqlalchemy import text
 
-    from core import tokens
-    from core.models import utcnow
+    from core.counting import tokens
+    from core.storage.models import utcnow
 
     encoding = tokens.encoding_name_for(MODEL)
     values = {
@@ -184,7 +184,7 @@ def _postgres_database() -> tuple[str, Callable[[], None]] | None:
         return None
 
     def drop() -> None:
-        from core.db import dispose_engines
+        from core.storage.db import dispose_engines
 
         dispose_engines()
         with admin.connect() as connection:

@@ -58,9 +58,9 @@ def long_conversation(records: list[dict[str, Any]], size: int = MESSAGES) -> li
 
 def run() -> list[Figure]:
     from core import service
-    from core.db import make_engine
-    from core.migrate import upgrade
     from core.settings import load_settings
+    from core.storage.db import make_engine
+    from core.storage.migrate import upgrade
 
     messages = long_conversation(load_all())
     settings = load_settings()

@@ -1,12 +1,12 @@
 """Prompt-cache cost of clearing policies, replayed over the shared agent runs.
 
 Each SWE-agent, OpenHands and tau-bench run is replayed one request per assistant step with one
-idle gap (longer than ``RECAP_IDLE_MINUTES``) before its middle step (``core.cachecost``). Three
-policies: never clearing; clearing all but the last 3 tool results before every request (the
-common default elsewhere); and Recap's production decision (``core.policy``: the idle sweep's
-clearing after the gap, ``decide``'s pressure clearing otherwise). Against the limit too: the
-cheapest clearing schedule of each run with production's floors, computed offline knowing every
-request and the gap (``core.cachecost.oracle``).
+idle gap (longer than ``RECAP_IDLE_MINUTES``) before its middle step (``core.decision.cachecost``).
+Three policies: never clearing; clearing all but the last 3 tool results before every request (the
+common default elsewhere); and Recap's production decision (``core.decision.policy``: the idle
+sweep's clearing after the gap, ``decide``'s pressure clearing otherwise). Against the limit too:
+the cheapest clearing schedule of each run with production's floors, computed offline knowing every
+request and the gap (``core.decision.cachecost.oracle``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 from bench import Figure
 from bench.data import load
-from core import tokens
-from core.cachecost import (
+from core.counting import tokens
+from core.decision.cachecost import (
     RunCost,
     keep_last_every_request,
     middle_step,
@@ -26,7 +26,7 @@ from core.cachecost import (
     replay,
     to_msgs,
 )
-from core.policy import Knobs
+from core.decision.policy import Knobs
 from core.settings import load_settings
 
 MODEL = "gpt-4o-mini"
@@ -121,7 +121,8 @@ def run() -> list[Figure]:
                 round(totals.vs_oracle, 3),
                 ORACLE_BOUND,
                 f"{source}: cost under Recap's policy / the least cost of any clearing schedule "
-                "with the same floors, knowing every request and the gap (core.cachecost.oracle)",
+                "with the same floors, knowing every request and the gap "
+                "(core.decision.cachecost.oracle)",
             )
         )
     figures.insert(

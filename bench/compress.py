@@ -106,10 +106,10 @@ def replay(
     from sqlalchemy import select
 
     from core import service
-    from core.db import make_engine, session_scope
-    from core.migrate import upgrade
-    from core.models import SUMMARIES
     from core.settings import load_settings
+    from core.storage.db import make_engine, session_scope
+    from core.storage.migrate import upgrade
+    from core.storage.models import SUMMARIES
     from workers.compress import compress_session
 
     kind = "model" if summary_model else "extractive"
@@ -150,7 +150,7 @@ def replay(
 def _conversation_tokens(session: Any) -> dict[str, int]:
     from sqlalchemy import func, select
 
-    from core.models import MESSAGES
+    from core.storage.models import MESSAGES
 
     statement = select(MESSAGES.c.conversation_id, func.sum(MESSAGES.c.tokens)).group_by(
         MESSAGES.c.conversation_id
@@ -159,7 +159,7 @@ def _conversation_tokens(session: Any) -> dict[str, int]:
 
 
 def summarizer_figures(folder: Path, connections: ThreadConnections) -> list[Figure]:
-    from core import tokens
+    from core.counting import tokens
     from tests.llm_server import LLMServer
 
     server = LLMServer().start()
@@ -246,9 +246,9 @@ def point_app_at(settings: Any, prefix: str | None = None) -> None:
 def prepared(url: str, count: int, tag: str) -> tuple[Any, list[str]]:
     """A migrated database holding ``count`` synthetic conversations, each over its trigger."""
     from core import service
-    from core.db import get_engine
-    from core.migrate import upgrade
     from core.settings import get_settings
+    from core.storage.db import get_engine
+    from core.storage.migrate import upgrade
 
     engine = get_engine(url)
     upgrade(engine)

@@ -5,7 +5,7 @@ Every conversation of the shared data is replayed through ``recap replay``'s pip
 request, the README's host loop on ``BudgetError``) with the fixed parts a live host sends: the
 conversation's tool schemas (a representative set per source, since the data has none) and its
 system prompt, at 8k, 16k and 32k windows. The decision is the production one
-(``core.policy.decide`` through ``workers.compress.compress_now``) in every run.
+(``core.decision.policy.decide`` through ``workers.compress.compress_now``) in every run.
 
 - ``silent_truncations_with_tools``: requests that left history out although the run before
   them had decided there was nothing to do (no summary written or under way).

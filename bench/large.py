@@ -21,8 +21,8 @@ run (wall time: the server does the work in its own process):
 - ``reconcile_pass_vs_index_scan``: reconcile's candidate query (``workers.reconcile.candidates``,
   a session and the query), median of its runs, over one ``SELECT`` of the same candidates by
   primary key (their ids given), through the same engine.
-- ``sweep_pass_vs_raw_update``: ``core.sweep.sweep_idle`` with the default settings over the whole
-  table (every tool result examined, batch after batch), best of three, over one raw
+- ``sweep_pass_vs_raw_update``: ``core.storage.sweep.sweep_idle`` with the default settings over the
+  whole table (every tool result examined, batch after batch), best of three, over one raw
   ``INSERT ... SELECT`` of the same clearing rows from a table of their ids.
 - ``assemble_large_db_vs_small``: ``service.assemble`` of the 5,000-message conversation to JSON
   in the large database over the same in a database holding only that conversation (medians).
@@ -126,8 +126,8 @@ def _json(value: Any) -> str | None:
 
 def sources() -> list[list[Source]]:
     """The shared conversations as stored rows, tokens counted once per source message."""
-    from core.store import row_values
-    from core.tokens import encoding_name_for
+    from core.counting.tokens import encoding_name_for
+    from core.storage.store import row_values
 
     encoding = encoding_name_for(MODEL)
     out: list[list[Source]] = []
@@ -414,8 +414,8 @@ def _import_session(engine: Engine) -> None:
 
 def build_large(log: Callable[[str], None]) -> None:
     """Fill ``LARGE_DATABASE`` from scratch: migrations, then ``COPY`` of every table."""
-    from core.migrate import upgrade
-    from core.models import utcnow
+    from core.storage.migrate import upgrade
+    from core.storage.models import utcnow
 
     started = time.perf_counter()
     recreate(LARGE_DATABASE)
@@ -498,8 +498,8 @@ def build_large(log: Callable[[str], None]) -> None:
 
 def build_small(log: Callable[[str], None]) -> None:
     """``SMALL_DATABASE``: the schema and the 5,000-message conversation alone."""
-    from core.migrate import upgrade
-    from core.models import utcnow
+    from core.storage.migrate import upgrade
+    from core.storage.models import utcnow
 
     recreate(SMALL_DATABASE)
     engine = server_engine(SMALL_DATABASE)
@@ -516,7 +516,7 @@ def build_small(log: Callable[[str], None]) -> None:
 
 def ensure(rebuild: bool, log: Callable[[str], None]) -> None:
     """Both databases, complete and migrated to the newest revision; built only when needed."""
-    from core.migrate import upgrade
+    from core.storage.migrate import upgrade
 
     for database, build in ((LARGE_DATABASE, build_large), (SMALL_DATABASE, build_small)):
         if rebuild or not complete(database):
@@ -569,7 +569,7 @@ def reconcile_figure(engine: Engine, now: datetime) -> Figure:
 
 def sweep_figure(engine: Engine, now: datetime) -> Figure:
     from core.settings import load_settings
-    from core.sweep import sweep_idle
+    from core.storage.sweep import sweep_idle
 
     settings = load_settings()
     with engine.connect() as connection:
@@ -677,7 +677,7 @@ def run() -> list[Figure]:
         _log("PostgreSQL not reachable, its figures are left out")
         return []
     ensure(os.environ.get(REBUILD_SETTING, "") not in ("", "0"), _log)
-    from core.db import make_engine
+    from core.storage.db import make_engine
 
     large = make_engine(f"{SERVER_URL}/{LARGE_DATABASE}")
     small = make_engine(f"{SERVER_URL}/{SMALL_DATABASE}")

@@ -78,7 +78,7 @@ def database() -> Iterator[str]:
     try:
         yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:
-        from core.db import dispose_engines
+        from core.storage.db import dispose_engines
 
         dispose_engines()
         with admin.connect() as connection:
@@ -95,8 +95,8 @@ def stack(
     compress queue each, as a scaled-out deployment runs them)."""
     from bench.compress import model_process
     from bench.scale import broker
-    from core.db import make_engine
-    from core.migrate import upgrade
+    from core.storage.db import make_engine
+    from core.storage.migrate import upgrade
     from tests.worker_stack import WorkerProcess, worker_env
 
     model = model_process(MODEL_SECONDS)
@@ -168,7 +168,7 @@ def drained(engine: Any, workers: list[Any], enqueued: int) -> bool:
     """Every task sent has run to its end, and no lease is held."""
     from sqlalchemy import func, select
 
-    from core.models import CONVERSATIONS as TABLE
+    from core.storage.models import CONVERSATIONS as TABLE
 
     if finished_runs(workers) < enqueued:
         return False
@@ -198,7 +198,7 @@ def counts(engine: Any) -> dict[str, int]:
     """Summaries, duplicate summaries and rejected summaries, from the database."""
     from sqlalchemy import func, select
 
-    from core.models import SUMMARIES
+    from core.storage.models import SUMMARIES
     from workers.compress import COMPACTION_LOG
 
     s, log = SUMMARIES.c, COMPACTION_LOG.c

@@ -77,10 +77,10 @@ def _assembled(messages: list[dict[str, Any]], folder: Path) -> tuple[Any, int]:
     """The request for the conversation in a fresh database, and the naive request's bytes."""
     os.environ["RECAP_OUTPUT_DIR"] = str(folder / "outputs")
     from core import service
-    from core.db import make_engine
-    from core.migrate import upgrade
-    from core.outputs import Ingest
     from core.settings import load_settings
+    from core.storage.db import make_engine
+    from core.storage.migrate import upgrade
+    from core.storage.outputs import Ingest
 
     settings = load_settings(database_url=f"sqlite:///{folder / 'bench.db'}")
     engine = make_engine(settings.database_url)
@@ -115,7 +115,7 @@ def request_bytes() -> Figure:
 
 
 def token_error() -> Figure:
-    from core import tokens
+    from core.counting import tokens
 
     worst = 0.0
     for model, width, height, detail, published in PUBLISHED:
@@ -135,7 +135,7 @@ def token_error() -> Figure:
 
 
 def six_images() -> Figure:
-    from core import media, tokens
+    from core.counting import media, tokens
 
     with tempfile.TemporaryDirectory() as folder:
         request, _ = _assembled(_conversation(SIX), Path(folder))

@@ -95,8 +95,8 @@ def settled_rss(root: int) -> dict[int, float]:
 
 
 def memory_figures(folder: Path) -> list[Figure]:
-    from core.db import make_engine
-    from core.migrate import upgrade
+    from core.storage.db import make_engine
+    from core.storage.migrate import upgrade
     from tests.services import RedisServer
     from tests.worker_stack import WorkerProcess, worker_env
 

@@ -105,8 +105,8 @@ def _free_port() -> int:
 @contextmanager
 def serve_process(url: str, upstream: str, folder: Path) -> Iterator[str]:
     """`recap serve` on a migrated ``url``; its base URL (``.../v1``)."""
-    from core.db import make_engine
-    from core.migrate import upgrade
+    from core.storage.db import make_engine
+    from core.storage.migrate import upgrade
 
     engine = make_engine(url)
     upgrade(engine)

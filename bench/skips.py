@@ -40,9 +40,9 @@ def run() -> list[Figure]:
 
 def _measure(url: str, records: list[dict[str, Any]], suffix: str, folder: Path) -> list[Figure]:
     from core import service
-    from core.db import make_engine
-    from core.migrate import upgrade
     from core.settings import load_settings
+    from core.storage.db import make_engine
+    from core.storage.migrate import upgrade
     from workers.compress import compress_now
     from workers.logs import configure_logging
 

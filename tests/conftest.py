@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from core.db import dispose_engines, make_engine
-from core.migrate import upgrade
 from core.settings import Settings, get_settings
+from core.storage.db import dispose_engines, make_engine
+from core.storage.migrate import upgrade
 from tests.services import RabbitNode, missing_rabbitmq
 
 DATA_DIR = Path(__file__).parent / "data"

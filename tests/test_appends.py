@@ -24,11 +24,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from core import service, store
+from core import service
 from core.client import Recap
 from core.errors import InputError, NotFoundError
+from core.request.validate import Step, calls_needed, check_tool_pairing, open_calls_from_tail
 from core.settings import Settings
-from core.validate import Step, calls_needed, check_tool_pairing, open_calls_from_tail
+from core.storage import store
 from tests.cli_helpers import assert_one_line_error, recap
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +76,7 @@ CHILD = """
 import sys, time
 from pathlib import Path
 from core import service
-from core.db import make_engine
+from core.storage.db import make_engine
 url, cid, tag, count, folder = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 engine = make_engine(url)
 engine.connect().close()

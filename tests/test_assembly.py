@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from core import tokens
-from core.assembly import GAP_NOTE, AssembledRequest, ContextFile, assemble, omittable
-from core.branch import applicable_summary, branch_ids
+from core.counting import tokens
 from core.errors import BudgetError, InputError
-from core.placeholders import cleared_placeholder
-from core.prompts import SUMMARY_MESSAGE_PREFIX
-from core.records import ClearingRec, Msg, SummaryRec
-from core.render import NO_RESULT_TEXT
+from core.request.assembly import GAP_NOTE, AssembledRequest, ContextFile, assemble, omittable
+from core.request.branch import applicable_summary, branch_ids
+from core.request.placeholders import cleared_placeholder
+from core.request.render import NO_RESULT_TEXT
+from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 
 MODEL = "gpt-4o-mini"
 ENCODING = tokens.encoding_name_for(MODEL)

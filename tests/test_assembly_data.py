@@ -12,15 +12,17 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core import reads, service, store, tokens
-from core.assembly import AssembledRequest, assemble
-from core.db import make_engine, session_scope
+from core import service
+from core.counting import tokens
 from core.errors import BudgetError
-from core.migrate import upgrade
-from core.models import Clearing, Summary, utcnow
-from core.placeholders import cleared_placeholder
-from core.prompts import SUMMARY_MESSAGE_PREFIX
+from core.request.assembly import AssembledRequest, assemble
+from core.request.placeholders import cleared_placeholder
 from core.settings import Settings, load_settings
+from core.storage import reads, store
+from core.storage.db import make_engine, session_scope
+from core.storage.migrate import upgrade
+from core.storage.models import Clearing, Summary, utcnow
+from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.conftest import DATA_FILES, load_data
 from tests.test_assembly import check_request
 
@@ -119,8 +121,8 @@ def test_every_conversation_at_window(data_db: Path, settings: Settings, window:
 
 
 def _same_as_whole_branch(engine: Engine, settings: Settings, window: int) -> int:
-    """Requests read partly (``core.reads``) equal those from the whole stored branch; returns
-    how many left messages unread."""
+    """Requests read partly (``core.storage.reads``) equal those from the whole stored branch;
+    returns how many left messages unread."""
     knobs: dict[str, Any] = {"reminder": REMINDER, "tools": TOOLS}
     return sum(
         check_partial_read(engine, settings, cid, window, None, **knobs) for cid in _ids(engine)

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from core import tokens
-from core.assembly import AssembledRequest, assemble
+from core.counting import tokens
 from core.errors import BudgetError
-from core.placeholders import cleared_placeholder
-from core.prompts import SUMMARY_MESSAGE_PREFIX
-from core.records import ClearingRec, Msg, SummaryRec
+from core.request.assembly import AssembledRequest, assemble
+from core.request.placeholders import cleared_placeholder
+from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.test_assembly import check_request
 
 MODEL = "gpt-4o-mini"

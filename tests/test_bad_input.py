@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, MetaData, select
 
-from core import limits
-from core.db import dispose_engines, make_engine
 from core.errors import InputError, SchemaMissingError
 from core.settings import get_settings
+from core.storage import limits
+from core.storage.db import dispose_engines, make_engine
 from tests.cli_helpers import Result, recap, recap_process
 
 USAGE = 2  # click's exit code for a usage error (bad option value, missing option)
@@ -486,10 +486,10 @@ def test_bad_input_is_one_line_and_changes_nothing(
 
 
 def test_limits_match_the_columns() -> None:
-    """The bounds the CLI and the checks use are those of the columns in core.models."""
+    """The bounds the CLI and the checks use are those of the columns in core.storage.models."""
     from sqlalchemy import BigInteger, Integer
 
-    from core.models import CONVERSATIONS, MESSAGES, SQLModel
+    from core.storage.models import CONVERSATIONS, MESSAGES, SQLModel
 
     assert MESSAGES.c.id.type.__class__ is BigInteger  # 64-bit on PostgreSQL: MESSAGE_ID_MAX
     assert limits.MESSAGE_ID_MAX == 2**63 - 1

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from core.prompts import SUMMARY_MESSAGE_PREFIX
+from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.cli_helpers import assert_one_line_error, recap, recap_process
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"c":"ls"}'}}

@@ -27,11 +27,11 @@ from celery.contrib.testing.worker import start_worker
 from sqlalchemy import Engine, event, select, text
 
 from core import service
-from core.db import get_engine, make_engine, session_scope
-from core.migrate import upgrade
-from core.models import MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
-from core.prompts import CUTOFF_MARKER, NO_PREVIOUS_SUMMARY, SUMMARY_MESSAGE_PREFIX
 from core.settings import Settings, get_settings
+from core.storage.db import get_engine, make_engine, session_scope
+from core.storage.migrate import upgrade
+from core.storage.models import MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
+from core.summaries.prompts import CUTOFF_MARKER, NO_PREVIOUS_SUMMARY, SUMMARY_MESSAGE_PREFIX
 from tests.celery_helpers import configured_app
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.llm_server import LLMServer, Reply

@@ -9,16 +9,17 @@ from typing import Any
 
 import pytest
 
-from core import compression, tokens
-from core.compression import (
+from core.counting import tokens
+from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.summaries import compression
+from core.summaries.compression import (
     build_summary_messages,
     plan_split,
     plan_summary,
     rejection_reason,
     render_message,
 )
-from core.prompts import CUTOFF_MARKER, DEFAULT_SUMMARY_PROMPT, NO_PREVIOUS_SUMMARY
-from core.records import ClearingRec, Msg, SummaryRec
+from core.summaries.prompts import CUTOFF_MARKER, DEFAULT_SUMMARY_PROMPT, NO_PREVIOUS_SUMMARY
 
 KNOBS: dict[str, Any] = dict(
     safety_margin=0.05,

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from core import tokens
-from core.extractive import extractive_summary, parse_sections
-from core.identifiers import identifiers_of_span, retention
-from core.prompts import EXTRACTIVE_NOTE, SUMMARY_SECTIONS
-from core.records import Msg
+from core.counting import tokens
+from core.storage.records import Msg
+from core.summaries.extractive import extractive_summary, parse_sections
+from core.summaries.identifiers import identifiers_of_span, retention
+from core.summaries.prompts import EXTRACTIVE_NOTE, SUMMARY_SECTIONS
 from tests.conftest import DATA_FILES, load_data
 
 

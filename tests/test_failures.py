@@ -20,10 +20,10 @@ from celery import Celery
 from sqlalchemy import Engine, insert, select
 
 from core import service
-from core.db import session_scope
-from core.models import CompactionLog, table_of, utcnow
 from core.settings import get_settings
-from core.store import failed_runs
+from core.storage.db import session_scope
+from core.storage.models import CompactionLog, table_of, utcnow
+from core.storage.store import failed_runs
 from tests.celery_helpers import configured_app
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.conftest import migrated

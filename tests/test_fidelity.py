@@ -24,10 +24,10 @@ from sqlalchemy import Engine, func, select
 
 from core import service
 from core.client import Recap
-from core.db import make_engine
-from core.migrate import upgrade
-from core.models import CompactionLog, table_of
 from core.settings import Settings
+from core.storage.db import make_engine
+from core.storage.migrate import upgrade
+from core.storage.models import CompactionLog, table_of
 from tests.cli_helpers import Result, recap, recap_process
 from tests.conftest import need_service
 from tests.llm_server import LLMServer

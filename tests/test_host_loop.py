@@ -19,10 +19,10 @@ from sqlalchemy import select
 
 from core import service
 from core.client import Recap
-from core.db import session_scope
 from core.errors import BudgetError
-from core.models import MESSAGES, SUMMARIES
 from core.settings import Settings
+from core.storage.db import session_scope
+from core.storage.models import MESSAGES, SUMMARIES
 
 STEPS = 400  # tool steps in the one agent turn
 WINDOW = 16_000

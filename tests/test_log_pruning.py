@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import Engine, insert, select
 
 from core import service
-from core.compaction_log import LOG, cuts, doomed, prune_log, record_run
 from core.settings import Settings, get_settings
-from core.snapshot import recent_failures
+from core.storage.compaction_log import LOG, cuts, doomed, prune_log, record_run
+from core.storage.snapshot import recent_failures
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 RETENTION, HISTORY = 3, 90  # the defaults, in days

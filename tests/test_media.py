@@ -23,16 +23,17 @@ import pytest
 from PIL import Image
 from sqlalchemy import Engine, select
 
-from core import media, service, tokens
-from core.assembly import assemble
-from core.compression import render_message
+from core import service
+from core.counting import media, tokens
 from core.errors import InputError
-from core.extractive import extractive_summary
-from core.identifiers import identifiers_of_message
-from core.models import CLEARINGS, MESSAGES
-from core.outputs import Ingest
-from core.records import Msg
+from core.request.assembly import assemble
 from core.settings import Settings, get_settings
+from core.storage.models import CLEARINGS, MESSAGES
+from core.storage.outputs import Ingest
+from core.storage.records import Msg
+from core.summaries.compression import render_message
+from core.summaries.extractive import extractive_summary
+from core.summaries.identifiers import identifiers_of_message
 from tests.cli_helpers import assert_one_line_error, recap
 
 SCREEN = (1280, 800)  # a laptop screenshot

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from core import service
-from core.prompts import SUMMARY_MESSAGE_PREFIX
+from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.cli_helpers import recap
 from tests.test_compress_worker import Harness, harness_for
 from tests.test_media import screenshot_turns

@@ -26,9 +26,9 @@ import pytest
 import redis
 
 from core import service
-from core.db import make_engine
-from core.migrate import upgrade
 from core.settings import get_settings
+from core.storage.db import make_engine
+from core.storage.migrate import upgrade
 from tests.llm_server import LLMServer
 from tests.processes import stop_group
 

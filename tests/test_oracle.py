@@ -1,5 +1,5 @@
-"""The limit of clearing (core.cachecost.oracle): hand-priced tables, seeded random runs against
-every schedule priced one by one, and real runs replayed under the schedule it finds."""
+"""The limit of clearing (core.decision.cachecost.oracle): hand-priced tables, seeded random runs
+against every schedule priced one by one, and real runs replayed under the schedule it finds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from core.cachecost import (
+from core.decision.cachecost import (
     CACHED_PRICE,
     UNCACHED_PRICE,
     RunShape,
@@ -24,7 +24,7 @@ from core.cachecost import (
     shape_of,
     to_msgs,
 )
-from core.policy import Knobs
+from core.decision.policy import Knobs
 
 ENCODING = "o200k_base"
 SEEDS = range(300)

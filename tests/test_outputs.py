@@ -14,12 +14,12 @@ import pytest
 from sqlalchemy import Engine, text
 from structlog.testing import capture_logs
 
-from core import tokens
-from core.db import session_scope
-from core.outputs import Ingest, cleanup_outputs, read_output, save_output
+from core.counting import tokens
+from core.decision.toolresults import IDLE, ClearingPlan, PlannedClearing
 from core.settings import get_settings
-from core.sweep import apply_clearings
-from core.toolresults import IDLE, ClearingPlan, PlannedClearing
+from core.storage.db import session_scope
+from core.storage.outputs import Ingest, cleanup_outputs, read_output, save_output
+from core.storage.sweep import apply_clearings
 from tests.cli_helpers import assert_one_line_error, recap
 
 DAY = 86_400

@@ -1,4 +1,5 @@
-"""The budget and the decision as tables of plain values (core.budget, core.policy)."""
+"""The budget and the decision as tables of plain values (core.counting.budget,
+core.decision.policy)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from core import budget, policy
-from core.compression import message_tokens
-from core.profile import FixedParts, Profile
-from core.records import ClearingRec, Msg, SummaryRec
+from core.counting import budget
+from core.decision import policy
+from core.storage.profile import FixedParts, Profile
+from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.summaries.compression import message_tokens
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 KNOBS = policy.Knobs(keep_turns=0, recent_min_tokens=200, min_summary_span_tokens=100)

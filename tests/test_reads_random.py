@@ -1,5 +1,5 @@
-"""The hot-path read (``core.reads``: ids and parents first, then full rows newest first, only as
-far back as the budget can reach) against the whole stored branch, on seeded random trees in
+"""The hot-path read (``core.storage.reads``: ids and parents first, then full rows newest first,
+only as far back as the budget can reach) against the whole stored branch, on seeded random trees in
 SQLite: forks at any message, leaves anywhere, summaries on some branches and not others,
 cleared results, windows from tight to roomy. The two must give the same request, byte for byte,
 or the same budget error."""
@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core import service, store
-from core.db import session_scope
+from core import service
 from core.errors import NotFoundError
-from core.models import Clearing, Summary, utcnow
 from core.settings import Settings
+from core.storage import store
+from core.storage.db import session_scope
+from core.storage.models import Clearing, Summary, utcnow
 from tests.test_assembly_data import check_partial_read
 
 TREES = 12

@@ -15,14 +15,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from core import reasoning, service, tokens
-from core.assembly import REASONING_CLEARING, assemble
-from core.compression import request_history_tokens
-from core.db import session_scope
-from core.models import CLEARINGS, MESSAGES
-from core.records import Msg
+from core import service
+from core.counting import reasoning, tokens
+from core.request.assembly import REASONING_CLEARING, assemble
 from core.settings import Settings
-from core.snapshot import read_snapshot
+from core.storage.db import session_scope
+from core.storage.models import CLEARINGS, MESSAGES
+from core.storage.records import Msg
+from core.storage.snapshot import read_snapshot
+from core.summaries.compression import request_history_tokens
 from tests.token_check import assert_counts_cover, plain_count
 
 WORDS = 500  # the block: 500 words of reasoning per assistant turn

@@ -9,13 +9,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from core import recount, service, tokens
-from core.db import session_scope
-from core.models import CLEARINGS, MESSAGES
-from core.reads import load_request_branch
+from core import service
+from core.counting import tokens
+from core.decision.toolresults import ClearingPlan, PlannedClearing
 from core.settings import Settings
-from core.sweep import apply_clearings
-from core.toolresults import ClearingPlan, PlannedClearing
+from core.storage import recount
+from core.storage.db import session_scope
+from core.storage.models import CLEARINGS, MESSAGES
+from core.storage.reads import load_request_branch
+from core.storage.sweep import apply_clearings
 from tests.token_check import assert_counts_cover
 
 OLD, NEW = "gpt-4o", "gpt-4"  # o200k_base, then cl100k_base
@@ -155,8 +157,8 @@ def test_same_basis_needs_no_recount(moved: tuple[Engine, str]) -> None:
 
 def test_unknown_conversation_and_model(engine: Engine) -> None:
     """Bad input is one clear error and changes nothing."""
+    from core.counting.tokens import UnknownModelError
     from core.errors import NotFoundError
-    from core.tokens import UnknownModelError
 
     with pytest.raises(NotFoundError):
         recount.set_model(engine, "nope", NEW)

@@ -27,10 +27,10 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 from sqlalchemy import Engine, select
 
 from core import service
-from core.db import make_engine
-from core.migrate import upgrade
-from core.models import CONVERSATIONS, CompactionLog, table_of
 from core.settings import get_settings
+from core.storage.db import make_engine
+from core.storage.migrate import upgrade
+from core.storage.models import CONVERSATIONS, CompactionLog, table_of
 from tests.conftest import need_service
 from tests.llm_server import LLMServer
 from tests.services import PostgresCluster, RedisServer, missing_postgres, missing_redis

@@ -23,9 +23,9 @@ import redis
 from celery import Celery
 
 from core import service
-from core.db import make_engine
-from core.migrate import upgrade
 from core.settings import get_settings
+from core.storage.db import make_engine
+from core.storage.migrate import upgrade
 from tests.conftest import need_service
 from tests.services import RedisServer, missing_redis
 from tests.worker_stack import WorkerProcess, wait_for, worker_env

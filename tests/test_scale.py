@@ -28,12 +28,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, func, select, text
 
-import core.db
+import core.storage.db
 from core import service
-from core.db import make_engine, pool_settings, size_pool
-from core.migrate import upgrade
-from core.models import CONVERSATIONS, SUMMARIES, CompactionLog, table_of
 from core.settings import get_settings
+from core.storage.db import make_engine, pool_settings, size_pool
+from core.storage.migrate import upgrade
+from core.storage.models import CONVERSATIONS, SUMMARIES, CompactionLog, table_of
 from tests.conftest import POSTGRES_ADMIN_URL, need_service
 from tests.llm_server import LLMServer, stand_in_summary
 from tests.services import RedisServer, missing_redis
@@ -112,7 +112,7 @@ def test_a_sized_pool_opens_no_more_connections_than_its_size() -> None:
         with pytest.raises(ValueError):
             size_pool(0)
     finally:
-        core.db._pool.update(saved)  # other tests' engines keep the default pool
+        core.storage.db._pool.update(saved)  # other tests' engines keep the default pool
 
 
 def test_the_maintenance_worker_runs_its_tasks_without_litellm_or_forked_children(

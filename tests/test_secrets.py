@@ -16,10 +16,10 @@ from pydantic import SecretStr
 from sqlalchemy import Engine, select
 
 from core import service
-from core.db import session_scope
-from core.models import CompactionLog, table_of
 from core.redact import MASK, error_text, known_secrets, mask_value, redact
 from core.settings import Settings, load_settings
+from core.storage.db import session_scope
+from core.storage.models import CompactionLog, table_of
 from tests.cli_helpers import recap, recap_process
 from tests.llm_server import LLMServer, Reply
 from tests.test_compress_worker import WINDOW, chat

@@ -29,12 +29,12 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from core import service
-from core.db import make_engine
 from core.errors import InputError
-from core.hashing import message_hash
-from core.migrate import upgrade
-from core.models import MESSAGES, CompactionLog, Usage, table_of
-from core.prompts import SUMMARY_MESSAGE_PREFIX
+from core.storage.db import make_engine
+from core.storage.hashing import message_hash
+from core.storage.migrate import upgrade
+from core.storage.models import MESSAGES, CompactionLog, Usage, table_of
+from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.llm_server import LLMServer, Reply
 from tests.processes import stop_group
 from workers.serve.history import SeenRequests, checked_and_hashed

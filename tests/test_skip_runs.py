@@ -1,5 +1,5 @@
 """A run that skips: its bound on the history is safe on every tree shape, and it reads with no
-write lock held (``core.snapshot.history_bound``, ``workers.compress``, real SQLite and
+write lock held (``core.storage.snapshot.history_bound``, ``workers.compress``, real SQLite and
 PostgreSQL)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, insert
 
-from core import policy
 from core.client import Recap
-from core.db import session_scope
-from core.models import SUMMARIES, utcnow
+from core.decision import policy
 from core.settings import Settings
-from core.snapshot import history_bound, read_snapshot
+from core.storage.db import session_scope
+from core.storage.models import SUMMARIES, utcnow
+from core.storage.snapshot import history_bound, read_snapshot
 from workers.compress import compress_now
 
 MODEL = "gpt-4o-mini"

@@ -10,11 +10,12 @@ import pytest
 from sqlalchemy import Engine, func, inspect, select, text
 from sqlmodel import Session
 
-from core import service, tokens
-from core.db import session_scope
-from core.migrate import current_revision, head_revision, schema_drift
-from core.models import Message, Summary, utcnow
+from core import service
+from core.counting import tokens
 from core.settings import Settings
+from core.storage.db import session_scope
+from core.storage.migrate import current_revision, head_revision, schema_drift
+from core.storage.models import Message, Summary, utcnow
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.conftest import DATA_FILES, load_data
 
@@ -82,8 +83,8 @@ def test_every_shared_conversation_roundtrips(sqlite_engine: Engine, settings: S
 
 def test_roundtrip_on_postgres(postgres_url: str, settings: Settings) -> None:
     """The same round trip holds on PostgreSQL (one file of each source)."""
-    from core.db import make_engine
-    from core.migrate import upgrade
+    from core.storage.db import make_engine
+    from core.storage.migrate import upgrade
 
     engine = make_engine(postgres_url)
     upgrade(engine)

@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text, update
 
-from core import service, store, tokens
-from core.db import session_scope
-from core.models import CONVERSATIONS, utcnow
+from core import service
+from core.counting import tokens
+from core.decision.toolresults import IDLE, plan_clearings
 from core.settings import get_settings, load_settings
-from core.sweep import apply_clearings, sweep_idle
-from core.toolresults import IDLE, plan_clearings
+from core.storage import store
+from core.storage.db import session_scope
+from core.storage.models import CONVERSATIONS, utcnow
+from core.storage.sweep import apply_clearings, sweep_idle
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.conftest import load_data
 
@@ -285,7 +287,7 @@ def test_sweep_task_on_a_worker_reenqueues_until_done(worker: None, sqlite_engin
 
 def test_cleanup_task_on_a_worker(worker: None, tmp_path: Path) -> None:
     """The beat cleanup deletes expired saved outputs and reports what it deleted."""
-    from core.outputs import save_output
+    from core.storage.outputs import save_output
     from workers.maintenance import cleanup_truncated_outputs
 
     old = save_output(Path(get_settings().output_dir), "old " * 300)

@@ -9,8 +9,8 @@ import sys
 import pytest
 import tiktoken
 
-from core import tokens
-from core.tokens import CL100K, O200K
+from core.counting import tokens
+from core.counting.tokens import CL100K, O200K
 
 
 @pytest.mark.parametrize(

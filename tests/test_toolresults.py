@@ -7,10 +7,8 @@ from typing import Any
 
 import pytest
 
-from core import tokens
-from core.placeholders import cleared_placeholder
-from core.records import ClearingRec, Msg
-from core.toolresults import (
+from core.counting import tokens
+from core.decision.toolresults import (
     IDLE,
     POST_SUMMARY,
     PRESSURE,
@@ -26,6 +24,8 @@ from core.toolresults import (
     plan_clearings,
     trim_arguments,
 )
+from core.request.placeholders import cleared_placeholder
+from core.storage.records import ClearingRec, Msg
 from tests.conftest import DATA_FILES, load_data
 
 LIMITS = Limits(max_lines=2_000, max_bytes=50_000)

@@ -17,7 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from core.errors import RecapError
-from core.limits import INT32_MAX, MESSAGE_ID_MAX, TOKENS_MAX
+from core.storage.limits import INT32_MAX, MESSAGE_ID_MAX, TOKENS_MAX
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -84,7 +84,7 @@ USER_ERRORS = (RecapError,)  # settings, model and input errors all derive from 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 # Every integer option is bounded by the column it ends up in, on SQLite and PostgreSQL alike
-# (core.limits): message ids are 64-bit, token counts and windows 32-bit.
+# (core.storage.limits): message ids are 64-bit, token counts and windows 32-bit.
 MESSAGE_ID = {"min": 1, "max": MESSAGE_ID_MAX}
 WINDOW = {"min": 1, "max": TOKENS_MAX}
 TOKEN_COUNT = {"min": 0, "max": INT32_MAX}
@@ -171,7 +171,7 @@ def _environment_error(exc: Exception) -> str | None:
     if "sqlalchemy" in sys.modules:
         from sqlalchemy.exc import DBAPIError
 
-        from core.db import INIT_HINT, is_schema_missing
+        from core.storage.db import INIT_HINT, is_schema_missing
 
         if is_schema_missing(exc):
             return f"the database has no Recap schema; {INIT_HINT}"
@@ -245,7 +245,7 @@ def settings() -> Settings:
 def engine(*, create: bool = False) -> Any:
     """The engine for ``RECAP_DATABASE_URL``. Only ``create`` (``recap init``) creates an SQLite
     file: any other command on a missing one says to run ``recap init`` and leaves no file."""
-    from core.db import get_engine
+    from core.storage.db import get_engine
 
     return get_engine(settings().database_url, create=create)
 
@@ -300,7 +300,7 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 @handles_errors
 def init(as_json: JsonFlag = False) -> None:
     """Create or migrate the database schema."""
-    from core.migrate import upgrade
+    from core.storage.migrate import upgrade
 
     revision = upgrade(engine(create=True))
     url = engine().url.render_as_string(hide_password=True)
@@ -339,7 +339,7 @@ def import_(
 
 def _ingest() -> service.Prepare | None:
     """The ingest step applied to every new message (tool-output truncation)."""
-    from core.outputs import Ingest
+    from core.storage.outputs import Ingest
 
     return Ingest.from_settings(settings())
 
@@ -399,7 +399,7 @@ def add(
 def _fields_object(text: str) -> dict[str, Any]:
     """The ``--fields`` JSON object."""
     from core.errors import InputError
-    from core.limits import loads
+    from core.storage.limits import loads
 
     value = loads(text, "--fields")
     if not isinstance(value, dict):
@@ -423,7 +423,7 @@ def _message_from_options(
         content = _read_text(content_file)
     message: dict[str, Any] = {"role": role, "content": content}
     if tool_calls is not None:
-        from core.limits import loads
+        from core.storage.limits import loads
 
         message["tool_calls"] = loads(tool_calls, "--tool-calls")
     if tool_call_id is not None:
@@ -458,8 +458,8 @@ def sweep(
     as_json: JsonFlag = False,
 ) -> None:
     """Clear old tool results of idle conversations now (the beat sweep, all batches)."""
-    from core.models import utcnow
-    from core.sweep import sweep_idle
+    from core.storage.models import utcnow
+    from core.storage.sweep import sweep_idle
 
     result = sweep_idle(engine(), settings(), now=utcnow(), idle_minutes=idle_minutes)
     payload = result.as_dict()
@@ -481,7 +481,7 @@ def cleanup(
     """Delete saved tool outputs older than the retention now (the beat cleanup)."""
     import time
 
-    from core.outputs import cleanup_outputs
+    from core.storage.outputs import cleanup_outputs
 
     days = settings().output_retention_days if retention_days is None else retention_days
     result = cleanup_outputs(settings().output_dir, now=time.time(), retention_days=days)
@@ -514,7 +514,7 @@ def assemble(
     as_json: JsonFlag = False,
 ) -> None:
     """Print the request the host would send now."""
-    from core.assembly import ContextFile
+    from core.request.assembly import ContextFile
 
     files = [ContextFile(str(path), _read_text(path)) for path in context_file or ()]
     request = service.assemble(
@@ -561,7 +561,7 @@ def _read_text(path: Path) -> str:
 def _read_tools(path: Path) -> list[dict[str, Any]]:
     """Tool schemas from a JSON file: a list of objects, or an object with a ``tools`` list."""
     from core.errors import InputError
-    from core.limits import loads
+    from core.storage.limits import loads
 
     data = loads(_read_text(path), str(path))
     if isinstance(data, dict):
@@ -702,9 +702,9 @@ def parse_duration(text: str) -> timedelta:
 
 
 def _failed_since(since: str, conversations: list[str] | None = None) -> list[Any]:
-    from core.db import session_scope
-    from core.models import utcnow
-    from core.store import failed_runs
+    from core.storage.db import session_scope
+    from core.storage.models import utcnow
+    from core.storage.store import failed_runs
 
     moment = utcnow() - parse_duration(since)
     with session_scope(engine()) as session:
@@ -761,8 +761,8 @@ def retry(
 
 def _existing(conversations: list[str]) -> list[str]:
     """The ids, after checking each names a stored conversation (``NotFoundError`` if not)."""
-    from core.db import session_scope
-    from core.store import get_conversation
+    from core.storage.db import session_scope
+    from core.storage.store import get_conversation
 
     with session_scope(engine()) as session:
         for conversation in conversations:
@@ -948,7 +948,7 @@ def recount(
 ) -> None:
     """Recount the conversation's stored token counts made for another model, in batches
     (with --model, record the model change first)."""
-    from core import recount as recounts
+    from core.storage import recount as recounts
 
     if model is not None:
         recounts.set_model(engine(), conversation, model, max_input_tokens=max_input_tokens)
@@ -963,8 +963,8 @@ def recount(
 def prune_log(as_json: JsonFlag = False) -> None:
     """Delete compaction-log rows past RECAP_LOG_RETENTION_DAYS (skipped runs) and
     RECAP_LOG_HISTORY_DAYS (every run) now (the beat pruning)."""
-    from core.compaction_log import prune_log as prune
-    from core.models import utcnow
+    from core.storage.compaction_log import prune_log as prune
+    from core.storage.models import utcnow
 
     current = settings()
     result = prune(

@@ -26,19 +26,22 @@ from sqlalchemy import Engine, insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlmodel import Session
 
-from core import compaction_log, compression, policy, sweep, tokens
-from core import snapshot as snapshots
-from core.compression import Rendered, Split
-from core.db import session_scope
+from core.counting import tokens
+from core.decision import policy
+from core.decision.toolresults import ClearingPlan
 from core.errors import NotFoundError
-from core.extractive import extractive_summary
-from core.identifiers import identifiers_of_span, retention
-from core.models import CONVERSATIONS, SUMMARIES, CompactionLog, table_of, utcnow
-from core.prompts import SUMMARY_MESSAGE_PREFIX
-from core.records import ClearingRec, Msg
 from core.redact import known_secrets, redact
 from core.settings import Settings
-from core.toolresults import ClearingPlan
+from core.storage import compaction_log, sweep
+from core.storage import snapshot as snapshots
+from core.storage.db import session_scope
+from core.storage.models import CONVERSATIONS, SUMMARIES, CompactionLog, table_of, utcnow
+from core.storage.records import ClearingRec, Msg
+from core.summaries import compression
+from core.summaries.compression import Rendered, Split
+from core.summaries.extractive import extractive_summary
+from core.summaries.identifiers import identifiers_of_span, retention
+from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from workers import events, lease
 from workers.reconcile import reconcile  # noqa: F401  (reconcile's home; importable here too)
 
@@ -142,8 +145,8 @@ def read_snapshot(
     with_failures: bool = True,
     now: datetime | None = None,
 ) -> Snapshot:
-    """One short read session of the content-free snapshot (``core.snapshot``); ``with_failures``
-    reads the failed runs the cooldown needs."""
+    """One short read session of the content-free snapshot (``core.storage.snapshot``);
+    ``with_failures`` reads the failed runs the cooldown needs."""
     failures = settings.failure_streak if with_failures else 0
     with session_scope(engine) as session:
         return snapshots.read_snapshot(
@@ -617,9 +620,9 @@ class Run:
 
 
 def one_pass(run: Run, snapshot: Snapshot | None = None) -> PassResult:
-    """Read (unless given), decide (``core.policy``), clear and maybe summarize; the outcome and
-    what to write. Without a leaf or force, a conversation far under its trigger is skipped from
-    two aggregates before its branch is read."""
+    """Read (unless given), decide (``core.decision.policy``), clear and maybe summarize; the
+    outcome and what to write. Without a leaf or force, a conversation far under its trigger is
+    skipped from two aggregates before its branch is read."""
     knobs = policy.Knobs.from_settings(run.settings)
     if snapshot is None:
         if run.leaf is None and not run.force:

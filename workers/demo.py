@@ -85,10 +85,11 @@ def run(window: int = DEMO_WINDOW, folder: Path = DEMO_DIR, progress: Any = None
     (folder / "results").mkdir(parents=True)
     os.environ.update(demo_environment(folder))
 
-    from core import service, tokens
-    from core.db import get_engine
-    from core.migrate import upgrade
+    from core import service
+    from core.counting import tokens
     from core.settings import get_settings
+    from core.storage.db import get_engine
+    from core.storage.migrate import upgrade
 
     get_settings.cache_clear()
     settings = get_settings()

@@ -17,8 +17,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, or_, select, update
 
-from core.db import session_scope
-from core.models import CONVERSATIONS
+from core.storage.db import session_scope
+from core.storage.models import CONVERSATIONS
 
 ACQUIRE_TRIES = 3  # the holder may let go between a failed take and marking dirty: try again
 

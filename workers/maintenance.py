@@ -1,10 +1,11 @@
 """Maintenance tasks: on beat, the idle tool-result sweep, the saved-output cleanup and the
 compaction-log pruning; on demand, the recount of a conversation's stored token counts.
 
-All are thin: the work is ``core.sweep.sweep_idle``, ``core.outputs.cleanup_outputs``,
-``core.compaction_log.prune_log`` and ``core.recount.recount_conversation``. A sweep, prune or
-recount run does a bounded number of batches and, when more is left, re-enqueues itself from where
-it stopped, so a large backlog never holds a worker (or a transaction) for long.
+All are thin: the work is ``core.storage.sweep.sweep_idle``,
+``core.storage.outputs.cleanup_outputs``, ``core.storage.compaction_log.prune_log`` and
+``core.storage.recount.recount_conversation``. A sweep, prune or recount run does a bounded number
+of batches and, when more is left, re-enqueues itself from where it stopped, so a large backlog
+never holds a worker (or a transaction) for long.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from typing import Any
 
 import structlog
 
-from core.compaction_log import PRUNE_BATCH, prune_log
-from core.db import get_engine
-from core.models import utcnow
-from core.outputs import cleanup_outputs
-from core.recount import recount_conversation
 from core.settings import get_settings
-from core.sweep import sweep_idle
+from core.storage.compaction_log import PRUNE_BATCH, prune_log
+from core.storage.db import get_engine
+from core.storage.models import utcnow
+from core.storage.outputs import cleanup_outputs
+from core.storage.recount import recount_conversation
+from core.storage.sweep import sweep_idle
 from workers.app import app
 
 SWEEP_TASK = "recap.sweep_idle_tool_results"
@@ -74,7 +75,7 @@ RECOUNT_TASK = "recap.recount_tokens"
 
 @app.task(name=PRUNE_LOG_TASK, bind=True)
 def prune_compaction_log(self: Any, after_id: int = 0, batch: int = PRUNE_BATCH) -> dict[str, Any]:
-    """Delete compaction-log rows past their retention (``core.compaction_log``), a bounded
+    """Delete compaction-log rows past their retention (``core.storage.compaction_log``), a bounded
     number of batches; re-enqueue from where it stopped if more is left."""
     settings = get_settings()
     result = prune_log(
@@ -95,7 +96,7 @@ def prune_compaction_log(self: Any, after_id: int = 0, batch: int = PRUNE_BATCH)
 
 @app.task(name=RECOUNT_TASK, bind=True)
 def recount_tokens(self: Any, conversation_id: str, after_id: int = 0) -> dict[str, Any]:
-    """Recount a conversation's stored counts made for another model (``core.recount``), a
+    """Recount a conversation's stored counts made for another model (``core.storage.recount``), a
     bounded number of batches; re-enqueue from where it stopped if more is left."""
     settings = get_settings()
     result = recount_conversation(

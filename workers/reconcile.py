@@ -2,9 +2,10 @@
 
 A conversation is a candidate when its last run is missing (activity since it, or a dirty flag
 nobody picked up) or its lease expired (the run died). A candidate is enqueued when it is dirty
-or when the decision (``core.policy``) would act on it; otherwise the check is noted, so the next
-pass skips it until new activity. Each candidate is judged on its content-free snapshot, and one
-that is far under its trigger from two aggregates alone (``core.snapshot.history_bound``).
+or when the decision (``core.decision.policy``) would act on it; otherwise the check is noted, so
+the next pass skips it until new activity. Each candidate is judged on its content-free snapshot,
+and one that is far under its trigger from two aggregates alone
+(``core.storage.snapshot.history_bound``).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 
 from sqlalchemy import Engine, or_, select, update
 
-from core import policy, tokens
-from core import snapshot as snapshots
-from core.db import session_scope
-from core.models import CONVERSATIONS, utcnow
+from core.counting import tokens
+from core.decision import policy
 from core.settings import Settings
+from core.storage import snapshot as snapshots
+from core.storage.db import session_scope
+from core.storage.models import CONVERSATIONS, utcnow
 
 RECONCILE_BATCH = 500  # conversations examined per reconcile pass
 

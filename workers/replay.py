@@ -20,9 +20,10 @@ before them had decided there was nothing to do: no summary written and none und
 nothing will ever cover what was dropped. A run that acts (clears or summarizes) is what keeps
 that count at zero.
 
-The prompt-cache price model is the one ``core.cachecost`` uses for the clearing benchmarks: a
-request's cached part is its longest prefix of whole messages identical, byte for byte, to the
-previous request (nothing is cached across the idle gap); cost = uncached x 1.25 + cached x 0.1.
+The prompt-cache price model is the one ``core.decision.cachecost`` uses for the clearing
+benchmarks: a request's cached part is its longest prefix of whole messages identical, byte for
+byte, to the previous request (nothing is cached across the idle gap); cost = uncached x 1.25 +
+cached x 0.1.
 """
 
 from __future__ import annotations
@@ -38,15 +39,16 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 
-from core import cachecost as pricing
-from core import service, tokens
-from core.db import make_engine
+from core import service
+from core.counting import tokens
+from core.decision import cachecost as pricing
 from core.errors import BudgetError, InputError
-from core.migrate import upgrade
-from core.models import CLEARINGS, REQUEST_PROFILES, CompactionLog, table_of, utcnow
+from core.request.validate import check_record
 from core.settings import Settings
-from core.sweep import sweep_idle
-from core.validate import check_record
+from core.storage.db import make_engine
+from core.storage.migrate import upgrade
+from core.storage.models import CLEARINGS, REQUEST_PROFILES, CompactionLog, table_of, utcnow
+from core.storage.sweep import sweep_idle
 
 KEEP_LAST_BASELINE = 3  # the common default elsewhere: all but the last 3 results, every request
 LOG = table_of(CompactionLog)

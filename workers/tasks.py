@@ -16,11 +16,11 @@ from typing import Any
 from celery.signals import celeryd_init, task_received, worker_process_init
 from sqlalchemy import Engine
 
-from core.db import dispose_engines, get_engine, size_pool
+from core.counting.tokens import UnknownModelError
 from core.errors import RecapError
 from core.redact import error_text, known_secrets, redact
 from core.settings import Settings, get_settings
-from core.tokens import UnknownModelError
+from core.storage.db import dispose_engines, get_engine, size_pool
 from workers import compress, events
 from workers.app import app
 from workers.errors import CompressionFailed, CompressionRetry

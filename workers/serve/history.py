@@ -15,13 +15,13 @@ from sqlalchemy import Engine, and_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from core import store
-from core.db import session_scope
 from core.errors import NotFoundError
-from core.hashing import message_hash
-from core.models import CONVERSATIONS, MESSAGES, Conversation, utcnow
-from core.outputs import Ingest
-from core.validate import check_message, check_tool_pairing
+from core.request.validate import check_message, check_tool_pairing
+from core.storage import store
+from core.storage.db import session_scope
+from core.storage.hashing import message_hash
+from core.storage.models import CONVERSATIONS, MESSAGES, Conversation, utcnow
+from core.storage.outputs import Ingest
 from workers.serve.prefix import SYSTEM_ROLES, Node, longest_stored_prefix, open_calls
 
 HASH_BATCH = 500  # hashes per IN list: far below every driver's parameter limit

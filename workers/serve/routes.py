@@ -12,8 +12,8 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from core.counting.tokens import UnknownModelError
 from core.errors import NotFoundError, RecapError
-from core.tokens import UnknownModelError
 from workers.serve import history, upstream
 from workers.serve.auth import KeyRing
 from workers.serve.errors import ServeError, bad_request, not_found, too_large, unauthorized

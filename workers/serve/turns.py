@@ -19,9 +19,9 @@ import structlog
 
 from core.aio import AsyncRecap
 from core.errors import BudgetError
-from core.outputs import Ingest
 from core.redact import error_text, known_secrets, redact
 from core.settings import Settings
+from core.storage.outputs import Ingest
 from workers.serve import history, upstream
 from workers.serve.errors import ServeError, context_too_long
 
