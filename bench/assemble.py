@@ -4,6 +4,11 @@ Three timings of the same request, in the same process:
 (a) ``service.assemble`` from the database to the final JSON string;
 (b) the floor: a plain SQL select of the same rows plus ``json.dumps`` of (a)'s own output;
 (c) what a host without Recap does per request: count every message with ``litellm.token_counter``.
+
+And what recording the request profile adds to (a) when the host passes its fixed parts (a system
+prompt and tool schemas): ``service._record_profile`` timed alone, once with the profile already
+stored (the common case: a hash and a compare, no write) and once with a profile that changes every
+request (the upsert each time), over the whole ``service.assemble`` with the same parts.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -85,6 +91,7 @@ def run() -> list[Figure]:
 
         figures = [
             *_serialize_figures(assembled, floor),
+            *_profile_figures(engine, settings, messages),
             _naive_figure(messages, assembled),
             _peak_figure(assembled),
         ]
@@ -110,6 +117,62 @@ def _serialize_figures(
                 f"service.assemble of a {MESSAGES}-message conversation from SQLite to its JSON "
                 f"({len(payload['messages'])} messages sent, {what}), against a plain SQL select "
                 "of the same rows plus json.dumps of that output",
+            )
+        )
+    return figures
+
+
+def _profile_figures(engine: Any, settings: Any, messages: list[dict[str, Any]]) -> list[Figure]:
+    from datetime import UTC, datetime
+
+    from core import service
+    from core.storage import profile as profiles
+    from core.storage.db import session_scope
+    from workers.replay import host_parts
+
+    parts = host_parts({"messages": messages})
+    system, tools = parts.system, parts.tools
+    reminders = iter(f"Reminder {n}: stay on the task." for n in range(10**9))
+
+    def assembled() -> None:
+        service.assemble(engine, CONVERSATION_ID, settings, system=system, tools=tools)
+
+    def recorded(reminder: str | None) -> Callable[[], None]:
+        def record() -> None:
+            with session_scope(engine) as session:  # what assemble has read by then
+                stored = profiles.load_profile(session.connection(), CONVERSATION_ID)
+            given = (system, tools, reminder, ())
+            fixed = profiles.FixedParts(
+                *service.assembly.fixed_part_tokens(
+                    [], model=MODEL, system=system, tools=tools, reminder=reminder, context_files=()
+                )
+            )
+            started = time.process_time()
+            service._record_profile(
+                engine, CONVERSATION_ID, fixed, stored, given, datetime.now(UTC)
+            )
+            spent.append(time.process_time() - started)
+
+        return record
+
+    assembled()  # the profile of these parts is stored now
+    whole = min(best_of_each([assembled], REPEATS))
+    figures = []
+    for name, reminder, what in (
+        ("profile_record_share", None, "the profile already stored (no write)"),
+        ("profile_upsert_share", "changes", "a profile that changes every request (one upsert)"),
+    ):
+        spent: list[float] = []
+        for _ in range(REPEATS):
+            recorded(next(reminders) if reminder else None)()
+        figures.append(
+            Figure(
+                name,
+                round(min(spent) / whole, 3),
+                "<= 0.10",
+                f"recording the request profile ({what}) over the whole service.assemble of the "
+                f"{MESSAGES}-message conversation with a system prompt and {len(tools)} tool "
+                "schemas, CPU time, best of each",
             )
         )
     return figures
