@@ -21,23 +21,25 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import structlog
 from celery import Celery, Task
-from celery.signals import (
+from kombu.entity import Exchange, Queue
+
+from core.redact import known_secrets, redact
+from core.settings import Settings, get_settings
+from workers import patches
+from workers.celery_types import (
+    TaskHandle,
     celeryd_init,
     setup_logging,
     task_postrun,
     task_prerun,
     worker_init,
 )
-from kombu import Exchange, Queue
-
-from core.redact import known_secrets, redact
-from core.settings import Settings, get_settings
-from workers import patches
 from workers.logs import configure_logging, register_secrets
 from workers.queues import COMPRESS_QUEUE as COMPRESS_QUEUE
 from workers.queues import DEFAULT_QUEUE as DEFAULT_QUEUE
@@ -52,6 +54,10 @@ TASK_ROUTES = {
     "recap.recount_tokens": {"queue": MAINTENANCE_QUEUE},
 }
 
+
+# kombu ships types but leaves these constructors unannotated: calling either returns its instance
+_exchange = cast(Callable[..., Exchange], Exchange)
+_queue = cast(Callable[..., Queue], Queue)
 
 AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
 REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "sentinel://")
@@ -100,10 +106,10 @@ def task_queue(name: str, settings: Settings) -> Queue:
     from RabbitMQ 3.12, ignored before); classic queues keep the server's ``consumer_timeout``
     (see the README)."""
     if name == DEFAULT_QUEUE or not quorum_queues(settings):
-        return Queue(name, Exchange(name, type="direct"), routing_key=name)
-    return Queue(
+        return _queue(name, _exchange(name, type="direct"), routing_key=name)
+    return _queue(
         name,
-        Exchange(name, type="topic"),
+        _exchange(name, type="topic"),
         routing_key=name,
         queue_arguments={"x-queue-type": "quorum"},
         consumer_arguments={"x-consumer-timeout": settings.ack_timeout * 1000},
@@ -218,6 +224,13 @@ def configure(celery: Celery, settings: Settings) -> None:
 app = create_app()
 log = structlog.get_logger("recap.tasks")
 _started: dict[str, float] = {}
+R = TypeVar("R")
+
+
+def task(**options: Any) -> Callable[[Callable[..., R]], TaskHandle[R]]:
+    """``app.task(**options)``, typed: registers the function as a task of this app."""
+    register: Callable[[Callable[..., R]], TaskHandle[R]] = app.task(**options)
+    return register
 
 
 @celeryd_init.connect  # before the worker's own start-up warnings

@@ -22,7 +22,8 @@ from core.storage.models import utcnow
 from core.storage.outputs import cleanup_outputs
 from core.storage.recount import recount_conversation
 from core.storage.sweep import sweep_idle
-from workers.app import app
+from workers.app import task
+from workers.celery_types import TaskHandle
 
 SWEEP_TASK = "recap.sweep_idle_tool_results"
 CLEANUP_TASK = "recap.cleanup_truncated_outputs"
@@ -31,9 +32,9 @@ log = structlog.get_logger(__name__)
 RECOUNT_MAX_BATCHES = 10  # batches per task run; a longer conversation continues in the next
 
 
-@app.task(name=SWEEP_TASK, bind=True)
+@task(name=SWEEP_TASK, bind=True)
 def sweep_idle_tool_results(
-    self: Any, after_id: int = 0, idle_minutes: float | None = None
+    self: TaskHandle[dict[str, Any]], after_id: int = 0, idle_minutes: float | None = None
 ) -> dict[str, Any]:
     """Clear one batch of old tool results of idle conversations; re-enqueue if more is left."""
     settings = get_settings()
@@ -53,14 +54,16 @@ def sweep_idle_tool_results(
     return payload
 
 
-def _same_queue(task: Any) -> dict[str, Any]:
+def _same_queue(task: TaskHandle[object]) -> dict[str, Any]:
     """Send the continuation to the queue this run came from (the maintenance queue)."""
     queue = (task.request.delivery_info or {}).get("routing_key")
     return {"queue": queue} if queue else {}
 
 
-@app.task(name=CLEANUP_TASK, bind=True)
-def cleanup_truncated_outputs(self: Any, retention_days: float | None = None) -> dict[str, Any]:
+@task(name=CLEANUP_TASK, bind=True)
+def cleanup_truncated_outputs(
+    self: TaskHandle[dict[str, Any]], retention_days: float | None = None
+) -> dict[str, Any]:
     """Delete saved outputs older than the retention, inside ``RECAP_OUTPUT_DIR`` only."""
     settings = get_settings()
     days = settings.output_retention_days if retention_days is None else retention_days
@@ -73,8 +76,10 @@ PRUNE_LOG_TASK = "recap.prune_compaction_log"
 RECOUNT_TASK = "recap.recount_tokens"
 
 
-@app.task(name=PRUNE_LOG_TASK, bind=True)
-def prune_compaction_log(self: Any, after_id: int = 0, batch: int = PRUNE_BATCH) -> dict[str, Any]:
+@task(name=PRUNE_LOG_TASK, bind=True)
+def prune_compaction_log(
+    self: TaskHandle[dict[str, Any]], after_id: int = 0, batch: int = PRUNE_BATCH
+) -> dict[str, Any]:
     """Delete compaction-log rows past their retention (``core.storage.compaction_log``), a bounded
     number of batches; re-enqueue from where it stopped if more is left."""
     settings = get_settings()
@@ -94,8 +99,10 @@ def prune_compaction_log(self: Any, after_id: int = 0, batch: int = PRUNE_BATCH)
     return payload
 
 
-@app.task(name=RECOUNT_TASK, bind=True)
-def recount_tokens(self: Any, conversation_id: str, after_id: int = 0) -> dict[str, Any]:
+@task(name=RECOUNT_TASK, bind=True)
+def recount_tokens(
+    self: TaskHandle[dict[str, Any]], conversation_id: str, after_id: int = 0
+) -> dict[str, Any]:
     """Recount a conversation's stored counts made for another model (``core.storage.recount``), a
     bounded number of batches; re-enqueue from where it stopped if more is left."""
     settings = get_settings()

@@ -13,7 +13,6 @@ import json
 import os
 from typing import Any
 
-from celery.signals import celeryd_init, task_received, worker_process_init
 from sqlalchemy import Engine
 
 from core.counting.tokens import UnknownModelError
@@ -22,9 +21,11 @@ from core.redact import error_text, known_secrets, redact
 from core.settings import Settings, get_settings
 from core.storage.db import dispose_engines, get_engine, size_pool
 from workers import compress, events
-from workers.app import app
+from workers.app import app, task
+from workers.celery_types import TaskHandle, celeryd_init, task_received, worker_process_init
 from workers.errors import CompressionFailed, CompressionRetry
 from workers.queues import COMPRESS_QUEUE, DEFAULT_QUEUE
+from workers.reconcile import reconcile as reconcile_pass
 
 COMPRESS_TASK = "recap.compress_session"
 RECONCILE_TASK = "recap.reconcile"
@@ -79,9 +80,12 @@ def _fresh_pool(**_: Any) -> None:
     dispose_engines()
 
 
-@app.task(name=COMPRESS_TASK, bind=True, max_retries=None, throws=(CompressionFailed,))
+@task(name=COMPRESS_TASK, bind=True, max_retries=None, throws=(CompressionFailed,))
 def compress_session(
-    self: Any, conversation_id: str, leaf_message_id: int | None = None, force: bool = False
+    self: TaskHandle[dict[str, Any]],
+    conversation_id: str,
+    leaf_message_id: int | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Compress one conversation if it needs it; safe to enqueue many times. A failed run ends
     the task in FAILURE (``CompressionFailed``), a retryable one in RETRY."""
@@ -138,10 +142,10 @@ def _json_reprs(request: Any = None, **_: Any) -> None:
     request._kwargsrepr = json.dumps(dict(request.kwargs or {}))
 
 
-@app.task(name=RECONCILE_TASK)
+@task(name=RECONCILE_TASK)
 def reconcile() -> dict[str, Any]:
     """Re-enqueue conversations over their trigger whose last run is missing or died."""
-    return compress.reconcile(engine(), get_settings(), enqueue)
+    return reconcile_pass(engine(), get_settings(), enqueue)
 
 
 def enqueue(conversation_id: str, *, force: bool = False) -> str:
