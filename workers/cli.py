@@ -8,7 +8,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -41,11 +41,28 @@ class _OneLineErrors(TyperGroup):
     """Usage errors (a missing option, a value out of range) as one line on stderr, like every
     other error: click's and typer's own rendering spans a usage block or a box."""
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        run = functools.partial(
+            super().main,
+            args,
+            prog_name,
+            complete_var,
+            standalone_mode=False,
+            windows_expand_args=windows_expand_args,
+            **extra,
+        )
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return run()
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            code = run()
         except Exception as exc:  # typer vendors click: its exceptions are matched by shape
             sys.exit(_usage_error(exc))
         sys.exit(code if isinstance(code, int) else 0)
@@ -199,7 +216,10 @@ def _broker_error(exc: Exception) -> str | None:
 
     errors: tuple[type[BaseException], ...] = (OperationalError,)
     if "amqp" in sys.modules:  # RabbitMQ refusing the login is not wrapped by kombu
-        from amqp.exceptions import AccessRefused
+        # amqp ships no types (a stub gap): its exceptions are classes all the same
+        from amqp.exceptions import (  # type: ignore[import-untyped,unused-ignore]
+            AccessRefused,
+        )
         from amqp.exceptions import ConnectionError as AMQPConnectionError
 
         errors += (AccessRefused, AMQPConnectionError)
@@ -671,7 +691,7 @@ def compress(
 @handles_errors
 def reconcile(as_json: JsonFlag = False) -> None:
     """Re-enqueue conversations over their trigger whose last run is missing or died."""
-    from workers.compress import reconcile as reconcile_pass
+    from workers.reconcile import reconcile as reconcile_pass
     from workers.tasks import enqueue
 
     require_broker()  # before the pass marks anything checked
