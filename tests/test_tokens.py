@@ -12,6 +12,8 @@ import tiktoken
 from core.counting import tokens
 from core.counting.tokens import CL100K, O200K
 
+tokens.ensure_offline_encodings()  # the comparisons below call tiktoken itself: no download
+
 
 @pytest.mark.parametrize(
     ("model", "encoding"),
