@@ -1,0 +1,265 @@
+"""The summarizers a compression run calls, with no session held: one protocol, two strategies.
+
+``ModelSummarizer`` asks the configured litellm model (``workers.llm``) for a chunked progressive
+summary, within the run's deadline, re-asking once when identifiers were lost;
+``ExtractiveSummarizer`` is the offline one (``core.summaries.extractive``). ``summarizer_for``
+picks one from the settings. A summarizer returns the summary's text and usage, or raises
+``SummaryFailed`` (nothing is stored) or ``RetryLater`` (a model error worth retrying).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Protocol
+
+from core.counting import tokens
+from core.decision import policy
+from core.settings import Settings
+from core.summaries import compression
+from core.summaries.compression import Rendered, Split
+from core.summaries.extractive import extractive_summary
+from core.summaries.identifiers import identifiers_of_span, retention
+from workers import events
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+EXTRACTIVE_MODEL = "extractive"
+MAX_SHRINKS = 2  # a context-window error halves the summarizer's assumed window, at most twice
+# An unknown summary model (a local model, a proxy alias) is assumed to take 8k tokens, which any
+# current chat model does; a context-window error from it halves the assumption.
+FALLBACK_SUMMARIZER_WINDOW = 8_192
+COUNT_CACHE_SIZE = 4_096  # rendered messages whose token counts are kept
+# A model call is started only with this much of the run's time left (less when RECAP_LLM_TIMEOUT
+# or half the run is less): a summary cut off by the deadline is paid for and thrown away.
+CALL_FLOOR_SECONDS = 10
+DEADLINE_SLACK_SECONDS = 0.5  # a timeout this close to the deadline is the deadline's doing
+
+
+class RetryLater(Exception):
+    """A retryable model error: the task should run again after ``delay`` seconds."""
+
+    def __init__(self, reason: str, delay: float) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay = delay
+
+
+class SummaryFailed(Exception):
+    """The summarizer gave up or its summary was rejected; nothing is stored."""
+
+
+class OutOfTime(SummaryFailed):
+    """The run's own deadline (``Settings.run_seconds``) left no time for the next model call.
+
+    Celery enforces no time limit on the threads pool the compress queue runs on, so a run keeps
+    its own: each call's timeout is cut to what is left, and no call starts that could not end
+    in time. The lease outlives the deadline, so no second run starts while this one works.
+    """
+
+
+@dataclass
+class SummaryText:
+    """A summarizer's result, before it is stored."""
+
+    text: str
+    model: str
+    retention: float
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+    calls: int = 0
+
+
+class Summarizer(Protocol):
+    """Summarizes a split's older part (text read) into the snapshot's previous summary."""
+
+    def summarize(self, snapshot: policy.Snapshot, split: Split) -> SummaryText: ...
+
+
+def summarizer_for(settings: Settings, *, attempt: int, deadline: float) -> Summarizer:
+    """The configured model's summarizer for this attempt and deadline, else the offline one."""
+    if settings.summary_model:
+        return ModelSummarizer(settings, attempt=attempt, deadline=deadline)
+    return ExtractiveSummarizer()
+
+
+class ExtractiveSummarizer:
+    """The offline summary of the older part, merged into the previous summary."""
+
+    def summarize(self, snapshot: policy.Snapshot, split: Split) -> SummaryText:
+        previous = snapshot.summary.text if snapshot.summary else None
+        text = extractive_summary(
+            split.older, previous_summary=previous, clearings=snapshot.clearings
+        )
+        score = retention(identifiers_of_span(split.older), text).score
+        return SummaryText(text=text, model=EXTRACTIVE_MODEL, retention=score)
+
+
+def summarizer_window(settings: Settings) -> int:
+    """The summary model's input window from litellm's map, else a conservative guess."""
+    entry = tokens.model_info(settings.summary_model or "")
+    return int(entry["max_input_tokens"]) if entry else FALLBACK_SUMMARIZER_WINDOW
+
+
+@lru_cache(maxsize=COUNT_CACHE_SIZE)
+def _count_cached(role: str, content: str, encoding: str) -> int:
+    return tokens.count_message({"role": role, "content": content}, encoding)
+
+
+def _counter(encoding: str) -> compression.Counter:
+    """Tokens of a rendered message; the prompt, marker, reminder and recent context repeat
+    from run to run, so counts are cached by text."""
+    return lambda message: _count_cached(
+        str(message.get("role", "")), str(message.get("content") or ""), encoding
+    )
+
+
+def _usable(text: str) -> bool:
+    return compression.rejection_reason(text, summary_tokens=0, replaced_tokens=1) is None
+
+
+class ModelSummarizer:
+    """Chunked progressive summary by the configured model; one re-ask when identifiers are lost.
+
+    ``summarize`` raises ``RetryLater`` for a retryable error with attempts left,
+    ``SummaryFailed`` otherwise (``OutOfTime`` when the run's deadline leaves no room for a call).
+    """
+
+    def __init__(self, settings: Settings, *, attempt: int, deadline: float) -> None:
+        self.settings = settings
+        self.attempt = attempt
+        self.deadline = deadline  # time.monotonic() by which the run ends
+
+    def summarize(self, snapshot: policy.Snapshot, split: Split) -> SummaryText:
+        from workers import llm
+
+        settings = self.settings
+        window = summarizer_window(settings)
+        for _shrink in range(MAX_SHRINKS + 1):
+            try:
+                return self._chunks(llm, snapshot, split, window)
+            except llm.ContextTooLongError:
+                window //= 2
+            except llm.RetryableLLMError as exc:
+                if self.attempt + 1 >= settings.max_attempts:
+                    raise SummaryFailed(
+                        f"gave up after {self.attempt + 1} attempts: {exc}"
+                    ) from exc
+                delay = llm.backoff_seconds(self.attempt, settings.retry_backoff_max)
+                raise RetryLater(str(exc), delay) from exc
+            except llm.LLMError as exc:
+                raise SummaryFailed(f"the summarizer failed: {exc}") from exc
+            except compression.SummarizerWindowError as exc:
+                raise SummaryFailed(str(exc)) from exc
+        raise SummaryFailed("the summarizer's input did not fit its window even in small chunks")
+
+    def _chunks(
+        self, llm: ModuleType, snapshot: policy.Snapshot, split: Split, window: int
+    ) -> SummaryText:
+        settings = self.settings
+        count = _counter(tokens.encoding_name_for(settings.summary_model or snapshot.model))
+        names = compression.tool_names(snapshot.branch)
+        older = compression.render_messages(
+            split.older,
+            names=names,
+            result_chars=compression.OLDER_RESULT_CHARS,
+            clearings=snapshot.clearings,
+        )
+        recent = compression.render_messages(
+            split.recent,
+            names=names,
+            result_chars=compression.RECENT_RESULT_CHARS,
+            clearings=snapshot.clearings,
+        )
+        previous = snapshot.summary.text if snapshot.summary else None
+        plan = compression.plan_summary(
+            older=older,
+            recent=recent,
+            prompt=settings.summary_prompt,
+            previous_summary_tokens=snapshot.summary.tokens if snapshot.summary else 0,
+            window=window,
+            max_output_tokens=settings.summary_max_output_tokens,
+            count=count,
+        )
+        result = SummaryText(text=previous or "", model=settings.summary_model or "", retention=0)
+        seed: str | None = None
+        for index, chunk in enumerate(plan.chunks):
+            last = index == len(plan.chunks) - 1
+            seed = result.text or None
+            messages = compression.build_summary_messages(
+                prompt=settings.summary_prompt,
+                previous_summary=seed,
+                older=chunk,
+                recent=plan.recent if last else (),
+            )
+            self._call(llm, messages, result)
+            if not last and not _usable(result.text):
+                raise SummaryFailed(
+                    f"chunk {index + 1} of {len(plan.chunks)} gave no usable summary"
+                )
+        wanted = identifiers_of_span(split.older)
+        score = retention(wanted, result.text)
+        result.retention = score.score
+        floor = settings.identifier_retention_floor
+        if _usable(result.text) and score.score < floor and score.missing:
+            try:
+                self._reask(llm, result, plan, seed, score.missing, wanted, count)
+            except OutOfTime:  # the first summary stands; the re-ask only ever improves on it
+                events.log.info("retention_reask_skipped", conversation_id=snapshot.conversation_id)
+        return result
+
+    def _call(self, llm: ModuleType, messages: list[Rendered], into: SummaryText) -> None:
+        """One summarizer call within the run's deadline, its reply and usage added to ``into``."""
+        settings, deadline = self.settings, self.deadline
+        left = deadline - time.monotonic()
+        if left < min(settings.llm_timeout, CALL_FLOOR_SECONDS, settings.run_seconds / 2):
+            raise OutOfTime(
+                f"the run's time is up: {max(left, 0):.0f} s of its {settings.run_seconds} s "
+                "(RECAP_TASK_TIME_LIMIT) left, too little for a summarizer call"
+            )
+        try:
+            reply = llm.complete(messages, settings, timeout=left)
+        except llm.RetryableLLMError as exc:
+            late = time.monotonic() >= deadline - DEADLINE_SLACK_SECONDS
+            if left < settings.llm_timeout and late:
+                raise OutOfTime(
+                    f"the run's time ran out during a summarizer call cut to {left:.0f} s by its "
+                    f"{settings.run_seconds} s budget (RECAP_TASK_TIME_LIMIT): {exc}"
+                ) from exc
+            raise
+        into.text = reply.text
+        into.input_tokens += reply.input_tokens
+        into.output_tokens += reply.output_tokens
+        into.cost += reply.cost
+        into.calls += 1
+
+    def _reask(
+        self,
+        llm: ModuleType,
+        result: SummaryText,
+        plan: compression.SummaryPlan,
+        seed: str | None,
+        missing: Sequence[str],
+        wanted: set[str],
+        count: compression.Counter,
+    ) -> None:
+        """Ask once more with the missing identifiers listed; keep the better of the two."""
+        listed = compression.missing_within(missing, compression.RETENTION_LIST_TOKENS, count)
+        messages = compression.build_summary_messages(
+            prompt=self.settings.summary_prompt,
+            previous_summary=seed,
+            older=plan.chunks[-1],
+            recent=plan.recent,
+            missing=listed,
+        )
+        first_text, first_score = result.text, result.retention
+        self._call(llm, messages, result)
+        second = retention(wanted, result.text).score
+        if _usable(result.text) and second > first_score:
+            result.retention = second
+        else:
+            result.text, result.retention = first_text, first_score
