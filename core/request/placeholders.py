@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-EXPORT_HINT = "recap export {conversation_id} --full"
 DEFAULT_TOOL_NAME = "tool"  # what a result without a tool name is called
 
 _HEAD = (

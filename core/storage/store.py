@@ -7,7 +7,7 @@ import json
 import threading
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
@@ -608,15 +608,6 @@ def latest_usage(session: Session, conversation_id: str) -> Usage | None:
         .limit(1)
     )
     return session.exec(statement).first()
-
-
-def touch(session: Session, conversation_ids: Iterable[str]) -> None:
-    """Mark conversations active now."""
-    session.execute(
-        update(Conversation)
-        .where(col(Conversation.id).in_(list(conversation_ids)))
-        .values(last_activity_at=utcnow())
-    )
 
 
 # --- failed runs -------------------------------------------------------------------------------

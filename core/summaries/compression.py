@@ -320,10 +320,6 @@ class SummaryPlan:
     recent: tuple[Rendered, ...]
     input_budget: int
 
-    @property
-    def chunked(self) -> bool:
-        return len(self.chunks) > 1
-
 
 class SummarizerWindowError(ValueError):
     """The summarizer's window cannot hold even one minimal chunk."""
