@@ -109,6 +109,10 @@ class Settings(BaseSettings):
     serve_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
     upstream_api_base: str | None = None
     upstream_api_key: SecretStr | None = None
+    # How `recap serve` calls the upstream: `direct` sends OpenAI-format requests itself (one
+    # shared HTTP client), `litellm` through litellm; `auto` is direct for an `openai/` model
+    # with RECAP_UPSTREAM_API_BASE set and litellm for everything else.
+    upstream_client: Literal["auto", "litellm", "direct"] = "auto"
     model_map: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     # 10 MiB: a long history with a few inline images, and still a bound on memory per request.
     serve_max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1_024)

@@ -301,6 +301,7 @@ class Serve:
     engine: Engine
     llm: LLMServer
     log: Path
+    path: str = "direct"
 
     def client(self, key: str = KEY_A) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=60)
@@ -399,6 +400,25 @@ def serve(llm: LLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield running
 
 
+@pytest.fixture(scope="module")
+def serve_litellm(llm: LLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    """A second serve process that sends every request through litellm."""
+    folder = tmp_path_factory.mktemp("serve-litellm")
+    db_url = f"sqlite:///{folder / 'recap.db'}"
+    with running_serve(db_url, folder, llm, RECAP_UPSTREAM_CLIENT="litellm") as running:
+        running.path = "litellm"
+        yield running
+
+
+@pytest.fixture(params=["direct", "litellm"])
+def either(request: pytest.FixtureRequest) -> Serve:
+    """Both upstream paths: the default (direct, for an `openai/` model with a base URL) and
+    litellm; the upstream's User-Agent tells which one sent a request."""
+    name = "serve" if request.param == "direct" else "serve_litellm"
+    running: Serve = request.getfixturevalue(name)
+    return running
+
+
 def new_id() -> str:
     return f"conv-{uuid.uuid4().hex[:10]}"
 
@@ -423,8 +443,9 @@ def as_message(reply: Any) -> dict[str, Any]:
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 
 
-def test_non_streaming_turn_is_stored(serve: Serve) -> None:
+def test_non_streaming_turn_is_stored(either: Serve) -> None:
     """A named conversation: history and reply stored, usage recorded, Recap's request sent."""
+    serve = either
     cid = new_id()
     before = len(serve.llm.requests)
     raw = turn(serve, cid, [SYSTEM, {"role": "user", "content": "hello"}])
@@ -439,6 +460,7 @@ def test_non_streaming_turn_is_stored(serve: Serve) -> None:
     assert sent.messages == [SYSTEM, {"role": "user", "content": "hello"}]
     headers = {k.lower(): v for k, v in sent.headers.items()}
     assert headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
+    assert headers["user-agent"].startswith("python-httpx") == (serve.path == "direct")
     assert [(m["role"], m["content"]) for m in serve.branch(cid)] == [
         ("user", "hello"),
         ("assistant", reply.choices[0].message.content),
@@ -446,8 +468,9 @@ def test_non_streaming_turn_is_stored(serve: Serve) -> None:
     assert serve.usage(cid) == [(reply.usage.prompt_tokens, reply.usage.completion_tokens)]
 
 
-def test_streaming_turn_passes_chunks_and_stores_the_reply(serve: Serve) -> None:
+def test_streaming_turn_passes_chunks_and_stores_the_reply(either: Serve) -> None:
     """Chunks arrive one by one; the assembled reply is stored with its usage."""
+    serve = either
     cid = new_id()
     messages = [{"role": "user", "content": "stream please"}]
     stream = serve.client().chat.completions.create(
@@ -501,8 +524,9 @@ def test_full_history_resent_is_stored_once(serve: Serve) -> None:
     assert serve.count(cid) == 10
 
 
-def test_tool_calling_agent_loop(serve: Serve) -> None:
+def test_tool_calling_agent_loop(either: Serve) -> None:
     """Call, result, answer: the calls and results are stored and sent back paired."""
+    serve = either
     cid = new_id()
     tools = [
         {
@@ -714,8 +738,9 @@ def test_models_and_health(serve: Serve) -> None:
     assert httpx.get(serve.base_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
 
 
-def test_context_overflow_compresses_once_and_retries(serve: Serve) -> None:
+def test_context_overflow_compresses_once_and_retries(either: Serve) -> None:
     """The provider says the request is too long: Recap summarizes now and sends it again."""
+    serve = either
     cid = new_id()
     messages: list[dict[str, Any]] = [SYSTEM]
     for n in range(12):

@@ -33,15 +33,19 @@ def create_app(settings: Settings | None = None) -> Starlette:
     keys = KeyRing(settings.serve_keys)
     if not keys:
         raise RecapError("RECAP_SERVE_KEYS is empty: set at least one client key")
+    if settings.upstream_client == "direct" and not settings.upstream_api_base:
+        raise RecapError("RECAP_UPSTREAM_CLIENT=direct needs RECAP_UPSTREAM_API_BASE")
     secrets = known_secrets(settings)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         recap = AsyncRecap(settings=settings)
-        app.state.serve = routes.State(turns=Turns(recap, settings), keys=keys)
+        turns = Turns(recap, settings)
+        app.state.serve = routes.State(turns=turns, keys=keys)
         try:
             yield
         finally:
+            await turns.upstream.aclose()
             recap.close()
 
     async def unexpected(request: Request, exc: Exception) -> Response:

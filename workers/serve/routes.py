@@ -158,11 +158,11 @@ async def passthrough(
     """The request sent upstream as it came, nothing stored."""
     settings = state.turns.settings
     try:
-        response = await upstream.complete(model, messages, params, settings, stream=stream)
+        response = await state.turns.upstream.complete(model, messages, params, stream=stream)
     except Exception as exc:
         raise upstream.as_serve_error(exc, settings) from None
     if not stream:
-        return Response(_json(response), media_type=JSON_TYPE, headers=PASSTHROUGH)
+        return Response(upstream.reply_bytes(response), media_type=JSON_TYPE, headers=PASSTHROUGH)
     relay = Relay(response, include_usage=usage)
     return TurnStream(relay, relay.close, headers=PASSTHROUGH)
 
@@ -186,7 +186,7 @@ async def stored_turn(
             turns.locks.release(turn.conversation_id)
     _log_turn(turn, mapped, started, "stored")
     return Response(
-        _json(response),
+        upstream.reply_bytes(response),
         media_type=JSON_TYPE,
         headers=dict(reply_headers(turn)),
         background=BackgroundTask(turns.enqueue, turn.conversation_id, turn.leaf_id),
@@ -250,10 +250,6 @@ def _log_turn(turn: Turn, mapped: history.Mapped, started: float, outcome: str) 
         sent_messages=len(turn.sent),
         duration_ms=round((time.perf_counter() - started) * 1000),
     )
-
-
-def _json(response: Any) -> bytes:
-    return str(response.model_dump_json(exclude_none=True)).encode()
 
 
 async def models(request: Request) -> Response:

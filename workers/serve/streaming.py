@@ -16,6 +16,8 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from workers.serve.direct import Chunk
+
 DONE = b"data: [DONE]\n\n"
 EVENT_STREAM = "text/event-stream"
 
@@ -45,7 +47,17 @@ class Relay:
         yield DONE
 
     def _payload(self, chunk: Any) -> bytes | None:
-        """The chunk as the client asked for it: usage only with ``include_usage``."""
+        """The chunk as the client asked for it: usage only with ``include_usage`` (a chunk of
+        the direct path as the upstream wrote it, unless its usage must go)."""
+        if isinstance(chunk, Chunk):
+            if self.include_usage:
+                return chunk.raw
+            if not chunk.data.get("choices"):
+                return None
+            if "usage" not in chunk.data:
+                return chunk.raw
+            data = {k: v for k, v in chunk.data.items() if k != "usage"}
+            return json.dumps(data, separators=(",", ":")).encode()
         if self.include_usage:
             return str(chunk.model_dump_json(exclude_none=True)).encode()
         if not chunk.choices:

@@ -81,6 +81,7 @@ class Turns:
         self.ingest = Ingest.from_settings(settings)
         self.locks = ConversationLocks()
         self.seen = history.SeenRequests()
+        self.upstream = upstream.Upstream(settings)
         self._secrets = known_secrets(settings)
 
     async def store_request(self, turn: Turn) -> history.Mapped:
@@ -119,18 +120,14 @@ class Turns:
     async def call(self, turn: Turn, *, stream: bool) -> Any:
         """The upstream reply (or stream); a context overflow compresses once and retries."""
         try:
-            return await upstream.complete(
-                turn.model, turn.sent, turn.params, self.settings, stream=stream
-            )
+            return await self.upstream.complete(turn.model, turn.sent, turn.params, stream=stream)
         except Exception as exc:
             if not upstream.is_context_overflow(exc):
                 raise upstream.as_serve_error(exc, self.settings) from None
         await self.compress_now(turn)
         await self.assemble(turn)
         try:
-            return await upstream.complete(
-                turn.model, turn.sent, turn.params, self.settings, stream=stream
-            )
+            return await self.upstream.complete(turn.model, turn.sent, turn.params, stream=stream)
         except Exception as exc:
             raise upstream.as_serve_error(exc, self.settings) from None
 

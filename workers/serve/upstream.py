@@ -1,5 +1,6 @@
-"""The upstream model, through litellm: which model a request names, which of its parameters are
-passed on, and the reply and usage read back.
+"""The upstream model: which model a request names, which of its parameters are passed on, how
+it is called (``Upstream``: directly for an OpenAI-compatible base URL, through litellm
+otherwise; see ``RECAP_UPSTREAM_CLIENT``), and the reply and usage read back from either.
 
 Only the OpenAI chat-completions parameters below are passed on. litellm also takes arguments
 that choose where a request goes and with which key (``api_base``, ``api_key``, ``headers``...):
@@ -20,8 +21,10 @@ os.environ.setdefault("MAX_BASE64_LENGTH_FOR_LOGGING", "0")
 
 import litellm
 
+from core.errors import RecapError
 from core.redact import known_secrets, redact
 from core.settings import Settings
+from workers.serve import direct
 from workers.serve.errors import UPSTREAM, ServeError
 
 litellm.suppress_debug_info = True
@@ -82,14 +85,61 @@ def resolve_model(name: str, settings: Settings) -> str:
     return settings.model_map.get(name, name)
 
 
-def outgoing(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The messages as sent upstream: recorded reasoning stays out."""
+def outgoing(
+    messages: Sequence[Mapping[str, Any]], *, copy: bool = True
+) -> list[Mapping[str, Any]]:
+    """The messages as sent upstream: recorded reasoning stays out (each message copied unless
+    ``copy`` is false: the direct path only serializes them)."""
     return [
         {k: v for k, v in m.items() if k not in NOT_RESENT_KEYS}
         if any(k in m for k in NOT_RESENT_KEYS)
-        else dict(m)
+        else (dict(m) if copy else m)
         for m in messages
     ]
+
+
+class Upstream:
+    """The upstream as ``RECAP_UPSTREAM_CLIENT`` chooses to call it: ``direct`` sends every
+    request to ``RECAP_UPSTREAM_API_BASE`` with one shared HTTP client, ``litellm`` sends every
+    one through litellm, ``auto`` sends ``openai/`` models directly when a base URL is set and
+    the rest through litellm."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.mode = settings.upstream_client
+        base = settings.upstream_api_base or None
+        if self.mode == "direct" and base is None:
+            raise RecapError("RECAP_UPSTREAM_CLIENT=direct needs RECAP_UPSTREAM_API_BASE")
+        key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
+        self._direct = (
+            direct.DirectClient(base, key, settings.llm_timeout)
+            if base is not None and self.mode != "litellm"
+            else None
+        )
+
+    def is_direct(self, model: str) -> bool:
+        """Whether a request for ``model`` goes out on the direct path."""
+        if self._direct is None:
+            return False
+        return self.mode == "direct" or model.startswith(direct.PROVIDER_PREFIX)
+
+    async def complete(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        *,
+        stream: bool,
+    ) -> Any:
+        """One upstream call: the reply, or its stream when ``stream``."""
+        if self._direct is not None and self.is_direct(model):
+            sent = outgoing(messages, copy=False)
+            return await self._direct.complete(model, sent, params, stream=stream)
+        return await complete(model, messages, params, self.settings, stream=stream)
+
+    async def aclose(self) -> None:
+        if self._direct is not None:
+            await self._direct.aclose()
 
 
 async def complete(
@@ -120,6 +170,8 @@ async def complete(
 
 def is_context_overflow(exc: BaseException) -> bool:
     """The provider said the request does not fit its window."""
+    if isinstance(exc, direct.UpstreamError):
+        return exc.context_overflow
     return isinstance(exc, litellm.exceptions.ContextWindowExceededError)
 
 
@@ -133,9 +185,19 @@ def as_serve_error(exc: BaseException, settings: Settings) -> ServeError:
     return ServeError(status, f"upstream model error: {message}", type=UPSTREAM, code=code)
 
 
+def _data(response: Any) -> dict[str, Any] | None:
+    """A reply of the direct path as its JSON (``None`` for a litellm reply)."""
+    if isinstance(response, direct.Reply):
+        return response.data
+    return response if isinstance(response, dict) else None
+
+
 def reply_message(response: Any) -> dict[str, Any]:
     """The assistant message of a reply (choice 0) in OpenAI format: content, tool calls and
     the provider's reasoning when it sent any."""
+    data = _data(response)
+    if data is not None:
+        return _json_message(data["choices"][0].get("message") or {})
     message = response.choices[0].message
     out: dict[str, Any] = {"role": "assistant", "content": message.content}
     calls = getattr(message, "tool_calls", None)
@@ -154,8 +216,37 @@ def reply_message(response: Any) -> dict[str, Any]:
     return out
 
 
+def _json_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [
+            {
+                "id": call.get("id"),
+                "type": "function",
+                "function": {
+                    "name": (call.get("function") or {}).get("name"),
+                    "arguments": (call.get("function") or {}).get("arguments"),
+                },
+            }
+            for call in calls
+        ]
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    return out
+
+
 def usage_of(response: Any) -> tuple[int, int, int] | None:
     """Prompt, completion and cached tokens the provider reported, if it did."""
+    data = _data(response)
+    if data is not None:
+        found = data.get("usage")
+        if not isinstance(found, dict) or not found.get("prompt_tokens"):
+            return None
+        details = found.get("prompt_tokens_details")
+        cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+        return int(found["prompt_tokens"]), int(found.get("completion_tokens") or 0), cached
     usage = getattr(response, "usage", None)
     if usage is None or not getattr(usage, "prompt_tokens", None):
         return None
@@ -165,5 +256,14 @@ def usage_of(response: Any) -> tuple[int, int, int] | None:
 
 
 def build_from_chunks(chunks: list[Any], messages: Sequence[Mapping[str, Any]]) -> Any:
-    """The whole reply of a finished stream, assembled by litellm from its chunks."""
+    """The whole reply of a finished stream, assembled from its chunks (by litellm for its own)."""
+    if not chunks or isinstance(chunks[0], direct.Chunk):
+        return direct.build_from_chunks(chunks)
     return litellm.stream_chunk_builder(chunks, messages=list(messages))
+
+
+def reply_bytes(response: Any) -> bytes:
+    """A non-streamed reply as the client gets it: the upstream's own JSON on the direct path."""
+    if isinstance(response, direct.Reply):
+        return response.raw
+    return str(response.model_dump_json(exclude_none=True)).encode()

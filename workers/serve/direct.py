@@ -1,0 +1,212 @@
+"""The direct upstream client: OpenAI chat-completions requests sent by `recap serve` itself,
+with one shared HTTP client, to an OpenAI-compatible upstream at an explicit base URL.
+
+litellm spends several milliseconds per call translating, logging and wrapping a request that,
+for an OpenAI-compatible upstream, goes out as it came; this path sends the JSON as is, passes
+streamed chunks through as the upstream wrote them, and reads the reply (content, tool calls,
+reasoning, usage) from the JSON. Failures map as litellm maps them: the upstream's status and
+message, and a context overflow recognized by litellm's own rule. The key comes from settings
+only and is sent as the ``Authorization`` header, never logged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
+
+PROVIDER_PREFIX = "openai/"
+OVERFLOW_CODE = "context_length_exceeded"
+BAD_GATEWAY = 502
+GATEWAY_TIMEOUT = 504
+MAX_ERROR_TEXT = 2_000  # characters of a non-JSON error body kept in the message
+CONNECTIONS = 100  # at most this many upstream requests at once (the rest wait for one)
+KEEPALIVE = 32  # idle connections kept open for the next request
+DATA = "data:"
+DONE = "[DONE]"
+
+
+class UpstreamError(Exception):
+    """The upstream refused or failed a request: its status, message and code."""
+
+    def __init__(self, status_code: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.code = code
+
+    @property
+    def context_overflow(self) -> bool:
+        """The request does not fit the model's window, by litellm's reading of the message."""
+        return self.code == OVERFLOW_CODE or ExceptionCheckers.is_error_str_context_window_exceeded(
+            self.message
+        )
+
+
+def error_from(status: int, body: bytes) -> UpstreamError:
+    """An error response as an ``UpstreamError``: OpenAI's ``{"error": {...}}`` when it is one,
+    else the start of the body."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        code = error.get("code")
+        message = str(error.get("message") or error)
+        return UpstreamError(status, message, str(code) if code is not None else None)
+    text = body.decode("utf-8", "replace")[:MAX_ERROR_TEXT] or f"HTTP {status}"
+    return UpstreamError(status, str(error) if error is not None else text)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One streamed chunk: its JSON as the upstream wrote it, and parsed."""
+
+    raw: bytes
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A whole (non-streamed) reply: its JSON as the upstream wrote it, and parsed."""
+
+    raw: bytes
+    data: dict[str, Any]
+
+
+class Stream:
+    """The chunks of a streamed reply, read as they arrive; ``aclose`` lets the connection go."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+
+    async def __aiter__(self) -> AsyncIterator[Chunk]:
+        try:
+            async for line in self._response.aiter_lines():
+                if not line.startswith(DATA):
+                    continue
+                payload = line[len(DATA) :].strip()
+                if payload == DONE:
+                    break
+                data = json.loads(payload)
+                if isinstance(data, dict) and isinstance(data.get("error"), dict):
+                    raise error_from(self._response.status_code, payload.encode())
+                if isinstance(data, dict):
+                    yield Chunk(payload.encode(), data)
+        finally:
+            await self._response.aclose()
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class DirectClient:
+    """OpenAI chat completions at ``base`` (``.../v1``) over one pooled HTTP client."""
+
+    def __init__(self, base: str, key: str | None, timeout: float) -> None:
+        self.url = base.rstrip("/") + "/chat/completions"
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=KEEPALIVE),
+        )
+
+    async def complete(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        *,
+        stream: bool,
+    ) -> Reply | Stream:
+        """One request: the reply, or its stream when ``stream`` (usage asked for either way)."""
+        body: dict[str, Any] = {**params, "model": model.removeprefix(PROVIDER_PREFIX)}
+        body["messages"] = messages
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        content = json.dumps(body, separators=(",", ":")).encode()
+        request = self._client.build_request("POST", self.url, content=content)
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.TimeoutException:
+            raise UpstreamError(GATEWAY_TIMEOUT, "the upstream did not answer in time") from None
+        except httpx.HTTPError as exc:
+            raise UpstreamError(
+                BAD_GATEWAY, f"cannot reach the upstream ({type(exc).__name__})"
+            ) from None
+        if response.status_code >= 400 or not stream:
+            try:
+                raw = await response.aread()
+            finally:
+                await response.aclose()
+            if response.status_code >= 400:
+                raise error_from(response.status_code, raw)
+            data = json.loads(raw)
+            if not isinstance(data, dict) or not data.get("choices"):
+                raise UpstreamError(BAD_GATEWAY, "the upstream's reply holds no choices")
+            return Reply(raw, data)
+        return Stream(response)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def build_from_chunks(chunks: Sequence[Chunk]) -> dict[str, Any]:
+    """The whole reply a finished stream sent, in the shape of a non-streamed one: choice 0's
+    text, reasoning and tool calls (arguments joined by index), and the usage chunk's usage."""
+    text: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    usage: Any = None
+    finish: Any = None
+    for chunk in chunks:
+        data = chunk.data
+        usage = data.get("usage") or usage
+        for choice in data.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            finish = choice.get("finish_reason") or finish
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                text.append(str(delta["content"]))
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if thought:
+                reasoning.append(str(thought))
+            for call in delta.get("tool_calls") or ():
+                _merge_call(calls, call)
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text else None}
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    reply: dict[str, Any] = {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+    if usage is not None:
+        reply["usage"] = usage
+    return reply
+
+
+def _merge_call(calls: dict[int, dict[str, Any]], call: Mapping[str, Any]) -> None:
+    index = call.get("index")
+    slot = calls.setdefault(
+        index if isinstance(index, int) else len(calls),
+        {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+    )
+    if call.get("id"):
+        slot["id"] = call["id"]
+    function = call.get("function") or {}
+    if function.get("name") and not slot["function"]["name"]:
+        slot["function"]["name"] = function["name"]
+    if function.get("arguments"):
+        slot["function"]["arguments"] += function["arguments"]
