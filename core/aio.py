@@ -104,6 +104,8 @@ class AsyncRecap:
         context_files: Iterable[assembly.ContextFile] = (),
         text_only: bool = False,
         cache_breakpoints: bool = False,
+        model: str | None = None,
+        max_input_tokens: int | None = None,
     ) -> assembly.AssembledRequest:
         """``Recap.assemble``: the request to send now."""
         return await self.run(
@@ -116,6 +118,8 @@ class AsyncRecap:
             context_files=tuple(context_files),
             text_only=text_only,
             cache_breakpoints=cache_breakpoints,
+            model=model,
+            max_input_tokens=max_input_tokens,
         )
 
     async def record_usage(

@@ -94,8 +94,13 @@ class Recap:
         context_files: Iterable[assembly.ContextFile] = (),
         text_only: bool = False,
         cache_breakpoints: bool = False,
+        model: str | None = None,
+        max_input_tokens: int | None = None,
     ) -> assembly.AssembledRequest:
-        """The request to send now: ``.messages`` for the model, ``.tokens`` for accounting."""
+        """The request to send now: ``.messages`` for the model, ``.tokens`` for accounting.
+
+        ``model`` previews the request for another model (its window and tokenizer) without
+        changing the conversation's; ``max_input_tokens`` overrides the window for this request."""
         return service.assemble(
             self.engine,
             conversation_id,
@@ -107,6 +112,8 @@ class Recap:
             context_files=context_files,
             text_only=text_only,
             cache_breakpoints=cache_breakpoints,
+            model=model,
+            max_input_tokens=max_input_tokens,
         )
 
     def record_usage(

@@ -56,3 +56,34 @@ def test_summary_info_fields() -> None:
     assert row.tokens == row["tokens"] == 40
     with pytest.raises(KeyError):
         row["nope"]
+
+
+def test_the_host_handles_take_what_the_cli_takes(recap: Recap) -> None:
+    """``Recap.assemble`` and ``AsyncRecap.assemble`` take the window and the model like
+    ``recap assemble --max-input-tokens/--model``, and answer as the service does."""
+    import asyncio
+
+    from core import service
+    from core.aio import AsyncRecap
+
+    cid = recap.new(max_input_tokens=100_000)
+    for n in range(30):
+        recap.add(
+            cid, {"role": "user" if n % 2 == 0 else "assistant", "content": f"turn {n} " * 40}
+        )
+    tight = recap.assemble(cid, max_input_tokens=1_500)
+    other = recap.assemble(cid, model="gpt-3.5-turbo", max_input_tokens=1_500)
+    wide = recap.assemble(cid)
+    assert tight.truncated and not wide.truncated
+    assert tight.budget < wide.budget and tight.budget == other.budget
+    assert (
+        tight.as_dict()
+        == service.assemble(recap.engine, cid, recap.settings, max_input_tokens=1_500).as_dict()
+    )
+
+    async def through_the_loop() -> dict[str, object]:
+        async with AsyncRecap(recap) as handle:
+            request = await handle.assemble(cid, max_input_tokens=1_500)
+            return request.as_dict()
+
+    assert asyncio.run(through_the_loop()) == tight.as_dict()
