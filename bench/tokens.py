@@ -55,7 +55,7 @@ def warm(records: list[dict[str, Any]]) -> list[Figure]:
     from core import service
     from core.request.branch import effective_history_tokens
     from core.settings import load_settings
-    from core.storage import store
+    from core.storage import reads, snapshot
     from core.storage.db import make_engine, session_scope
     from core.storage.migrate import upgrade
 
@@ -65,7 +65,7 @@ def warm(records: list[dict[str, Any]]) -> list[Figure]:
         service.import_conversations(engine, records, load_settings())
         ids = [r["id"] for r in records]
         with session_scope(engine) as session:
-            states = [store.load_state(session, cid) for cid in ids]
+            states = [reads.load_whole_branch(session, cid) for cid in ids]
 
         def in_memory() -> None:
             for s in states:
@@ -74,7 +74,7 @@ def warm(records: list[dict[str, Any]]) -> list[Figure]:
         def from_db() -> None:
             for cid in ids:
                 with session_scope(engine) as session:
-                    s = store.load_token_index(session, cid)
+                    s = snapshot.read_snapshot(session, cid)
                 effective_history_tokens(s.branch, s.summary, s.clearings)
 
         def naive() -> None:

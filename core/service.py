@@ -158,7 +158,7 @@ def export_conversation(
     (only files Recap saved under ``output_dir``, default ``RECAP_OUTPUT_DIR``)."""
     with session_scope(engine) as session:
         conversation = store.get_conversation(session, conversation_id)
-        branch = store.load_branch(session, conversation_id, leaf)
+        branch = reads.load_whole_branch(session, conversation_id, leaf).branch
         meta = dict(conversation.meta or {})
     root = output_dir or get_settings().output_dir
 

@@ -18,7 +18,7 @@ from core.errors import BudgetError
 from core.request.assembly import AssembledRequest, assemble
 from core.request.placeholders import cleared_placeholder
 from core.settings import Settings, load_settings
-from core.storage import reads, store
+from core.storage import reads
 from core.storage.db import make_engine, session_scope
 from core.storage.migrate import upgrade
 from core.storage.models import Clearing, Summary, utcnow
@@ -71,7 +71,7 @@ def _ids(engine: Engine) -> list[str]:
         ]
 
 
-def _check_against_branch(request: AssembledRequest, state: store.BranchState) -> None:
+def _check_against_branch(request: AssembledRequest, state: reads.RequestBranch) -> None:
     """System first, reminder last, and the last user message with everything after it sent."""
     check_request(request)
     branch = state.branch
@@ -95,7 +95,7 @@ def _assemble_all(engine: Engine, settings: Settings, window: int, **knobs: Any)
     valid = 0
     for cid in _ids(engine):
         with session_scope(engine) as session:
-            state = store.load_state(session, cid)
+            state = reads.load_whole_branch(session, cid)
         try:
             request = service.assemble(
                 engine, cid, settings, max_input_tokens=window, reminder=REMINDER, **knobs
@@ -135,10 +135,11 @@ def check_partial_read(
     """The request read partly equals the one from the whole stored branch ending at ``leaf``,
     or both give the same budget error; whether the partial read left rows unread."""
     with session_scope(engine) as session:
-        state = store.load_state(session, cid, leaf)
+        state = reads.load_whole_branch(session, cid, leaf)
+        model, _ = reads.conversation_head(session, cid)
     try:
         whole = assemble(
-            state.branch, model=state.model, window=window,
+            state.branch, model=model, window=window,
             safety_margin=settings.safety_margin, summary=state.summary,
             clearings=state.clearings, **knobs,
         ).as_dict()  # fmt: skip
@@ -188,12 +189,12 @@ def _summarize_and_clear(engine: Engine) -> int:
     done = 0
     for cid in _ids(engine):
         with session_scope(engine) as session:
-            state = store.load_state(session, cid)
+            state = reads.load_whole_branch(session, cid)
             branch = state.branch
             if len(branch) < 6:
                 continue
             cutoff = branch[len(branch) // 2]
-            encoding = tokens.encoding_name_for(state.model)
+            encoding = tokens.encoding_name_for(reads.conversation_head(session, cid)[0])
             session.add(
                 Summary(
                     conversation_id=cid,
@@ -245,7 +246,7 @@ def test_summarized_and_cleared_copy(data_db: Path, tmp_path: Path, settings: Se
         except BudgetError:
             continue
         with session_scope(engine) as session:
-            state = store.load_state(session, cid)
+            state = reads.load_whole_branch(session, cid)
         if state.summary is None:
             continue
         texts = [m["content"] for m in request.messages if isinstance(m["content"], str)]
@@ -264,7 +265,7 @@ def test_partial_reads_match_on_every_database(engine: Engine, settings: Setting
     service.import_conversations(engine, records, settings)
     with session_scope(engine) as session:
         for cid in _ids(engine):
-            branch = store.load_branch(session, cid)
+            branch = reads.load_whole_branch(session, cid).branch
             results = [m for m in branch if m.role == "tool"]
             for message in results[:2]:
                 session.add(

@@ -10,14 +10,13 @@ import random
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
 from core import service
 from core.errors import NotFoundError
 from core.settings import Settings
-from core.storage import store
 from core.storage.db import session_scope
-from core.storage.models import Clearing, Summary, utcnow
+from core.storage.models import MESSAGES, Clearing, Summary, utcnow
 from tests.test_assembly_data import check_partial_read
 
 TREES = 12
@@ -76,7 +75,11 @@ def _grow(
 def _decorate(engine: Engine, cid: str, rng: random.Random) -> None:
     """Summaries at two random cutoffs in the oldest third, and a third of the results cleared."""
     with session_scope(engine) as session:
-        messages = store.load_messages(session, cid)
+        m = MESSAGES.c  # every message of every branch, not one branch
+        rows = session.connection().execute(
+            select(m.id, m.role, m.tokens).where(m.conversation_id == cid).order_by(m.id)
+        )
+        messages = {row.id: row for row in rows}
         for cutoff in rng.sample(sorted(messages)[: len(messages) // 3], 2):
             session.add(
                 Summary(

@@ -18,7 +18,7 @@ from core import service
 from core.counting import tokens
 from core.decision.toolresults import IDLE, plan_clearings
 from core.settings import get_settings, load_settings
-from core.storage import store
+from core.storage import reads, store
 from core.storage.db import session_scope
 from core.storage.models import CONVERSATIONS, utcnow
 from core.storage.sweep import apply_clearings, sweep_idle
@@ -59,7 +59,7 @@ def cleared_ids(engine: Engine, cid: str) -> list[int]:
 
 def tool_ids(engine: Engine, cid: str) -> list[int]:
     with session_scope(engine) as session:
-        return [m.id for m in store.load_branch(session, cid) if m.role == "tool"]
+        return [m.id for m in reads.load_whole_branch(session, cid).branch if m.role == "tool"]
 
 
 def table_rows(engine: Engine, table: str) -> list[tuple[Any, ...]]:
@@ -118,7 +118,7 @@ def test_sweep_matches_the_pure_plan(agents: Engine) -> None:
     """The set-based sweep records exactly what plan_clearings would: same ids, same tokens."""
     settings = get_settings()
     with session_scope(agents) as session:
-        state = store.load_state(session, "idle-a")
+        state = reads.load_whole_branch(session, "idle-a")
     plan = plan_clearings(
         state.branch,
         {},
@@ -202,7 +202,7 @@ def test_sweep_skips_what_a_summary_covers(agents: Engine) -> None:
 def test_apply_clearings_is_idempotent(agents: Engine) -> None:
     """Applying the same plan twice records each clearing once."""
     with session_scope(agents) as session:
-        state = store.load_state(session, "active")
+        state = reads.load_whole_branch(session, "active")
     plan = plan_clearings(
         state.branch, {}, keep_last=3, protected=(), min_tokens=1, reason="pressure"
     )

@@ -122,6 +122,26 @@ def load_request_branch(
     )
 
 
+def load_whole_branch(
+    session: Session, conversation_id: str, leaf: int | None = None
+) -> RequestBranch:
+    """Every message from the root to ``leaf`` (default: the latest message), with content, and
+    the summary and clearings that apply: what ``export`` prints and what the request view is
+    checked against. The request path reads less (``load_request_branch``)."""
+    conversation_head(session, conversation_id)
+    connection = session.connection()
+    path = branch_path(connection, conversation_id, leaf)
+    rows = _Rows(connection, conversation_id)
+    rows.fetch(path)
+    return RequestBranch(
+        branch=[rows.msg(mid) for mid in path],
+        summary=applicable_summary(store.load_summaries(session, conversation_id), set(path)),
+        clearings=store.load_clearings(session, conversation_id),
+        omitted=[],
+        bases={mid: rows.by_id[mid][BASIS] for mid in path},
+    )
+
+
 def branch_path(connection: Connection, conversation_id: str, leaf: int | None) -> list[int]:
     """The ids from the root to ``leaf`` (default: the latest message).
 

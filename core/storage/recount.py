@@ -165,7 +165,7 @@ def recount_batch(
         rows = session.connection().execute(statement).all()
         changes = [
             change
-            for change in (change_for(store._to_msg(row), str(row[-1]), model) for row in rows)
+            for change in (change_for(store.to_msg(row), str(row[-1]), model) for row in rows)
             if change is not None
         ]
         write(session.connection(), changes)

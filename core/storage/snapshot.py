@@ -214,7 +214,7 @@ def load_contents(session: Session, conversation_id: str, ids: Iterable[int]) ->
     for start in range(0, len(wanted), ID_CHUNK):
         params = {"conversation_id": conversation_id, "ids": wanted[start : start + ID_CHUNK]}
         for row in connection.execute(statement, params):
-            found[int(row[0])] = store._to_msg(row)  # the store's own row reader
+            found[int(row[0])] = store.to_msg(row)
     return found
 
 

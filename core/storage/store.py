@@ -18,7 +18,6 @@ from sqlmodel import Session, col, select
 
 from core.counting import tokens
 from core.errors import InputError, NotFoundError
-from core.request.branch import applicable_summary, branch_ids
 from core.request.validate import (
     DERIVED_PREFIX,
     KNOWN_KEYS,
@@ -37,7 +36,6 @@ from core.storage.models import (
     MESSAGES,
     SUMMARIES,
     Conversation,
-    Message,
     Usage,
     utcnow,
 )
@@ -76,22 +74,6 @@ class Preparer(Protocol):
     out."""
 
     def prepare(self, message: dict[str, Any]) -> Prepared: ...
-
-
-@dataclass(frozen=True)
-class BranchState:
-    """Plain values copied out of one read: everything the request view is derived from."""
-
-    conversation_id: str
-    model: str
-    max_input_tokens: int | None
-    branch: list[Msg]
-    summary: SummaryRec | None
-    clearings: dict[int, ClearingRec]
-
-    @property
-    def leaf_id(self) -> int | None:
-        return self.branch[-1].id if self.branch else None
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -413,14 +395,8 @@ def _ids_of(value: Any) -> tuple[str, ...]:
     return tuple(str(v.get("id", "")) if isinstance(v, dict) else str(v) for v in value)
 
 
-def latest_message_id(session: Session, conversation_id: str) -> int | None:
-    """The newest message of the conversation (the default leaf)."""
-    statement = select(func.max(Message.id)).where(Message.conversation_id == conversation_id)
-    value = session.exec(statement).one()
-    return int(value) if value is not None else None
-
-
-def _to_msg(row: Any) -> Msg:
+def to_msg(row: Any) -> Msg:
+    """A row of ``MESSAGE_COLUMNS`` as a ``Msg``."""
     return Msg(
         id=int(row[0]),
         parent_id=row[1],
@@ -435,81 +411,6 @@ def _to_msg(row: Any) -> Msg:
         output_path=row[10],
         original_bytes=row[11],
     )
-
-
-def load_messages(session: Session, conversation_id: str) -> dict[int, Msg]:
-    """Every message of the conversation by id, as plain values."""
-    statement = (
-        sa_select(*MESSAGE_COLUMNS)
-        .where(MESSAGES.c.conversation_id == conversation_id)
-        .order_by(MESSAGES.c.id)
-    )
-    return {int(row[0]): _to_msg(row) for row in session.connection().execute(statement)}
-
-
-@dataclass(frozen=True)
-class TokenIndex:
-    """The token counts of one branch, without any text: what pressure checks need."""
-
-    conversation_id: str
-    model: str
-    max_input_tokens: int | None
-    leaf_id: int | None
-    branch: list[Msg]
-    summary: SummaryRec | None
-    clearings: dict[int, ClearingRec]
-
-
-def load_token_index(session: Session, conversation_id: str, leaf: int | None = None) -> TokenIndex:
-    """Ids, parents and stored counts of a branch (no content is read)."""
-    connection = session.connection()
-    head = connection.execute(
-        sa_select(CONVERSATIONS.c.model, CONVERSATIONS.c.max_input_tokens).where(
-            CONVERSATIONS.c.id == conversation_id
-        )
-    ).first()
-    if head is None:
-        raise NotFoundError(f"unknown conversation {conversation_id!r}")
-    m = MESSAGES.c
-    statement = sa_select(m.id, m.parent_id, m.tokens, m.role).where(
-        m.conversation_id == conversation_id
-    )
-    rows = {int(r[0]): (r[1], int(r[2]), str(r[3])) for r in connection.execute(statement)}
-    path: list[int] = []
-    if rows:
-        leaf = max(rows) if leaf is None else leaf
-        if leaf not in rows:
-            raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
-        path = branch_ids({mid: row[0] for mid, row in rows.items()}, leaf)
-    elif leaf is not None:
-        raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
-    branch = [
-        Msg(id=mid, parent_id=rows[mid][0], role=rows[mid][2], content=None, tokens=rows[mid][1])
-        for mid in path
-    ]
-    summary = applicable_summary(load_summaries(session, conversation_id), set(path))
-    return TokenIndex(
-        conversation_id=conversation_id,
-        model=head[0],
-        max_input_tokens=head[1],
-        leaf_id=path[-1] if path else None,
-        branch=branch,
-        summary=summary,
-        clearings=load_clearings(session, conversation_id),
-    )
-
-
-def load_branch(session: Session, conversation_id: str, leaf: int | None = None) -> list[Msg]:
-    """The messages from the root to ``leaf`` (default: the latest message)."""
-    messages = load_messages(session, conversation_id)
-    if leaf is None:
-        if not messages:
-            return []
-        leaf = max(messages)
-    if leaf not in messages:
-        raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
-    path = branch_ids({mid: m.parent_id for mid, m in messages.items()}, leaf)
-    return [messages[mid] for mid in path]
 
 
 # Built once: every request reads these, and building a statement costs more than running it.
@@ -554,21 +455,6 @@ def load_clearings(session: Session, conversation_id: str) -> dict[int, Clearing
     """The cleared tool results of the conversation, by message id."""
     rows = session.connection().execute(_CLEARINGS_OF, {"conversation_id": conversation_id})
     return {int(row[0]): ClearingRec(int(row[0]), row[1], int(row[2])) for row in rows}
-
-
-def load_state(session: Session, conversation_id: str, leaf: int | None = None) -> BranchState:
-    """One read of everything the request view needs, copied out as plain values."""
-    conversation = get_conversation(session, conversation_id)
-    branch = load_branch(session, conversation_id, leaf)
-    summary = applicable_summary(load_summaries(session, conversation_id), {m.id for m in branch})
-    return BranchState(
-        conversation_id=conversation.id,
-        model=conversation.model,
-        max_input_tokens=conversation.max_input_tokens,
-        branch=branch,
-        summary=summary,
-        clearings=load_clearings(session, conversation_id),
-    )
 
 
 def record_usage(
