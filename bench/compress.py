@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,8 @@ from typing import Any
 
 from bench import Figure
 from bench.data import load_all
-from tests.processes import stop_group
+from tests.processes import wait_for
+from tests.worker_stack import CELERY, WorkerProcess, worker_env
 
 WINDOW = 12_000  # the replay's context window
 STAND_IN_MODEL = "openai/gpt-4o-mini"  # a known window for the summarizer; the server answers
@@ -228,21 +228,6 @@ def bench_env(values: dict[str, str]) -> Iterator[None]:
         get_settings.cache_clear()
 
 
-def point_app_at(settings: Any, prefix: str | None = None) -> None:
-    """Configure the Celery app for these settings and drop its cached broker connections, so
-    the next message goes to the broker now configured."""
-    from workers.app import app, configure
-
-    configure(app, settings)
-    if prefix is not None:
-        options = {**app.conf.broker_transport_options, "global_keyprefix": prefix}
-        app.conf.broker_transport_options = options
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
-    app.amqp._producer_pool = None
-
-
 def prepared(url: str, count: int, tag: str) -> tuple[Any, list[str]]:
     """A migrated database holding ``count`` synthetic conversations, each over its trigger."""
     from core import service
@@ -262,43 +247,33 @@ def prepared(url: str, count: int, tag: str) -> tuple[Any, list[str]]:
 
 def throughput_figure(folder: Path) -> Figure:
     """64 compressions on a worker process of its own (threads pool, concurrency 16, Redis)."""
-    import redis
-
     from core.settings import get_settings
+    from tests.celery_helpers import configured_app
+    from tests.services import redis_database
     from workers.app import app
 
-    database = random.randint(8, 15)  # a Redis database of its own: no other run's messages
-    broker = REDIS_URL.rsplit("/", 1)[0] + f"/{database}"
-    redis.Redis.from_url(broker).flushdb()
     server = model_process(MODEL_SECONDS)
-    values = model_env(folder, "throughput.db", broker, server)
-    values["RECAP_LOG_LEVEL"] = "WARNING"  # a line per task at INFO is not what is measured here
-    worker: subprocess.Popen[bytes] | None = None
-    with bench_env(values):
-        try:
-            engine, ids = prepared(values["RECAP_DATABASE_URL"], THROUGHPUT_RUNS + 1, "t")
-            point_app_at(get_settings())
-            worker = worker_process(folder)
-            app.send_task("recap.compress_session", args=[ids[0]])  # warm-up: not timed
-            try:
-                wait_for_runs(engine, 1, timeout=WORKER_START_SECONDS)
-            except TimeoutError:
-                tail = (folder / "worker.log").read_text(errors="replace")[-2000:]
-                raise TimeoutError(
-                    f"the worker process ran nothing; its log ends:\n{tail}"
-                ) from None
-            started = time.perf_counter()
-            for cid in ids[1:]:
-                app.send_task("recap.compress_session", args=[cid])
-            actions = wait_for_runs(engine, len(ids))
-            elapsed = time.perf_counter() - started
-        finally:
-            if worker is not None:
-                stop_group(worker)
-            server.terminate()
-            server.wait()
-            redis.Redis.from_url(broker).flushdb()
-            point_app_at(get_settings())
+    try:
+        with redis_database(REDIS_URL) as broker:  # no other run's messages, nobody flushes it
+            values = model_env(folder, "throughput.db", broker, server)
+            values["RECAP_LOG_LEVEL"] = "WARNING"  # a line per task at INFO is not measured here
+            worker = worker_process(folder, values)
+            with bench_env(values), configured_app(get_settings(), None):
+                engine, ids = prepared(values["RECAP_DATABASE_URL"], THROUGHPUT_RUNS + 1, "t")
+                try:
+                    worker.launch()
+                    app.send_task("recap.compress_session", args=[ids[0]])  # warm-up: not timed
+                    wait_for_runs(engine, 1, timeout=WORKER_START_SECONDS, log=worker.log)
+                    started = time.perf_counter()
+                    for cid in ids[1:]:
+                        app.send_task("recap.compress_session", args=[cid])
+                    actions = wait_for_runs(engine, len(ids), log=worker.log)
+                    elapsed = time.perf_counter() - started
+                finally:
+                    worker.stop()
+    finally:
+        server.terminate()
+        server.wait()
     done = actions.count("summarized") - 1  # the warm-up run is not timed
     ideal = THROUGHPUT_CONCURRENCY / MODEL_SECONDS
     return Figure(
@@ -318,6 +293,7 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
     from celery.contrib.testing.worker import start_worker
 
     from core.settings import get_settings
+    from tests.celery_helpers import configured_app
     from workers.app import app
 
     server = model_process(CONNECTIONS_MODEL_SECONDS)
@@ -326,8 +302,8 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
         try:
             engine, ids = prepared(values["RECAP_DATABASE_URL"], THROUGHPUT_CONCURRENCY, "k")
             connections.watch(engine)
-            point_app_at(get_settings(), prefix=f"bench-{uuid.uuid4().hex[:8]}:")
             with (
+                configured_app(get_settings(), prefix=f"bench-{uuid.uuid4().hex[:8]}:"),
                 pre_call_hook(connections),
                 start_worker(
                     app,
@@ -345,7 +321,6 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
         finally:
             server.terminate()
             server.wait()
-            point_app_at(get_settings())
 
 
 def model_env(
@@ -363,37 +338,32 @@ def model_env(
     }
 
 
-def worker_process(folder: Path) -> subprocess.Popen[bytes]:
+def worker_process(folder: Path, values: dict[str, str]) -> WorkerProcess:
     """``celery -A workers.app worker`` with the threads pool, as deployed for compression."""
-    root = Path(__file__).resolve().parent.parent
-    command = [
-        sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-P", "threads",
-        "-c", str(THROUGHPUT_CONCURRENCY), "-Q", "compress", "--loglevel", "WARNING",
-    ]  # fmt: skip
-    log = (folder / "worker.log").open("wb")
-    return subprocess.Popen(
-        command, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    args: tuple[str, ...] = ("-P", "threads", "-c", str(THROUGHPUT_CONCURRENCY), "-Q", "compress")
+    args += ("--loglevel", "WARNING")
+    env = worker_env(**values)
+    return WorkerProcess(env, folder / "worker.log", args=args, program=CELERY)
 
 
-def wait_for_runs(engine: Any, count: int, timeout: float = 120) -> list[str]:
-    """Poll the compaction log until ``count`` runs are recorded; their actions."""
+def wait_for_runs(
+    engine: Any, count: int, timeout: float = 120, log: Path | None = None
+) -> list[str]:
+    """Poll the compaction log until ``count`` runs are recorded; their actions (a
+    ``TimeoutError`` quoting ``log``'s tail if they are not, in time)."""
     from sqlalchemy import select
 
     from workers.compress import COMPACTION_LOG
 
-    deadline = time.monotonic() + timeout
-    while True:
+    def actions() -> list[str]:
         with engine.connect() as connection:
             rows = connection.execute(  # consecutive skips share a row: its repeats count
                 select(COMPACTION_LOG.c.action, COMPACTION_LOG.c.repeats)
             )
-            actions = [str(a) for a, repeats in rows for _ in range(int(repeats))]
-        if len(actions) >= count:
-            return actions
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(actions)} of {count} runs finished in {timeout:g} s")
-        time.sleep(POLL_SECONDS)
+            found = [str(a) for a, repeats in rows for _ in range(int(repeats))]
+        return found if len(found) >= count else []
+
+    return list(wait_for(actions, timeout, f"{count} runs", log, poll=POLL_SECONDS))
 
 
 def model_process(delay: float) -> subprocess.Popen[bytes]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -48,7 +47,7 @@ MODEL_SECONDS = 0.2
 WINDOW = 1_500  # small, so each conversation is summarized about twice in its 20 turns
 STAND_IN_MODEL = "openai/gpt-4o-mini"  # a known window for the summarizer; the server answers
 DRAIN_TIMEOUT = 900.0  # seconds the worker may take to finish everything
-POLL_SECONDS = 0.5  # how often the drain is checked
+POLL_SECONDS = 0.5  # how often the drain is checked (it reads every worker's log)
 POSTGRES_ADMIN_URL = os.environ.get(
     "RECAP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
@@ -69,21 +68,10 @@ def turn(cid: str, n: int) -> list[dict[str, str]]:
 @contextmanager
 def database() -> Iterator[str]:
     """A fresh PostgreSQL database on the shared server, dropped afterwards."""
-    from sqlalchemy import create_engine, text
+    from tests.services import postgres_database
 
-    name = f"recap_load_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        from core.storage.db import dispose_engines
-
-        dispose_engines()
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with postgres_database(POSTGRES_ADMIN_URL, prefix="recap_load_") as url:
+        yield url
 
 
 @contextmanager
@@ -227,7 +215,11 @@ def one_load(
     with stack(folder, broker_kind, processes) as (engine, broker_url, workers):
         enqueued, started = host(engine, broker_url, conversations)
         wait_for(
-            lambda: drained(engine, workers, enqueued), DRAIN_TIMEOUT, "the load", workers[0].log
+            lambda: drained(engine, workers, enqueued),
+            DRAIN_TIMEOUT,
+            "the load",
+            workers[0].log,
+            poll=POLL_SECONDS,
         )
         seconds = time.monotonic() - started
         found = counts(engine)

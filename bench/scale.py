@@ -28,6 +28,7 @@ from bench import Figure
 RSS_BOUND_MIB = 550
 STABLE_MIB = 1.0  # two readings this close, a second apart: start-up is over
 STABLE_TIMEOUT = 120.0
+READING_SECONDS = 1.0  # between two memory readings
 RUNS = 128  # compressions timed per configuration
 WARM_UP_RUNS = 4  # first compressions of fresh processes, not timed
 MODEL_SECONDS = 1.0
@@ -84,13 +85,12 @@ def settled_rss(root: int) -> dict[int, float]:
     last: list[dict[int, float]] = [{}]
 
     def steady() -> bool:
-        time.sleep(1.0)  # the reading interval, not a wait for something to happen
         now = {pid: rss_mib(pid) for pid in process_tree(root)}
         before, last[0] = last[0], now
         change = abs(sum(now.values()) - sum(before.values()))
         return set(now) == set(before) and change < STABLE_MIB
 
-    wait_for(steady, STABLE_TIMEOUT, "the worker's memory to settle")
+    wait_for(steady, STABLE_TIMEOUT, "the worker's memory to settle", poll=READING_SECONDS)
     return last[0]
 
 

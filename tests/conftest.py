@@ -1,4 +1,5 @@
-"""Shared fixtures: databases (SQLite, PostgreSQL), Redis, RabbitMQ, settings, the test data.
+"""Shared fixtures: databases (SQLite, PostgreSQL), Redis (the shared server, a database of it held
+alone, or a server of the test's own), RabbitMQ, settings, the test data.
 
 Services that are absent make their tests skip with a reason, except under ``CI=true`` where an
 absent service is a failure: CI must not go green without them.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,14 @@ from sqlalchemy import Engine, create_engine, text
 from core.settings import Settings, get_settings
 from core.storage.db import dispose_engines, make_engine
 from core.storage.migrate import upgrade
-from tests.services import RabbitNode, missing_rabbitmq
+from tests.services import (
+    RabbitNode,
+    RedisServer,
+    missing_rabbitmq,
+    missing_redis,
+    postgres_database,
+    redis_database,
+)
 
 DATA_DIR = Path(__file__).parent / "data"
 DATA_FILES = (
@@ -91,18 +98,8 @@ def postgres_url() -> Iterator[str]:
     problem = _postgres_available()
     if problem is not None:
         need_service("PostgreSQL", problem)
-    name = f"recap_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    try:
+    with postgres_database(POSTGRES_ADMIN_URL) as url:
         yield url
-    finally:
-        dispose_engines()
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -143,6 +140,35 @@ def redis_url() -> str:
     except Exception as exc:  # any failure to reach Redis means it is not usable here
         need_service("Redis", str(exc).splitlines()[0])
     return REDIS_URL
+
+
+@pytest.fixture
+def private_redis_db(redis_url: str) -> Iterator[str]:
+    """A database of the shared Redis server that this test holds alone (no concurrent run uses
+    or flushes it), empty; its URL."""
+    with redis_database(redis_url) as url:
+        yield url
+
+
+def need_redis_server() -> None:
+    """Skip (fail under CI=true) where a Redis server of the test's own cannot be started."""
+    problem = missing_redis()
+    if problem is not None:
+        need_service("redis-server", problem)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A Redis server of the test's own; the senders ``compress_later`` cached for it are
+    dropped afterwards."""
+    need_redis_server()
+    try:
+        with RedisServer.started() as server:
+            yield server
+    finally:
+        from workers.enqueue import reset
+
+        reset()
 
 
 _booting: list[RabbitNode] = []  # launched at collection, taken by the fixture below

@@ -8,6 +8,11 @@ port, restarted and stopped by their own pid, never touching the shared servers.
     with PostgresCluster.started() as cluster:  # initdb + postgres under a temporary folder
         ... cluster.url ... cluster.restart() ...
 
+All three are a ``PrivateServer``: a free port, a folder of their own, ready when the port
+accepts, stopped by pid, restarted on the same port. ``redis_database(url)`` is the other way
+to a broker of one's own: a database number of the shared Redis server that no concurrent run
+uses or flushes while it is held.
+
 ``missing_redis()`` / ``missing_rabbitmq()`` / ``missing_postgres()`` say why a server cannot be
 started here (None when it can), for ``need_service``. PostgreSQL refuses to run as root, so as
 root the cluster runs as the ``postgres`` user (``runuser -u postgres --``) under a folder that
@@ -23,41 +28,23 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Self
+from urllib.parse import urlsplit, urlunsplit
+
+from tests.processes import WaitTimeout, accepts, free_port, wait_for
 
 START_TIMEOUT = 30.0  # seconds a server may take to accept connections
 STOP_TIMEOUT = 30.0  # seconds a shutdown may take before the server is killed
-POLL_SECONDS = 0.05  # how often a start or stop is checked
+LOG_TAIL_CHARS = 2_000  # how much of a server's log an early exit quotes
 POSTGRES_USER = "postgres"
 
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def accepts(port: int) -> bool:
-    """Whether something accepts TCP connections on 127.0.0.1:port."""
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def wait_until(check: object, timeout: float, what: str) -> None:
-    """Poll ``check()`` until it is true, or raise after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(POLL_SECONDS)
+__all__ = ["accepts", "free_port"]  # re-exported: tests import them from here
 
 
 def stop_pid(pid: int, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> None:
@@ -67,11 +54,11 @@ def stop_pid(pid: int, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT)
     except ProcessLookupError:
         return
     try:
-        wait_until(lambda: not _alive(pid), timeout, f"process {pid} to stop")
-    except TimeoutError:
+        wait_for(lambda: not _alive(pid), timeout, f"process {pid} to stop")
+    except WaitTimeout:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: not _alive(pid), timeout, f"process {pid} to die")
+        wait_for(lambda: not _alive(pid), timeout, f"process {pid} to die")
 
 
 def _alive(pid: int) -> bool:
@@ -95,6 +82,93 @@ def _state(pid: int) -> str:
         return "?"
 
 
+def _folder(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+@dataclass
+class PrivateServer:
+    """What every server of our own shares: a free port, a temporary folder holding its data and
+    its log, a child process started there, "ready" meaning it accepts connections on its port,
+    a stop by its own pid, and a restart on the same port. A subclass says how to ``launch``.
+
+        with SomeServer.started() as server:  # launched, ready; stopped and removed after
+            ...
+    """
+
+    port: int = field(default_factory=free_port)
+    folder: Path = field(default_factory=lambda: _folder("recap-server-"))
+    process: subprocess.Popen[bytes] | None = None
+
+    kind: ClassVar[str] = "server"
+    log_name: ClassVar[str] = "server.log"
+    start_timeout: ClassVar[float] = START_TIMEOUT
+
+    @classmethod
+    @contextlib.contextmanager
+    def started(cls, launched: Self | None = None, **options: object) -> Iterator[Self]:
+        """A running server (``launched``, once it is ready, or a new one made with
+        ``options``), stopped and its folder removed afterwards."""
+        server = launched or cls(**options)  # type: ignore[arg-type]
+        try:
+            if not server.launched:
+                server.launch()
+            server.wait_ready()
+            yield server
+        finally:
+            server.stop()
+            shutil.rmtree(server.folder, ignore_errors=True)
+
+    @property
+    def launched(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def log(self) -> Path:
+        return self.folder / self.log_name
+
+    def launch(self) -> None:
+        """Start the server without waiting for it."""
+        raise NotImplementedError
+
+    def spawn(self, command: list[str], env: dict[str, str] | None = None) -> None:
+        """Run the server's program in its folder, its output appended to its log."""
+        with self.log.open("ab") as sink:
+            self.process = subprocess.Popen(
+                command,
+                env=env,
+                cwd=self.folder,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+
+    def ready(self) -> bool:
+        """Whether the server accepts connections; an error if its process has exited."""
+        if self.process is not None and self.process.poll() is not None:
+            tail = self.log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+            raise RuntimeError(f"{self.kind} exited with {self.process.returncode}: {tail}")
+        return accepts(self.port)
+
+    def wait_ready(self) -> None:
+        wait_for(self.ready, self.start_timeout, f"{self.kind} on port {self.port}")
+
+    def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def stop(self) -> None:
+        """Stop our server by its pid (SIGTERM: a clean shutdown)."""
+        if self.process is not None and self.process.poll() is None:
+            stop_pid(self.process.pid)
+            self.process.wait()
+
+    def restart(self) -> None:
+        """Stop and start again on the same port, with the same folder."""
+        self.stop()
+        self.start()
+
+
 # --- Redis -------------------------------------------------------------------------------------
 
 
@@ -104,62 +178,76 @@ def missing_redis() -> str | None:
 
 
 @dataclass
-class RedisServer:
+class RedisServer(PrivateServer):
     """A redis-server of our own on a free port, without persistence unless asked."""
 
-    port: int = field(default_factory=free_port)
     password: str | None = None
     appendonly: bool = False
-    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="recap-redis-")))
-    process: subprocess.Popen[bytes] | None = None
+    folder: Path = field(default_factory=lambda: _folder("recap-redis-"))
 
-    @classmethod
-    @contextlib.contextmanager
-    def started(cls, **options: object) -> Iterator[RedisServer]:
-        server = cls(**options)  # type: ignore[arg-type]
-        server.start()
-        try:
-            yield server
-        finally:
-            server.stop()
-            shutil.rmtree(server.folder, ignore_errors=True)
+    kind: ClassVar[str] = "redis-server"
+    log_name: ClassVar[str] = "redis.log"
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def start(self) -> None:
+    def launch(self) -> None:
         command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
         command += ["--save", "", "--dir", str(self.folder), "--daemonize", "no"]
         command += ["--appendonly", "yes" if self.appendonly else "no"]
         if self.password:
             command += ["--requirepass", self.password]
-        log = (self.folder / "redis.log").open("ab")
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        wait_until(self._ready, START_TIMEOUT, f"redis-server on port {self.port}")
-
-    def _ready(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
-            log = (self.folder / "redis.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"redis-server exited with {self.process.returncode}: {log}")
-        return accepts(self.port)
-
-    def stop(self) -> None:
-        """Stop our server by its pid (SIGTERM: a clean shutdown)."""
-        if self.process is not None and self.process.poll() is None:
-            stop_pid(self.process.pid)
-            self.process.wait()
+        self.spawn(command)
 
     def restart(self) -> None:
         """Stop and start again on the same port (queued messages survive only with AOF)."""
-        self.stop()
-        self.start()
+        super().restart()
+
+
+# A database number of the shared Redis server that a test run holds alone: claimed with an
+# expiring SET NX in database 0 (a crashed run's claim lapses), emptied when taken and when let go.
+REDIS_DATABASES = range(1, 8)  # 8-15 are left to code that picks one of them at random
+REDIS_CLAIM_PREFIX = "recap-test:database:"
+REDIS_CLAIM_SECONDS = 3_600  # longer than any test holds one
+REDIS_CLAIM_TIMEOUT = 120.0  # seconds to wait for a number when concurrent runs hold them all
+
+
+def _with_database(url: str, number: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{number}"))
+
+
+@contextlib.contextmanager
+def redis_database(url: str) -> Iterator[str]:
+    """The URL of a database on the Redis server at ``url`` that no concurrent test run or
+    benchmark uses or flushes while this one holds it; emptied before and after."""
+    import redis
+
+    claims = redis.Redis.from_url(_with_database(url, 0))
+    token = uuid.uuid4().hex
+
+    def claim() -> int | None:
+        for number in REDIS_DATABASES:
+            key = f"{REDIS_CLAIM_PREFIX}{number}"
+            if claims.set(key, token, nx=True, ex=REDIS_CLAIM_SECONDS):
+                return number
+        return None
+
+    number = wait_for(claim, REDIS_CLAIM_TIMEOUT, "a free Redis test database", poll=0.5)
+    private = _with_database(url, number)
+    client = redis.Redis.from_url(private)
+    try:
+        client.flushdb()
+        yield private
+    finally:
+        client.flushdb()
+        client.close()
+        key = f"{REDIS_CLAIM_PREFIX}{number}"
+        if claims.get(key) == token.encode():
+            claims.delete(key)
+        claims.close()
 
 
 # --- RabbitMQ ----------------------------------------------------------------------------------
@@ -206,33 +294,19 @@ def _password_hash(password: str) -> str:
 
 
 @dataclass
-class RabbitNode:
+class RabbitNode(PrivateServer):
     """A RabbitMQ node of our own: its own node name, ports, cookie, data and log folders.
 
     Boot imports a definitions file: the user ``guest`` and ``RABBITMQ_VHOSTS`` empty vhosts, so a
     test takes a fresh vhost (``fresh_vhost()``) instead of sharing queues with the one before.
     Data is kept across ``restart()`` (durable queues and their messages survive it)."""
 
-    port: int = field(default_factory=free_port)
     dist_port: int = field(default_factory=free_port)
-    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="recap-rabbit-")))
-    process: subprocess.Popen[bytes] | None = None
+    folder: Path = field(default_factory=lambda: _folder("recap-rabbit-"))
     vhosts_taken: int = 0
 
-    @classmethod
-    @contextlib.contextmanager
-    def started(cls, launched: RabbitNode | None = None) -> Iterator[RabbitNode]:
-        """A running node (``launched``, once it is ready, or a new one), stopped and removed
-        afterwards."""
-        node = launched or cls()
-        try:
-            if node.process is None:
-                node.launch()
-            node.wait_ready()
-            yield node
-        finally:
-            node.stop()
-            shutil.rmtree(node.folder, ignore_errors=True)
+    kind: ClassVar[str] = "rabbitmq-server"
+    start_timeout: ClassVar[float] = RABBITMQ_START_TIMEOUT
 
     @property
     def name(self) -> str:
@@ -306,39 +380,13 @@ class RabbitNode:
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL"))}
         return {**inherited, **values}
 
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def start(self) -> None:
-        self.launch()
-        self.wait_ready()
-
     def launch(self) -> None:
         """Start the node without waiting for it (the test run boots it while other tests run)."""
         program = rabbitmq_server_program()
         assert program is not None, missing_rabbitmq()
         if not (self.folder / "rabbitmq.conf").exists():
             self.write_files()
-        log = (self.folder / "server.log").open("ab")
-        self.process = subprocess.Popen(
-            [program],
-            env=self.environment(),
-            cwd=self.folder,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def wait_ready(self) -> None:
-        wait_until(self._ready, RABBITMQ_START_TIMEOUT, f"RabbitMQ node {self.name}")
-
-    def _ready(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
-            log = (self.folder / "server.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"rabbitmq-server exited with {self.process.returncode}: {log}")
-        return accepts(self.port)
+        self.spawn([program], env=self.environment())
 
     def _vm_pid(self) -> int | None:
         try:
@@ -352,20 +400,40 @@ class RabbitNode:
         if self.process is None:
             return
         vm = self._vm_pid()
-        if self.process.poll() is None:
-            stop_pid(self.process.pid)
-        self.process.wait()
+        super().stop()
         if vm is not None:
             stop_pid(vm)
         (self.folder / "node.pid").unlink(missing_ok=True)
 
     def restart(self) -> None:
         """Stop and start again on the same ports; durable queues keep their messages."""
-        self.stop()
-        self.start()
+        super().restart()
 
 
 # --- PostgreSQL --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def postgres_database(admin_url: str, prefix: str = "recap_test_") -> Iterator[str]:
+    """A fresh, empty database on the PostgreSQL server of ``admin_url``; its URL. Dropped
+    afterwards (with the sessions still open on it)."""
+    from sqlalchemy import create_engine, text
+
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            yield admin_url.rsplit("/", 1)[0] + f"/{name}"
+        finally:
+            from core.storage.db import dispose_engines
+
+            dispose_engines()
+            with admin.connect() as connection:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
 
 
 def _as_postgres() -> list[str]:
@@ -391,24 +459,19 @@ def missing_postgres() -> str | None:
 
 
 @dataclass
-class PostgresCluster:
-    """A PostgreSQL cluster of our own (initdb) on a free port, trust authentication."""
+class PostgresCluster(PrivateServer):
+    """A PostgreSQL cluster of our own (initdb) on a free port, trust authentication. ``pg_ctl``
+    starts the postmaster (not our child), so it is stopped by the pid in its pid file."""
 
-    port: int = field(default_factory=free_port)
-    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="recap-pg-")))
-    pid: int | None = None
+    folder: Path = field(default_factory=lambda: _folder("recap-pg-"))
+    postmaster: int | None = None
 
-    @classmethod
-    @contextlib.contextmanager
-    def started(cls) -> Iterator[PostgresCluster]:
-        cluster = cls()
-        try:
-            cluster.init()
-            cluster.start()
-            yield cluster
-        finally:
-            cluster.stop()
-            shutil.rmtree(cluster.folder, ignore_errors=True)
+    kind: ClassVar[str] = "PostgreSQL"
+    log_name: ClassVar[str] = "postgres.log"
+
+    @property
+    def launched(self) -> bool:
+        return self.postmaster is not None
 
     @property
     def data(self) -> Path:
@@ -432,13 +495,15 @@ class PostgresCluster:
             os.chown(self.folder, user.pw_uid, user.pw_gid)
         self._run("initdb", "-D", str(self.data), "-U", POSTGRES_USER, "-A", "trust", "-E", "UTF8")
 
-    def start(self) -> None:
-        """``pg_ctl start`` and wait; the postmaster's pid comes from its pid file."""
+    def launch(self) -> None:
+        """``initdb`` the first time, then ``pg_ctl start`` (it waits); the postmaster's pid
+        comes from its pid file."""
+        if not self.data.exists():
+            self.init()
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c fsync=off"
-        log = str(self.folder / "postgres.log")
+        log = str(self.log)
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", log, "-w", "start")
-        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
-        wait_until(lambda: accepts(self.port), START_TIMEOUT, f"PostgreSQL on port {self.port}")
+        self.postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
 
     def create_database(self, name: str) -> str:
         """A new database in this cluster; its SQLAlchemy URL."""
@@ -452,10 +517,6 @@ class PostgresCluster:
 
     def stop(self, sig: int = signal.SIGINT) -> None:
         """Stop our postmaster by its pid (SIGINT: a fast shutdown that drops sessions)."""
-        if self.pid is not None:
-            stop_pid(self.pid, sig)
-            self.pid = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
+        if self.postmaster is not None:
+            stop_pid(self.postmaster, sig)
+            self.postmaster = None

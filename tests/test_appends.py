@@ -15,9 +15,7 @@ import random
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from core.request.validate import Step, calls_needed, check_tool_pairing, open_c
 from core.settings import Settings
 from core.storage import store
 from tests.cli_helpers import assert_one_line_error, recap
+from tests.processes import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 8
@@ -38,7 +37,6 @@ ADDS_PER_PROCESS = 50
 THREADS = 8  # parallel tool calls of one assistant message, one thread per result
 TURNS = 4  # assistant turns whose results the threads add, reusing call_0..call_7 each turn
 START_SECONDS = 120  # the children import SQLAlchemy and tiktoken before they are ready
-POLL_SECONDS = 0.02  # how often the test looks at the children's ready files
 RANDOM_BRANCHES = 300
 FAR_BACK = 300  # messages between a call and its result: beyond every narrow pairing read
 
@@ -89,13 +87,6 @@ while not Path(folder, "go").exists():
 for i in range(count):
     service.add_message(engine, cid, {"role": "user", "content": f"{tag}-{i}"})
 """
-
-
-def wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(POLL_SECONDS)
 
 
 def test_processes_appending_at_once_all_land_on_the_branch(

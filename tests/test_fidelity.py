@@ -29,9 +29,9 @@ from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.storage.models import CompactionLog, table_of
 from tests.cli_helpers import Result, recap, recap_process
-from tests.conftest import need_service
+from tests.conftest import need_redis_server
 from tests.llm_server import LLMServer
-from tests.services import RedisServer, missing_redis
+from tests.services import RedisServer
 from tests.test_host_loop import agent_turn, assert_cuts_at_step_boundaries
 from tests.worker_stack import WorkerProcess, wait_for, worker_env
 from workers import replay
@@ -221,9 +221,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    problem = missing_redis()
-    if problem is not None:
-        need_service("redis-server", problem)
+    need_redis_server()
     folder = tmp_path_factory.mktemp("fidelity")
     url = f"sqlite:///{folder / 'recap.db'}"
     server = LLMServer().start()

@@ -1,8 +1,9 @@
 """Operations end to end: task logs as an operator reads them. Flower finding and re-running a
 failed task is in test_failures.py, which shares this module's stack and Flower helpers.
 
-A real worker runs as a child process (``celery -A workers.app worker``) on Redis, over a real
-database, calling the local model server through litellm; Flower runs as another child process.
+A real worker runs as a child process (``celery -A workers.app worker``) on a database of the
+shared Redis server that the test holds alone, over a real database, calling the local model
+server through litellm; Flower runs as another child process.
 """
 
 from __future__ import annotations
@@ -10,10 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -23,27 +22,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from core import service
 from core.settings import get_settings
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from tests.llm_server import LLMServer
-from tests.processes import stop_group
+from tests.processes import free_port, wait_for
+from tests.services import redis_database
+from tests.worker_stack import CELERY, ROOT, WorkerProcess, worker_env
 
-ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["free_port"]  # test_failures takes it from here
 API_KEY = "sk-test-do-not-log-7f3a91"
 DB_PASSWORD = "pg-pass-do-not-log-55e1"
 WINDOW = 1_200  # small, so a dozen turns are over the trigger
 FLOWER_AUTH = ("operator", "flower-pass-9c2d")
 READY_TIMEOUT = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+LOG_TIMEOUT = 30.0  # a line the worker writes after the task's result is stored
+_wait = wait_for  # the name test_failures and test_secrets import
 
 
 def chat(turns: int) -> list[dict[str, str]]:
@@ -77,88 +73,49 @@ class Stack:
         return cid
 
 
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @contextmanager
 def stack(postgres_url: str, redis_url: str, tmp_path: Path, **extra: str) -> Iterator[Stack]:
-    """A worker child process on a private Redis database, PostgreSQL (its URL carrying a password
-    that trust authentication ignores), and the local model server with an API key."""
-    base = redis_url.rsplit("/", 1)[0]
-    private = f"{base}/11"
-    client = redis.Redis.from_url(private)
-    client.flushdb()
+    """A worker child process on a database of the Redis server that this test holds alone,
+    PostgreSQL (its URL carrying a password that trust authentication ignores), and the local
+    model server with an API key."""
     db_url = postgres_url.replace("postgres@", f"postgres:{DB_PASSWORD}@", 1)
-    server = LLMServer().start()
-    env = {
-        **os.environ,
-        "RECAP_DATABASE_URL": db_url,
-        "RECAP_BROKER_URL": private,
-        "RECAP_RESULT_BACKEND": private,
-        "RECAP_SUMMARY_MODEL": "openai/stand-in",
-        "RECAP_SUMMARY_API_BASE": server.url,
-        "RECAP_SUMMARY_API_KEY": API_KEY,
-        "RECAP_RETRY_BACKOFF_MAX": "1",
-        "RECAP_OUTPUT_DIR": str(tmp_path / "outputs"),
-        **extra,
-    }
-    os.environ.update({k: v for k, v in env.items() if k.startswith("RECAP_")})
-    get_settings.cache_clear()
-    engine = make_engine(db_url)
-    upgrade(engine)
-    log = tmp_path / "worker.log"  # stderr: the log lines (stdout has Celery's start banner)
-    with log.open("wb") as sink, (tmp_path / "worker.out").open("wb") as banner:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.app",
-                "--quiet",
-                "worker",
-                "--pool",
-                "threads",
-                "--concurrency",
-                "2",
-                "--queues",
-                "compress,maintenance",
-                "--loglevel",
-                "INFO",
-                "--hostname",
-                f"ops-{uuid.uuid4().hex[:6]}@%h",
-                "--without-mingle",
-                "--without-gossip",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=banner,
-            stderr=sink,
-            start_new_session=True,
+    with redis_database(redis_url) as private:
+        server = LLMServer().start()
+        env = worker_env(
+            RECAP_DATABASE_URL=db_url,
+            RECAP_BROKER_URL=private,
+            RECAP_RESULT_BACKEND=private,
+            RECAP_SUMMARY_MODEL="openai/stand-in",
+            RECAP_SUMMARY_API_BASE=server.url,
+            RECAP_SUMMARY_API_KEY=API_KEY,
+            RECAP_RETRY_BACKOFF_MAX="1",
+            RECAP_OUTPUT_DIR=str(tmp_path / "outputs"),
+            **extra,
         )
-    try:
-        _wait(
-            lambda: b"ready" in log.read_bytes() or worker.poll() is not None,
-            READY_TIMEOUT,
-            "the worker to start",
-        )
-        assert worker.poll() is None, log.read_text()
-        yield Stack(env, engine, server, log, private)
-    finally:
-        stop_group(worker)
-        server.stop()
-        engine.dispose()
-        client.flushdb()
-        for key in [k for k in os.environ if k.startswith("RECAP_")]:
-            os.environ.pop(key)
+        os.environ.update({k: v for k, v in env.items() if k.startswith("RECAP_")})
         get_settings.cache_clear()
+        engine = make_engine(db_url)
+        upgrade(engine)
+        args: tuple[str, ...] = ("--pool", "threads", "--concurrency", "2")
+        args += ("--queues", "compress,maintenance")
+        args += ("--loglevel", "INFO", "--hostname", f"ops-{uuid.uuid4().hex[:6]}@%h")
+        worker = WorkerProcess(
+            env,
+            tmp_path / "worker.log",  # stderr: the log lines
+            args=args,
+            program=CELERY,
+            stdout=tmp_path / "worker.out",  # Celery's own prints
+        )
+        try:
+            worker.start(READY_TIMEOUT)
+            yield Stack(env, engine, server, worker.log, private)
+        finally:
+            worker.stop()
+            server.stop()
+            engine.dispose()
+            for key in [k for k in os.environ if k.startswith("RECAP_")]:
+                os.environ.pop(key)
+            get_settings.cache_clear()
 
 
 def _enqueue(stack_: Stack, cid: str) -> dict[str, Any]:
@@ -188,7 +145,12 @@ def test_task_log_lines_are_json_with_context_and_no_secrets(
         assert outcome["action"] == "summarized", outcome
         assert s.server.requests, "the model was called"
         assert s.server.requests[0].headers.get("authorization", "").endswith(API_KEY)
-        time.sleep(1)  # let the worker flush the lines after the result
+        wait_for(  # Celery logs the task's success after storing the result the test read
+            lambda: any("succeeded" in str(line.get("event")) for line in _task_lines(s)),
+            LOG_TIMEOUT,
+            "the task's 'succeeded' line",
+            s.worker_log,
+        )
     text = s.worker_log.read_text()
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]
     assert lines, "the worker logged nothing"
@@ -202,6 +164,20 @@ def test_task_log_lines_are_json_with_context_and_no_secrets(
     done = [line for line in task_lines if line.get("event") == "task_done"]
     assert len(done) == 1 and done[0]["action"] == "summarized"
     assert "tokens_before" in done[0] and "duration_ms" in done[0]
+
+
+def _task_lines(stack_: Stack) -> list[dict[str, Any]]:
+    """The worker's JSON log lines about a compress_session task (a line still being written
+    is left for the next look)."""
+    found = []
+    for line in stack_.worker_log.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("task_name") == "recap.compress_session":
+            found.append(entry)
+    return found
 
 
 def _flower(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:

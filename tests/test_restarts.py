@@ -31,9 +31,9 @@ from core.settings import get_settings
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.storage.models import CONVERSATIONS, CompactionLog, table_of
-from tests.conftest import need_service
+from tests.conftest import need_redis_server, need_service
 from tests.llm_server import LLMServer
-from tests.services import PostgresCluster, RedisServer, missing_postgres, missing_redis
+from tests.services import PostgresCluster, RedisServer, missing_postgres
 from tests.worker_stack import Gate, WorkerProcess, wait_for, worker_env
 from workers import patches
 from workers.enqueue import compress_later, reset
@@ -101,15 +101,6 @@ def _close_after_redis_went_away(redis_server: RedisServer) -> None:
         connection.close()
     finally:
         redis_server.start()
-
-
-@pytest.fixture
-def private_redis() -> Iterator[RedisServer]:
-    problem = missing_redis()
-    if problem is not None:
-        need_service("redis-server", problem)
-    with RedisServer.started() as server:
-        yield server
 
 
 def test_without_the_patch_kombu_crashes_closing_a_detached_channel(
@@ -256,9 +247,7 @@ def stack_on(
 
 @contextmanager
 def _redis_stack(tmp: Path, database_url: str, cluster: PostgresCluster | None) -> Iterator[Stack]:
-    problem = missing_redis()
-    if problem is not None:
-        need_service("redis-server", problem)
+    need_redis_server()
     with RedisServer.started() as broker, stack_on(broker, tmp, database_url, cluster) as stack:
         yield stack
 
@@ -389,7 +378,7 @@ def _error_of(url: str, statement: str) -> Exception:
 
 def test_database_unavailable_tells_a_missing_server_from_a_bad_statement(tmp_path: Path) -> None:
     """A refused connection is retried; a missing table, bad SQL or a constraint is not."""
-    from tests.services import free_port
+    from tests.processes import free_port
     from workers.compress import database_unavailable
 
     sqlite = f"sqlite:///{tmp_path / 'x.db'}"

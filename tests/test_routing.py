@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,7 @@ from core import service
 from core.settings import get_settings
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
-from tests.conftest import need_service
-from tests.services import RedisServer, missing_redis
+from tests.services import RedisServer
 from tests.worker_stack import WorkerProcess, wait_for, worker_env
 from workers import enqueue
 from workers.app import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE
@@ -68,16 +66,6 @@ def test_compress_later_refuses_bad_arguments(conversation_id: Any, leaf: Any) -
     """A wrong id or leaf is a ValueError before anything is sent."""
     with pytest.raises(ValueError):
         compress_later(conversation_id, leaf, broker_url="memory://")
-
-
-@pytest.fixture
-def private_redis() -> Iterator[RedisServer]:
-    problem = missing_redis()
-    if problem is not None:
-        need_service("redis-server", problem)
-    with RedisServer.started() as server:
-        yield server
-    enqueue.reset()
 
 
 def _queued(url: str, queue: str) -> list[dict[str, Any]]:

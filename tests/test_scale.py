@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy import Engine, func, select
 
 import core.storage.db
 from core import service
@@ -34,9 +33,10 @@ from core.settings import get_settings
 from core.storage.db import make_engine, pool_settings, size_pool
 from core.storage.migrate import upgrade
 from core.storage.models import CONVERSATIONS, SUMMARIES, CompactionLog, table_of
-from tests.conftest import POSTGRES_ADMIN_URL, need_service
+from tests.conftest import need_redis_server
 from tests.llm_server import LLMServer, stand_in_summary
-from tests.services import RedisServer, missing_redis
+from tests.processes import children_of
+from tests.services import RedisServer
 from tests.worker_stack import WorkerProcess, wait_for, worker_env
 from workers.enqueue import compress_later, producer_app, reset
 from workers.queues import MAINTENANCE_QUEUE
@@ -62,24 +62,9 @@ def imported(log_text: str, module: str) -> bool:
     return re.search(pattern, log_text, re.MULTILINE) is not None
 
 
-def children_of(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
-
-
 def task_runs(log_text: str, task: str) -> int:
     """Task runs a worker's log reports done (one ``task_done`` line each)."""
     return sum(1 for line in log_text.splitlines() if '"task_done"' in line and f'"{task}"' in line)
-
-
-@pytest.fixture
-def private_redis() -> Iterator[RedisServer]:
-    problem = missing_redis()
-    if problem is not None:
-        need_service("redis-server", problem)
-    with RedisServer.started() as server:
-        yield server
-    reset()
 
 
 # --- lean processes ----------------------------------------------------------------------------
@@ -208,24 +193,6 @@ def turn(cid: str, n: int) -> list[dict[str, str]]:
     ]
 
 
-@contextmanager
-def postgres_database() -> Iterator[str]:
-    """A fresh database on the PostgreSQL server, dropped afterwards."""
-    try:
-        admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-        with admin.connect() as connection:
-            name = f"recap_scale_{uuid.uuid4().hex[:10]}"
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # any failure to reach the server means it is not usable here
-        need_service("PostgreSQL", str(exc).splitlines()[0])
-    try:
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 def load(engine: Engine, broker_url: str, ids: list[str]) -> int:
     """Add every turn from several host threads, enqueueing after each; the tasks sent."""
 
@@ -272,11 +239,12 @@ def lost_messages(engine: Engine, ids: list[str]) -> int:
 
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_two_worker_processes_share_one_queue_under_load(
-    broker: str, tmp_path: Path, request: pytest.FixtureRequest
+    broker: str, tmp_path: Path, postgres_url: str, request: pytest.FixtureRequest
 ) -> None:
     """Two `recap worker` processes, 120 enqueues over 12 conversations from 4 host threads:
     single flight, one summary per cutoff, leases all let go, nothing lost, both served."""
-    with postgres_database() as url, broker_for(broker, request) as broker_url:
+    url = postgres_url
+    with broker_for(broker, request) as broker_url:
         engine = make_engine(url)
         upgrade(engine)
         server = LLMServer(default=InFlight()).start()
@@ -346,9 +314,7 @@ def broker_for(broker: str, request: pytest.FixtureRequest) -> Iterator[str]:
         finally:
             reset()
         return
-    problem = missing_redis()
-    if problem is not None:
-        need_service("redis-server", problem)
+    need_redis_server()
     with RedisServer.started() as server:
         try:
             yield server.url

@@ -1,9 +1,11 @@
-"""A real ``recap worker`` process for fault tests and benchmarks, with what it needs around it.
+"""A Celery worker as a child process of a test or benchmark, and what it needs around it.
 
-``WorkerProcess`` starts ``python -m workers.cli worker ...`` in a new session with an explicit
-environment, its log (stderr and stdout) in a file the test can read and quote, and stops it by
-its process group. ``Gate`` holds the local model server's replies until the test opens it, so a
-test can restart a server "during the model call" without a fixed sleep.
+``WorkerProcess`` is the one way the tests and benchmarks start a worker: ``recap worker`` (the
+default) or ``celery -A workers.app worker`` (``program=CELERY``), in a new session, with the
+environment ``worker_env`` builds, its log in a file the test can read and quote, ready when the
+log says so, stopped by its process group. ``wait_for`` (from ``tests.processes``) is how a test
+waits for anything the worker does. ``Gate`` holds the local model server's replies until the
+test opens it, so a test can restart a server "during the model call" without a fixed sleep.
 """
 
 from __future__ import annotations
@@ -12,34 +14,21 @@ import os
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.llm_server import stand_in_summary
-from tests.processes import stop_group
+from tests.processes import WaitTimeout, children_of, stop_group, wait_for
+
+__all__ = ["CELERY", "RECAP", "ROOT", "Gate", "WaitTimeout", "WorkerProcess", "wait_for"]
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 120.0  # a worker that calls a model imports litellm before it is ready
-WAIT_POLL_SECONDS = 0.1  # how often a condition is checked
-LOG_TAIL_CHARS = 4_000  # how much of a worker's log a failed wait quotes
 GATE_TIMEOUT = 120.0  # a held reply is let go after this, so a failed test never hangs a thread
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, log: Path | None = None) -> Any:
-    """Poll ``check()`` until it returns something true; fail with ``what`` (and the log's tail)
-    after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:] if log else ""
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
-        time.sleep(WAIT_POLL_SECONDS)
+RECAP = ("workers.cli", "worker")  # `recap worker`: the supervisor and its Celery children
+CELERY = ("celery", "-A", "workers.app", "--quiet", "worker")  # one Celery worker, no banner
+READY_LINE = " ready."  # what Celery logs once a worker consumes
 
 
 @dataclass
@@ -69,7 +58,8 @@ class Gate:
 
 
 def worker_env(**values: str | None) -> dict[str, str]:
-    """The test process's environment with these RECAP_* values (None removes one)."""
+    """The environment of a worker child: the test process's without its RECAP_* values,
+    ``PYTHONPATH`` set to the checkout, then these values (None removes one)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECAP_")}
     env["PYTHONPATH"] = str(ROOT)
     env.update({k: v for k, v in values.items() if v is not None})
@@ -78,21 +68,39 @@ def worker_env(**values: str | None) -> dict[str, str]:
 
 @dataclass
 class WorkerProcess:
-    """``recap worker`` as a child process of the test."""
+    """A Celery worker as a child process: ``python -m <program> <args>``, its stdout and stderr
+    in ``log`` (stdout in ``stdout`` instead, when given: Celery's banner apart from the log)."""
 
     env: dict[str, str]
     log: Path
     args: tuple[str, ...] = ("--queues", "compress")
     process: subprocess.Popen[bytes] | None = None
+    program: tuple[str, ...] = RECAP
+    stdout: Path | None = None
 
-    def start(self) -> WorkerProcess:
-        command = [sys.executable, "-m", "workers.cli", "worker", *self.args]
+    def launch(self) -> WorkerProcess:
+        """Start the worker without waiting for it to be ready."""
+        command = [sys.executable, "-m", *self.program, *self.args]
         command += ["--without-mingle", "--without-gossip"]  # no waiting for neighbours
-        sink = self.log.open("ab")
-        self.process = subprocess.Popen(
-            command, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.wait_ready(1)
+        with self.log.open("ab") as sink:
+            out = self.stdout.open("ab") if self.stdout is not None else None
+            try:
+                self.process = subprocess.Popen(
+                    command,
+                    env=self.env,
+                    stdout=out or sink,
+                    stderr=sink if out else subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            finally:
+                if out is not None:
+                    out.close()
+        return self
+
+    def start(self, timeout: float = READY_TIMEOUT) -> WorkerProcess:
+        """Start the worker and wait until it consumes."""
+        self.launch()
+        self.wait_ready(1, timeout)
         return self
 
     def text(self) -> str:
@@ -100,10 +108,20 @@ class WorkerProcess:
 
     def wait_ready(self, times: int, timeout: float = READY_TIMEOUT) -> None:
         """Until the log says ``ready.`` ``times`` times (once per start of a child)."""
-        wait_for(lambda: self.text().count(" ready.") >= times, timeout, "the worker", self.log)
+        self.wait_log(READY_LINE, timeout, times, what="the worker")
 
-    def wait_log(self, needle: str, timeout: float, count: int = 1) -> None:
-        wait_for(lambda: self.text().count(needle) >= count, timeout, repr(needle), self.log)
+    def wait_log(self, needle: str, timeout: float, count: int = 1, what: str = "") -> None:
+        """Until ``needle`` is in the log ``count`` times; a worker that exits first fails at
+        once, quoting its log."""
+
+        def seen() -> bool:
+            if self.text().count(needle) >= count:
+                return True
+            if not self.alive:
+                raise AssertionError(f"the worker exited waiting for {needle!r}\n{self.text()}")
+            return False
+
+        wait_for(seen, timeout, what or repr(needle), self.log)
 
     @property
     def alive(self) -> bool:
@@ -112,8 +130,7 @@ class WorkerProcess:
     def children(self) -> list[int]:
         """The supervisor's child processes (the Celery workers)."""
         assert self.process is not None
-        path = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        return [int(pid) for pid in path.read_text().split()] if path.exists() else []
+        return children_of(self.process.pid)
 
     def stop(self) -> None:
         if self.process is not None:
