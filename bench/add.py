@@ -101,7 +101,11 @@ def _measure(url: str, records: list[dict[str, Any]], suffix: str, folder: Path)
             call_id = f"bench_{index}"
             recap.add(cid, _assistant(call_id))
             result = _result(call_id)
-            times[cid].append(_timed(clock, lambda c=cid, r=result: recap.add(c, r)))
+
+            def add(c: str = cid, r: dict[str, Any] = result) -> int:
+                return recap.add(c, r)
+
+            times[cid].append(_timed(clock, add))
         times[raw].append(_timed(clock, _raw_insert(engine, raw)))
     engine.dispose()
     median = {cid: statistics.median(values[WARMUP_ROUNDS:]) for cid, values in times.items()}

@@ -108,7 +108,11 @@ def _serialize_figures(
         (ALL_FIT_WINDOW, "assemble_vs_serialize_all_fit", "with a window all of it fits in", ""),
     ):
         payload = json.loads(assembled(window))
-        ours, baseline = best_of_each([lambda w=window: assembled(w), floor(payload)], REPEATS)
+
+        def ours_run(w: int | None = window) -> str:
+            return assembled(w)
+
+        ours, baseline = best_of_each([ours_run, floor(payload)], REPEATS)
         figures.append(
             Figure(
                 name,
@@ -126,6 +130,7 @@ def _profile_figures(engine: Any, settings: Any, messages: list[dict[str, Any]])
     from datetime import UTC, datetime
 
     from core import service
+    from core.request import assembly
     from core.storage import profile as profiles
     from core.storage.db import session_scope
     from workers.replay import host_parts
@@ -143,7 +148,7 @@ def _profile_figures(engine: Any, settings: Any, messages: list[dict[str, Any]])
                 stored = profiles.load_profile(session.connection(), CONVERSATION_ID)
             given = (system, tools, reminder, ())
             fixed = profiles.FixedParts(
-                *service.assembly.fixed_part_tokens(
+                *assembly.fixed_part_tokens(
                     [], model=MODEL, system=system, tools=tools, reminder=reminder, context_files=()
                 )
             )

@@ -41,7 +41,7 @@ def populate(engine: Engine) -> None:
             "VALUES (?, 'gpt-4o-mini', ?, ?, 0)",
             [(f"conv-{c}", stamp, stamp) for c in range(CONVERSATIONS)],
         )
-        rows = []
+        rows: list[tuple[object, ...]] = []
         next_id = 1
         for c in range(CONVERSATIONS):
             parent = None
