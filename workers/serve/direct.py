@@ -86,13 +86,17 @@ class Stream:
         self._response = response
 
     async def __aiter__(self) -> AsyncIterator[Chunk]:
+        done = False
         try:
+            # read to the end of the body even after [DONE]: a connection whose response was
+            # read whole goes back to the pool for the next request instead of being closed
             async for line in self._response.aiter_lines():
-                if not line.startswith(DATA):
+                if done or not line.startswith(DATA):
                     continue
                 payload = line[len(DATA) :].strip()
                 if payload == DONE:
-                    break
+                    done = True
+                    continue
                 data = json.loads(payload)
                 if isinstance(data, dict) and isinstance(data.get("error"), dict):
                     raise error_from(self._response.status_code, payload.encode())

@@ -8,7 +8,7 @@ import hmac
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Engine, and_, select, update
@@ -37,6 +37,7 @@ class Mapped:
     leaf_id: int | None
     matched: int
     appended: list[int]
+    path: tuple[int, ...] = ()  # the stored id of every message of the request
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +51,14 @@ class Owner:
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """A conversation's last request: its messages as sent, as checked, and their hashes."""
+    """A conversation's last request: its messages as sent, as checked, and their hashes; once
+    stored, their ids, and the hash and id of the reply stored after them."""
 
     sent: list[Any]
     checked: list[dict[str, Any]]
     hashes: list[str]
+    path: tuple[int, ...] = ()
+    reply: tuple[str, int] | None = None
 
 
 class SeenRequests:
@@ -82,6 +86,19 @@ class SeenRequests:
             self._entries.move_to_end(key)
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
+
+    def record_reply(
+        self, key: tuple[str, str], leaf_id: int | None, reply: tuple[str, int]
+    ) -> None:
+        """The reply (hash, id) stored after ``leaf_id``, kept when it ends the last request."""
+        with self._lock:
+            seen = self._entries.get(key)
+            if seen is not None and seen.path and seen.path[-1] == leaf_id:
+                self._entries[key] = replace(seen, reply=reply)
+
+    def drop(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -112,6 +129,26 @@ def checked_and_hashed(messages: Sequence[Any], previous: Seen | None) -> Seen:
     return Seen(list(messages), checked, hashes)
 
 
+def known_path(request: Seen, previous: Seen | None) -> list[int]:
+    """Stored ids of the request's first messages, known from the last request's mapping: of
+    the messages it repeats, and of the reply stored after them when the request repeats that
+    too (a client resending its history sends last turn's request, the reply, then new ones)."""
+    if previous is None or not previous.path:
+        return []
+    limit = min(len(request.hashes), len(previous.path))
+    count = 0
+    while count < limit and request.hashes[count] == previous.hashes[count]:
+        count += 1
+    path = list(previous.path[:count])
+    if (
+        count == len(previous.path) < len(request.hashes)
+        and previous.reply is not None
+        and request.hashes[count] == previous.reply[0]
+    ):
+        path.append(previous.reply[1])
+    return path
+
+
 def store_request(
     engine: Engine,
     ingest: Ingest,
@@ -126,14 +163,25 @@ def store_request(
     ``InputError`` before anything is written); with ``seen``, only past what the
     conversation's last request already held."""
     key = (owner.fingerprint, conversation_id)
-    request = checked_and_hashed(messages, seen.get(key) if seen is not None else None)
+    previous = seen.get(key) if seen is not None else None
+    request = checked_and_hashed(messages, previous)
+    known = known_path(request, previous)
+    if seen is not None and known and len(known) == len(request.hashes):
+        # all stored already, by this process's last turn: nothing to read or write (the
+        # reply's store touches the conversation; a deleted one fails its assembly)
+        same = previous is not None and tuple(known) == previous.path
+        reply = previous.reply if same and previous is not None else None
+        seen.put(key, replace(request, path=tuple(known), reply=reply))
+        return Mapped(known[-1], len(known), [], tuple(known))
     for attempt in range(CREATE_ATTEMPTS):
         try:
             with session_scope(engine) as session:
                 conversation = _claim(session, conversation_id, owner)
-                mapped = _append(session, conversation, ingest, request.checked, request.hashes)
+                mapped = _append(
+                    session, conversation, ingest, request.checked, request.hashes, known
+                )
             if seen is not None:
-                seen.put(key, request)
+                seen.put(key, replace(request, path=mapped.path))
             return mapped
         except IntegrityError:  # created by another process between our read and insert
             if attempt + 1 == CREATE_ATTEMPTS:
@@ -148,11 +196,27 @@ def store_reply(
     owner: Owner,
     leaf_id: int | None,
     reply: Mapping[str, Any],
+    seen: SeenRequests | None = None,
 ) -> int:
     """Store the model's reply after ``leaf_id``; the same reply stored there already is reused
     (a retried request stores nothing twice), a different one starts a branch."""
     checked = check_message(reply, "reply")
     digest = message_hash(checked)
+    reply_id = _store_reply(engine, ingest, conversation_id, owner, leaf_id, checked, digest)
+    if seen is not None:
+        seen.record_reply((owner.fingerprint, conversation_id), leaf_id, (digest, reply_id))
+    return reply_id
+
+
+def _store_reply(
+    engine: Engine,
+    ingest: Ingest,
+    conversation_id: str,
+    owner: Owner,
+    leaf_id: int | None,
+    checked: dict[str, Any],
+    digest: str,
+) -> int:
     with session_scope(engine) as session:
         conversation = _claim(session, conversation_id, owner)
         m = MESSAGES.c
@@ -199,17 +263,33 @@ def _append(
     ingest: Ingest,
     messages: Sequence[Mapping[str, Any]],
     hashes: Sequence[str],
+    known: Sequence[int] = (),
 ) -> Mapped:
-    starts = _start_parents(session, conversation.id)
-    path = longest_stored_prefix(_candidates(session, conversation.id, hashes), hashes, starts)
+    """The request on the tree: its longest stored prefix (the walk starts after ``known``,
+    the ids of its first messages, when the last of them is still stored), the rest appended."""
+    if known and _holds(session, conversation.id, known[-1]):
+        starts: list[int | None] = [known[-1]]
+        rest = hashes[len(known) :]
+        found = longest_stored_prefix(_candidates(session, conversation.id, rest), rest, starts)
+        path = [*known, *found]
+    else:
+        starts = _start_parents(session, conversation.id)
+        path = longest_stored_prefix(_candidates(session, conversation.id, hashes), hashes, starts)
     new = messages[len(path) :]
     if not new:
-        return Mapped(path[-1] if path else None, len(path), [])
+        return Mapped(path[-1] if path else None, len(path), [], tuple(path))
     check_tool_pairing(new, "messages", open_calls=open_calls(messages[: len(path)]))
     parent = path[-1] if path else max((s for s in starts if s is not None), default=None)
     rows = [store.prepared_values(dict(m), conversation.model, ingest) for m in new]
     ids = store.insert_chain(session, conversation.id, rows, parent)
-    return Mapped(ids[-1], len(path), ids)
+    return Mapped(ids[-1], len(path), ids, (*path, *ids))
+
+
+def _holds(session: Session, conversation_id: str, message_id: int) -> bool:
+    """Whether the conversation still holds the message."""
+    m = MESSAGES.c
+    statement = select(m.id).where(and_(m.conversation_id == conversation_id, m.id == message_id))
+    return session.connection().execute(statement).first() is not None
 
 
 def _start_parents(session: Session, conversation_id: str) -> list[int | None]:

@@ -196,9 +196,9 @@ async def stored_turn(
 async def _prepare(turns: Turns, turn: Turn) -> history.Mapped:
     """The history stored and the request assembled, Recap's errors as OpenAI errors."""
     try:
-        mapped = await turns.store_request(turn)
-        await turns.assemble(turn)
+        mapped = await turns.prepare(turn)
     except NotFoundError:
+        turns.seen.drop((turn.owner.fingerprint, turn.conversation_id))  # deleted meanwhile
         raise not_found(turn.conversation_id) from None
     except UnknownModelError as exc:
         raise bad_request(

@@ -84,10 +84,21 @@ class Turns:
         self.upstream = upstream.Upstream(settings)
         self._secrets = known_secrets(settings)
 
-    async def store_request(self, turn: Turn) -> history.Mapped:
-        """The request's history on the tree (the longest stored prefix reused)."""
-        mapped = await self.recap.run(
-            history.store_request,
+    async def prepare(self, turn: Turn) -> history.Mapped:
+        """The request's history on the tree and Recap's request for it (``turn.sent``), in one
+        trip to the thread pool; compressing once, and assembling again, if it does not fit."""
+        mapped, request = await self.recap.run(self._store_and_assemble, turn)
+        if request is None:
+            await self.compress_now(turn)
+            try:
+                request = await self._assemble(turn)
+            except BudgetError as exc:
+                raise context_too_long(str(exc)) from None
+        turn.sent = request
+        return mapped
+
+    def _store_and_assemble(self, turn: Turn) -> tuple[history.Mapped, list[dict[str, Any]] | None]:
+        mapped = history.store_request(
             self.recap.recap.engine,
             self.ingest,
             turn.conversation_id,
@@ -96,7 +107,13 @@ class Turns:
             self.seen,
         )
         turn.leaf_id = mapped.leaf_id
-        return mapped
+        try:
+            assembled = self.recap.recap.assemble(
+                turn.conversation_id, leaf=turn.leaf_id, system=turn.system, tools=turn.tools
+            )
+        except BudgetError:
+            return mapped, None
+        return mapped, assembled.messages
 
     async def assemble(self, turn: Turn) -> list[dict[str, Any]]:
         """Recap's request for the branch, compressing once if it does not fit."""
@@ -172,6 +189,7 @@ class Turns:
             turn.owner,
             turn.leaf_id,
             upstream.reply_message(response),
+            self.seen,
         )
 
     def _record_usage(self, turn: Turn, response: Any) -> None:
