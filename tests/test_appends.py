@@ -10,13 +10,10 @@ forward count.
 from __future__ import annotations
 
 import json
-import os
+import multiprocessing
 import random
-import subprocess
-import sys
 import threading
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,15 +25,14 @@ from core.errors import InputError, NotFoundError
 from core.request.validate import Step, calls_needed, check_tool_pairing, open_calls_from_tail
 from core.settings import Settings
 from core.storage import store
+from core.storage.db import make_engine
 from tests.cli_helpers import assert_one_line_error, recap
-from tests.processes import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 8
 ADDS_PER_PROCESS = 50
 THREADS = 8  # parallel tool calls of one assistant message, one thread per result
 TURNS = 4  # assistant turns whose results the threads add, reusing call_0..call_7 each turn
-START_SECONDS = 120  # the children import SQLAlchemy and tiktoken before they are ready
+START_SECONDS = 120  # seconds the children may take to connect, and then to finish
 RANDOM_BRANCHES = 300
 FAR_BACK = 300  # messages between a call and its result: beyond every narrow pairing read
 
@@ -70,51 +66,49 @@ def branch(engine: Engine, cid: str = "c") -> list[dict[str, Any]]:
 
 # --- concurrency -------------------------------------------------------------------------------
 
-CHILD = """
-import sys, time
-from pathlib import Path
-from core import service
-from core.storage.db import make_engine
-url, cid, tag, count, folder = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
-engine = make_engine(url)
-engine.connect().close()
-Path(folder, "ready-" + tag).touch()
-deadline = time.monotonic() + 120
-while not Path(folder, "go").exists():
-    if time.monotonic() > deadline:
-        raise SystemExit("no go signal")
-    time.sleep(0.005)
-for i in range(count):
-    service.add_message(engine, cid, {"role": "user", "content": f"{tag}-{i}"})
-"""
+
+def _append(url: str, cid: str, tag: str, count: int, barrier: Any) -> None:
+    """One appending process: an engine and a connection of its own, then ``count`` adds once
+    every process is ready."""
+    try:
+        engine = make_engine(url)
+        engine.connect().close()
+        barrier.wait(START_SECONDS)
+    except BaseException:
+        barrier.abort()  # the test fails at once instead of waiting for this process
+        raise
+    for i in range(count):
+        service.add_message(engine, cid, {"role": "user", "content": f"{tag}-{i}"})
+    engine.dispose()
 
 
 def test_processes_appending_at_once_all_land_on_the_branch(
-    engine: Engine, settings: Settings, tmp_path: Path
+    engine: Engine, settings: Settings
 ) -> None:
     """8 processes x 50 adds to one conversation, released together: all 400 on the branch, each
-    process's messages in its own order, no fork."""
+    process's messages in its own order, no fork. The processes are forked from the test, so
+    they start with its modules imported (not 8 interpreters importing them on 2 cores); each
+    opens its own engine and connections."""
     start(engine, settings)
     url = engine.url.render_as_string(hide_password=False)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    processes = multiprocessing.get_context("fork")
+    barrier = processes.Barrier(PROCESSES + 1)
     children = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, url, "c", f"p{n}", str(ADDS_PER_PROCESS), str(tmp_path)],
-            env=env,
-            cwd=ROOT,
-        )
+        processes.Process(target=_append, args=(url, "c", f"p{n}", ADDS_PER_PROCESS, barrier))
         for n in range(PROCESSES)
     ]
+    for child in children:
+        child.start()
     try:
-        ready = lambda: all((tmp_path / f"ready-p{n}").exists() for n in range(PROCESSES))  # noqa: E731
-        wait_for(ready, START_SECONDS, "the children to start")
-        (tmp_path / "go").touch()
-        codes = [child.wait(timeout=START_SECONDS) for child in children]
+        barrier.wait(START_SECONDS)  # every child connected: all released together
+        for child in children:
+            child.join(START_SECONDS)
+        codes = [child.exitcode for child in children]
     finally:
         for child in children:
-            if child.poll() is None:
+            if child.is_alive():
                 child.kill()
-                child.wait()
+                child.join()
     assert codes == [0] * PROCESSES
     contents = [m["content"] for m in branch(engine)]
     assert len(contents) == 1 + PROCESSES * ADDS_PER_PROCESS == row_count(engine)
