@@ -12,6 +12,7 @@ only and is sent as the ``Authorization`` header, never logged.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,10 @@ CONNECTIONS = 100  # at most this many upstream requests at once (the rest wait 
 KEEPALIVE = 32  # idle connections kept open for the next request
 DATA = "data:"
 DONE = "[DONE]"
+
+# httpx logs every request's URL at INFO: one line per turn, and the base URL is a setting that
+# may carry credentials; failures reach the log through recap serve's own masked lines.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class UpstreamError(Exception):
