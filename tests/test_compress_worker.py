@@ -1,8 +1,11 @@
-"""compress_session on a real Celery worker, a real Redis broker and a real database, with litellm
+"""compress_session on a real Celery worker, a real broker and a real database, with litellm
 calling the local OpenAI-compatible server over HTTP.
 
-Each test gets its own Redis key prefix, so runs sharing the server do not see each other's
-messages; the worker-kill test runs workers as child processes on a Redis database of its own.
+The broker is Redis, and RabbitMQ too for a core of the tests (``tests.brokers``: a summary
+lands, one summary under concurrent enqueues, retries, a worker killed mid-call). On Redis each
+test gets its own key prefix, so runs sharing the server do not see each other's messages (the
+worker-kill test's child workers use a Redis database of their own); on RabbitMQ each test has a
+vhost of its own.
 """
 
 from __future__ import annotations
@@ -23,21 +26,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery.contrib.testing.worker import start_worker
-from sqlalchemy import Engine, event, select, text
+from kombu import Connection
+from sqlalchemy import Engine, event, select, text, update
 
 from core import service
 from core.settings import Settings, get_settings
 from core.storage.db import get_engine, make_engine, session_scope
 from core.storage.migrate import upgrade
-from core.storage.models import MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
+from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
 from core.summaries.prompts import CUTOFF_MARKER, NO_PREVIOUS_SUMMARY, SUMMARY_MESSAGE_PREFIX
-from tests.celery_helpers import configured_app
+from tests.brokers import app_on, both_brokers, broker_url_for, result_backend_for
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.llm_server import LLMServer, Reply
-from tests.processes import stop_group
+from tests.processes import wait_for
 from workers import lease
-from workers.app import app
+from workers.app import app, is_redis
 from workers.errors import CompressionFailed
 
 pytestmark = pytest.mark.redis
@@ -136,13 +141,15 @@ def messages_table(engine: Engine) -> list[tuple[Any, ...]]:
 
 @contextmanager
 def harness_for(
-    db_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, **env: str
+    db_url: str, broker_url: str, monkeypatch: pytest.MonkeyPatch, **env: str
 ) -> Iterator[Harness]:
+    """An in-process worker on ``broker_url`` (Redis or RabbitMQ) over ``db_url``, results in
+    Redis, and the local model server."""
     server = LLMServer().start()
     values = {
         "RECAP_DATABASE_URL": db_url,
-        "RECAP_BROKER_URL": redis_url,
-        "RECAP_RESULT_BACKEND": redis_url,
+        "RECAP_BROKER_URL": broker_url,
+        "RECAP_RESULT_BACKEND": result_backend_for(broker_url),
         "RECAP_SUMMARY_MODEL": "openai/stand-in",
         "RECAP_SUMMARY_API_BASE": server.url,
         "RECAP_SUMMARY_API_KEY": "test-key",
@@ -163,7 +170,7 @@ def harness_for(
     prefix = f"recap-test-{uuid.uuid4().hex[:10]}:"
     try:
         with (
-            configured_app(settings, prefix),
+            app_on(settings, prefix),
             start_worker(
                 app,
                 pool="threads",
@@ -179,15 +186,22 @@ def harness_for(
 
 
 @pytest.fixture
-def harness(sqlite_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    """A worker on Redis over a fresh SQLite database, and the local model server."""
-    with harness_for(sqlite_url, redis_url, monkeypatch) as h:
+def broker(request: pytest.FixtureRequest) -> str:
+    """The worker's broker: Redis, or each of Redis and RabbitMQ under ``@both_brokers``."""
+    return broker_url_for(request)
+
+
+@pytest.fixture
+def harness(sqlite_url: str, broker: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """A worker on the broker over a fresh SQLite database, and the local model server."""
+    with harness_for(sqlite_url, broker, monkeypatch) as h:
         yield h
 
 
 # --- skip, summarize, the request view ---------------------------------------------------------
 
 
+@both_brokers
 def test_skips_under_the_trigger_then_summarizes_over_it(harness: Harness) -> None:
     """Under the trigger no model is called; over it a summary is stored, the request then holds
     it, leaves out everything up to the cutoff and resumes at a user message, no connection is
@@ -291,17 +305,21 @@ def test_summaries_are_branch_aware(harness: Harness) -> None:
 # --- exactly once ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+@pytest.mark.parametrize(
+    ("database", "broker"),
+    [("sqlite", "redis"), ("postgres", "redis"), ("postgres", "rabbitmq")],
+    indirect=["broker"],
+)
 def test_twenty_enqueues_while_the_first_is_in_the_model_call_give_one_summary(
     database: str,
     request: pytest.FixtureRequest,
-    redis_url: str,
+    broker: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Twenty runs for one turn while the first waits on the model: one summary, one model call,
     the others busy (they mark the conversation dirty and the holder re-checks)."""
     db_url = str(request.getfixturevalue(f"{database}_url"))
-    with harness_for(db_url, redis_url, monkeypatch) as h:
+    with harness_for(db_url, broker, monkeypatch) as h:
         cid = h.new(turns=12)
         h.server.script(Reply(hold=True))
         first = app.send_task("recap.compress_session", args=[cid])
@@ -320,8 +338,10 @@ def test_twenty_enqueues_while_the_first_is_in_the_model_call_give_one_summary(
 # --- retries and failures ----------------------------------------------------------------------
 
 
+@both_brokers
 def test_429_then_500_then_success_is_retried_and_stored(harness: Harness) -> None:
-    """A rate limit and a server error are retried by Celery with backoff; the third call wins."""
+    """A rate limit and a server error are retried by Celery with backoff (on RabbitMQ through
+    the broker's delayed delivery); the third call wins."""
     cid = harness.new(turns=12)
     harness.server.script(Reply(status=429), Reply(status=500))
     done = harness.compress(cid)
@@ -486,16 +506,50 @@ def _celery(env: dict[str, str], *args: str, log: Path) -> subprocess.Popen[byte
     )
 
 
-def test_a_worker_killed_in_the_model_call_is_completed_by_reconcile(
-    tmp_path: Path, sqlite_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SIGKILL during the model call: with a short time limit and reconcile interval, a new
-    worker with beat completes it within a minute, with exactly one summary."""
-    import redis
+def _expire_the_lease(engine: Engine, cid: str) -> None:
+    """Let the killed run's lease run out: its lifetime is the time limit plus a fixed 30 s of
+    grace (``core.settings.LEASE_GRACE_SECONDS``), so its expiry is moved to now instead of
+    waiting for it (``test_lease_single_flight_and_expiry`` covers expiry by the clock). The
+    killed run must have held it."""
+    expired = utcnow() - timedelta(seconds=1)
+    with engine.begin() as connection:
+        moved = connection.execute(
+            update(CONVERSATIONS)
+            .where(CONVERSATIONS.c.id == cid, CONVERSATIONS.c.lease_owner.is_not(None))
+            .values(lease_expires_at=expired)
+        )
+    assert moved.rowcount == 1, "the killed run held no lease"
 
-    database = random.randint(8, 15)  # a database of its own: child workers share no keys
-    broker = redis_url.rsplit("/", 1)[0] + f"/{database}"
-    redis.Redis.from_url(broker).flushdb()
+
+def _redeliver_unacked(broker: str) -> None:
+    """Let Redis's visibility timeout pass for the killed run's message: kombu's own restore of
+    unacknowledged messages, with a timeout of zero, puts it back on its queue. (RabbitMQ
+    requeues it by itself as soon as the killed worker's connection drops.)"""
+    with Connection(broker, transport_options={"visibility_timeout": 0}) as connection:
+        connection.default_channel.qos.restore_visible(num=100)
+
+
+def _finished(log: Path, task_id: str) -> bool:
+    """Whether the worker's log has the task's closing line."""
+    lines = log.read_text(errors="replace").splitlines()
+    return any("task_done" in line and task_id in line for line in lines)
+
+
+KILL_DEADLINE = 60.0  # from the kill to the summary, a second worker's start-up included
+
+
+@both_brokers
+def test_a_worker_killed_in_the_model_call_is_completed_once(
+    tmp_path: Path, sqlite_url: str, broker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL during the model call, its lease left held: once the lease has run out, a new
+    worker with beat completes the conversation (reconcile every 2 s, or the broker's
+    redelivery of the killed run) within a minute, and the redelivered run, which the broker
+    hands out again, adds no second summary."""
+    if is_redis(broker):
+        database = random.randint(8, 15)  # a database of its own: child workers share no keys
+        broker = broker.rsplit("/", 1)[0] + f"/{database}"
+        redis.Redis.from_url(broker).flushdb()
     server = LLMServer().start()
     env = {
         **os.environ,
@@ -504,7 +558,7 @@ def test_a_worker_killed_in_the_model_call_is_completed_by_reconcile(
         "RECAP_SUMMARY_MODEL": "openai/stand-in",
         "RECAP_SUMMARY_API_BASE": server.url,
         "RECAP_SUMMARY_API_KEY": "test-key",
-        "RECAP_TASK_TIME_LIMIT": "5",
+        "RECAP_TASK_TIME_LIMIT": "30",  # the run's deadline counts a fresh worker's litellm import
         "RECAP_RECONCILE_SECONDS": "2",
         "RECAP_RETRY_BACKOFF_MAX": "1",
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
@@ -519,33 +573,38 @@ def test_a_worker_killed_in_the_model_call_is_completed_by_reconcile(
     h = Harness(engine, server, settings, PoolWatch(engine))
     cid = h.new(turns=12)
     workers: list[subprocess.Popen[bytes]] = []
+    first_log, second_log = tmp_path / "w1.log", tmp_path / "w2.log"
     try:
         server.script(Reply(hold=True))
-        first = _celery(env, "-P", "threads", "-c", "2", log=tmp_path / "w1.log")
+        first = _celery(env, "-P", "threads", "-c", "2", log=first_log)
         workers.append(first)
-        with configured_app(settings, None):
-            app.send_task("recap.compress_session", args=[cid])
-        assert server.wait_for(1, timeout=60), (tmp_path / "w1.log").read_text()
+        with app_on(settings, None):
+            task_id = app.send_task("recap.compress_session", args=[cid]).id
+        assert server.wait_for(1, timeout=60), first_log.read_text()
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
         killed_at = time.monotonic()
+        _expire_the_lease(engine, cid)
         schedule = str(tmp_path / "beat-schedule")
         second = _celery(
-            env, "-P", "threads", "-c", "4", "-B", "-s", schedule, log=tmp_path / "w2.log"
+            env, "-P", "threads", "-c", "4", "-B", "-s", schedule, "-l", "INFO", log=second_log
         )
         workers.append(second)
-        while time.monotonic() - killed_at < 60 and not h.summaries(cid):
-            time.sleep(0.5)
-        assert h.summaries(cid), (tmp_path / "w2.log").read_text()[-3000:]
-        assert time.monotonic() - killed_at < 60
-        time.sleep(3)  # the broker's redelivery of the killed run may arrive too: still one
+        wait_for(lambda: h.summaries(cid), KILL_DEADLINE, "the summary", second_log)
+        assert time.monotonic() - killed_at < KILL_DEADLINE
+        if is_redis(broker):
+            _redeliver_unacked(broker)
+        wait_for(lambda: _finished(second_log, task_id), 30, "the redelivered run", second_log)
         assert len(h.summaries(cid)) == 1
         assert [a for a, _ in h.log(cid)].count("summarized") == 1
     finally:
-        for process in workers:
-            stop_group(process)
+        for process in workers:  # the test is over: no warm shutdown to wait for
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         server.stop()
-        redis.Redis.from_url(broker).flushdb()
+        if is_redis(broker):
+            redis.Redis.from_url(broker).flushdb()
         engine.dispose()
 
 
@@ -649,8 +708,6 @@ def test_cli_enqueue_and_reconcile(
 
         other = h.new(turns=12)
         assert recap("reconcile", "--json").json() == {"enqueued": 1}
-        deadline = time.monotonic() + RESULT_TIMEOUT
-        while not h.summaries(other) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(lambda: h.summaries(other), RESULT_TIMEOUT, "reconcile's run to summarize")
         assert len(h.summaries(other)) == 1
         assert recap("reconcile", "--json").json() == {"enqueued": 0}
