@@ -3,8 +3,9 @@
 Any OpenAI client gets Recap's store, assembly and background compression by changing its base
 URL: ``app`` builds the ASGI app, ``routes`` answers the endpoints, ``turns`` runs one stored
 turn (map the resent history onto the tree, assemble, call the upstream model, store the reply),
-``prefix`` and ``history`` map a history onto the tree, ``upstream`` calls the model through
-litellm, ``streaming`` passes a streamed reply through, ``auth`` checks client keys.
+``prefix`` and ``history`` map a history onto the tree, ``upstream`` calls the model (through
+``direct``, its own HTTP client, for an OpenAI-compatible base URL, or through litellm),
+``streaming`` passes a streamed reply through, ``auth`` checks client keys.
 """
 
 from workers.serve.app import create_app
