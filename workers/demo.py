@@ -22,6 +22,7 @@ DEMO_DIR = Path(".recap") / "demo"
 DEMO_WINDOW = 6_000  # small enough that this 62-message conversation must be compressed
 RESULT_TIMEOUT = 60  # seconds to wait for one compress_session result
 WORKER_THREADS = 4
+POLL_SECONDS = 0.05  # how often the file broker and the result files are looked at (not 1 s)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ def run(window: int = DEMO_WINDOW, folder: Path = DEMO_DIR, progress: Any = None
     from workers.app import app, configure
 
     configure(app, settings)
+    options = {**app.conf.broker_transport_options, "polling_interval": POLL_SECONDS}
+    app.conf.broker_transport_options = options  # the file broker looks for messages this often
     import workers.maintenance
     import workers.tasks  # noqa: F401  (registers the compression tasks)
 
@@ -114,7 +117,7 @@ def run(window: int = DEMO_WINDOW, folder: Path = DEMO_DIR, progress: Any = None
                 naive.append(message)
             request = service.assemble(engine, cid, settings)
             result = app.send_task("recap.compress_session", args=[cid])
-            outcome = result.get(timeout=RESULT_TIMEOUT, propagate=False)
+            outcome = result.get(timeout=RESULT_TIMEOUT, propagate=False, interval=POLL_SECONDS)
             outcome = (
                 outcome
                 if isinstance(outcome, dict)
