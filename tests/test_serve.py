@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,8 @@ from core.storage.models import MESSAGES, CompactionLog, Usage, table_of
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.llm_server import LLMServer, Reply
 from tests.processes import stop_group
-from workers.serve.history import SeenRequests, checked_and_hashed
+from workers.serve import direct, upstream
+from workers.serve.history import SeenRequests, checked_and_hashed, known_path
 from workers.serve.prefix import longest_stored_prefix, open_calls, split_system
 from workers.serve.turns import ConversationLocks
 
@@ -242,6 +243,46 @@ def test_resent_history_reuses_only_what_it_repeats() -> None:
         cache.put(("owner", key), seen)
     assert len(cache) == 2 and cache.get(("owner", "a")) is None
     assert cache.get(("other", "c")) is None and cache.get(("owner", "c")) is seen
+
+
+def test_known_path_reuses_the_last_turns_ids() -> None:
+    """The ids of what the last request stored: the messages repeated, then the reply stored
+    after them when the request repeats that too; nothing past an edit or a different reply."""
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    reply = {"role": "assistant", "content": "r"}
+    last = replace(
+        checked_and_hashed(messages, None), path=(10, 11), reply=(message_hash(reply), 12)
+    )
+    follow = [*messages, reply, {"role": "user", "content": "c"}]
+    assert known_path(checked_and_hashed(follow, None), last) == [10, 11, 12]
+    other = [*messages, {"role": "assistant", "content": "x"}]
+    assert known_path(checked_and_hashed(other, None), last) == [10, 11]
+    edited = [messages[0], {"role": "assistant", "content": "B"}, reply]
+    assert known_path(checked_and_hashed(edited, None), last) == [10]
+    assert known_path(checked_and_hashed(follow, None), None) == []
+
+
+def test_a_direct_stream_builds_the_whole_reply() -> None:
+    """Text, reasoning and a tool call's arguments joined from their pieces; the usage kept."""
+    deltas = [
+        {"role": "assistant", "reasoning_content": "think"},
+        {"content": "he"},
+        {"content": "llo"},
+        {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "ls", "arguments": '{"d'}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '": 1}'}}]},
+    ]
+    chunks = [{"choices": [{"index": 0, "delta": d}]} for d in deltas]
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+    built = direct.build_from_chunks([direct.Chunk(b"", c) for c in chunks])
+    assert upstream.reply_message(built) == {
+        "role": "assistant",
+        "content": "hello",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"d": 1}'}}
+        ],
+        "reasoning_content": "think",
+    }
+    assert upstream.usage_of(built) == (5, 2, 0)
 
 
 def test_conversation_locks_serialize_and_are_dropped() -> None:
