@@ -161,7 +161,9 @@ def store_request(
     stored prefix is reused, the rest appended after it. A conversation of another owner is a
     ``NotFoundError``, as if it did not exist. The messages are checked first (an
     ``InputError`` before anything is written); with ``seen``, only past what the
-    conversation's last request already held."""
+    conversation's last request already held, and the ids that request (and the reply stored
+    after it) were stored with are taken from memory: only the messages past them are looked
+    up, and a request stored whole already touches the database not at all."""
     key = (owner.fingerprint, conversation_id)
     previous = seen.get(key) if seen is not None else None
     request = checked_and_hashed(messages, previous)
