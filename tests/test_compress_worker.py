@@ -37,7 +37,13 @@ from core.storage.db import get_engine, make_engine, session_scope
 from core.storage.migrate import upgrade
 from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
 from core.summaries.prompts import CUTOFF_MARKER, NO_PREVIOUS_SUMMARY, SUMMARY_MESSAGE_PREFIX
-from tests.brokers import app_on, both_brokers, broker_url_for, result_backend_for
+from tests.brokers import (
+    app_on,
+    both_brokers,
+    broker_url_for,
+    result_backend_for,
+    stop_promptly,
+)
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.llm_server import LLMServer, Reply
 from tests.processes import wait_for
@@ -178,9 +184,12 @@ def harness_for(
                 perform_ping_check=False,
                 loglevel="WARNING",
                 shutdown_timeout=30,
-            ),
+            ) as worker,
         ):
-            yield Harness(engine, server, settings, watch)
+            try:
+                yield Harness(engine, server, settings, watch)
+            finally:
+                stop_promptly(worker)
     finally:
         server.stop()
 

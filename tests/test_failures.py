@@ -1,9 +1,9 @@
 """Failed compressions are failures: FAILURE in Celery and Flower, RETRY while retried, listed by
 ``recap failures`` and re-enqueued by ``recap retry``.
 
-Workers are real (an in-process worker on Redis with a Redis result backend, or a worker child
-process with Flower beside it), the model is the local server over HTTP, the databases are real
-SQLite and PostgreSQL.
+Workers are real (an in-process worker on Redis, or on RabbitMQ for a failure, a retry and
+`recap retry`, with a Redis result backend; or a worker child process with Flower beside it), the
+model is the local server over HTTP, the databases are real SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from core.settings import get_settings
 from core.storage.db import session_scope
 from core.storage.models import CompactionLog, table_of, utcnow
 from core.storage.store import failed_runs
+from tests.brokers import both_brokers, broker_url_for
 from tests.celery_helpers import configured_app
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.conftest import migrated
@@ -143,9 +144,15 @@ def test_failed_runs_lists_the_unsettled_latest_failure_of_each(
 
 
 @pytest.fixture
-def harness(sqlite_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    """A worker on Redis (broker and result backend) over SQLite, calling the local model."""
-    with harness_for(sqlite_url, redis_url, monkeypatch, RECAP_SUMMARY_API_KEY=API_KEY) as h:
+def broker(request: pytest.FixtureRequest) -> str:
+    """The worker's broker: Redis, or each of Redis and RabbitMQ where a test asks for both."""
+    return broker_url_for(request)
+
+
+@pytest.fixture
+def harness(sqlite_url: str, broker: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """A worker on the broker over SQLite (results in Redis), calling the local model."""
+    with harness_for(sqlite_url, broker, monkeypatch, RECAP_SUMMARY_API_KEY=API_KEY) as h:
         yield h
 
 
@@ -163,6 +170,7 @@ def _reasons(engine: Engine, cid: str) -> list[tuple[str, str, str | None]]:
         return [(str(a), str(r), e) for a, r, e in rows]
 
 
+@both_brokers
 def test_a_401_ends_failure_with_the_masked_reason(harness: Harness) -> None:
     """A provider that echoes the key in its 401: the run is recorded failed, then the task ends
     FAILURE with one CompressionFailed whose message is the stored (masked) reason; the key is in
@@ -185,6 +193,7 @@ def test_a_401_ends_failure_with_the_masked_reason(harness: Harness) -> None:
     assert harness.summaries(cid) == []
 
 
+@both_brokers
 def test_429_then_success_ends_success_after_a_retry(harness: Harness) -> None:
     """A rate limit puts the task in RETRY (Celery's own retry); the next attempt succeeds."""
     cid = harness.new(turns=12)
@@ -241,11 +250,9 @@ def test_reconcile_still_picks_up_a_failed_conversation(harness: Harness) -> Non
 
 
 @pytest.fixture
-def any_db_harness(
-    db_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Harness]:
+def any_db_harness(db_url: str, broker: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     """The worker harness over SQLite and over PostgreSQL."""
-    with harness_for(db_url, redis_url, monkeypatch, RECAP_SUMMARY_API_KEY=API_KEY) as h:
+    with harness_for(db_url, broker, monkeypatch, RECAP_SUMMARY_API_KEY=API_KEY) as h:
         yield h
 
 
@@ -272,9 +279,15 @@ def _queued() -> int:
     return int(redis.Redis.from_url(app.conf.broker_url).llen(_queue_key()))
 
 
+@pytest.mark.parametrize(
+    ("db_url", "broker"),
+    [("sqlite", "redis"), ("postgres", "redis"), ("postgres", "rabbitmq")],
+    indirect=True,
+)
 def test_failures_then_retry_after_the_model_is_fixed(any_db_harness: Harness) -> None:
     """`recap failures` lists the failed conversations (masked reason, attempts); `recap retry`
-    by id and `--all-failed` enqueue them on the broker; the runs summarize; the list empties."""
+    by id and `--all-failed` enqueue them on the broker (Redis, or RabbitMQ's quorum queue);
+    the runs summarize; the list empties."""
     h = any_db_harness
     first, second, fine = h.new(turns=12), h.new(turns=12), h.new(turns=2)
     h.server.script(*[Reply(status=401, error=f"Incorrect API key provided: {API_KEY}")] * 2)

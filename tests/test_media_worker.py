@@ -1,7 +1,8 @@
 """Vision-style conversations through the whole pipeline: import (screenshots stored out of the
-row), assemble (older screenshots aged), a real Celery worker compressing over Redis with litellm
-calling the local model server (the summarizer reads media as text, never base64), the request
-after the summary, and an export round trip that gives the original bytes back.
+row), assemble (older screenshots aged), a real Celery worker compressing over Redis and over
+RabbitMQ with litellm calling the local model server (the summarizer reads media as text, never
+base64), the request after the summary, and an export round trip that gives the original bytes
+back.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from core import service
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from tests.brokers import both_brokers, broker_url_for
 from tests.cli_helpers import recap
 from tests.test_compress_worker import Harness, harness_for
 from tests.test_media import screenshot_turns
@@ -25,9 +27,15 @@ WINDOW = 20_000
 
 
 @pytest.fixture
-def harness(sqlite_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    """A worker on Redis over a fresh SQLite database, and the local model server."""
-    with harness_for(sqlite_url, redis_url, monkeypatch) as h:
+def broker(request: pytest.FixtureRequest) -> str:
+    """The worker's broker: Redis, then RabbitMQ."""
+    return broker_url_for(request)
+
+
+@pytest.fixture
+def harness(sqlite_url: str, broker: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """A worker on the broker over a fresh SQLite database, and the local model server."""
+    with harness_for(sqlite_url, broker, monkeypatch) as h:
         yield h
 
 
@@ -38,6 +46,7 @@ def _conversation(turns: int) -> list[dict[str, object]]:
     return messages
 
 
+@both_brokers
 def test_vision_conversation_through_import_worker_and_export(
     harness: Harness, tmp_path: Path
 ) -> None:
