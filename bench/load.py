@@ -85,7 +85,7 @@ def stack(
     from bench.scale import broker
     from core.storage.db import make_engine
     from core.storage.migrate import upgrade
-    from tests.worker_stack import WorkerProcess, worker_env
+    from tests.worker_stack import WorkerProcess, stop_workers, worker_env
 
     model = model_process(MODEL_SECONDS)
     try:
@@ -110,8 +110,7 @@ def stack(
                     list(starting.map(WorkerProcess.start, workers))
                 yield engine, broker_url, workers
             finally:
-                for worker in workers:
-                    worker.stop()
+                stop_workers(workers)
                 engine.dispose()
     finally:
         model.kill()

@@ -206,7 +206,7 @@ def one_configuration(
     """``timed_runs`` for ``RUNS`` compressions on ``processes`` workers."""
     from bench.compress import prepared
     from bench.load import database
-    from tests.worker_stack import WorkerProcess, worker_env
+    from tests.worker_stack import WorkerProcess, stop_workers, worker_env
 
     with database() as url, broker(kind) as broker_url:
         engine, ids = prepared(url, RUNS + WARM_UP_RUNS, f"{kind}{processes}-")
@@ -229,8 +229,7 @@ def one_configuration(
                 list(starting.map(WorkerProcess.start, workers))
             return timed_runs(engine, broker_url, ids, workers)
         finally:
-            for worker in workers:
-                worker.stop()
+            stop_workers(workers)
             engine.dispose()
 
 

@@ -8,6 +8,7 @@ server); ``free_port`` finds a port for a server of the test's own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -70,11 +71,21 @@ def children_of(pid: int) -> list[int]:
 def stop_group(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
     """SIGTERM the process's group (a warm shutdown), SIGKILL it if that hangs. The process
     must have been started with ``start_new_session=True``."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    stop_groups([process], timeout)
+
+
+def stop_groups(processes: list[subprocess.Popen[bytes]], timeout: float = STOP_TIMEOUT) -> None:
+    """``stop_group`` for several processes at once: all are signalled, then waited for, so
+    their warm shutdowns overlap."""
+    running = [process for process in processes if process.poll() is None]
+    for process in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in running:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

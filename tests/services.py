@@ -116,8 +116,7 @@ class PrivateServer:
             server.wait_ready()
             yield server
         finally:
-            server.stop()
-            shutil.rmtree(server.folder, ignore_errors=True)
+            server.remove()
 
     @property
     def launched(self) -> bool:
@@ -167,6 +166,11 @@ class PrivateServer:
         """Stop and start again on the same port, with the same folder."""
         self.stop()
         self.start()
+
+    def remove(self) -> None:
+        """Stop the server and delete its folder."""
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 # --- Redis -------------------------------------------------------------------------------------

@@ -235,14 +235,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             RECAP_RETRY_BACKOFF_MAX="1",
             RECAP_OUTPUT_DIR=str(folder / "outputs"),
         )
-        settings = Settings(database_url=url, broker_url=broker.url, output_dir=folder / "outputs")
-        host = Recap(settings, create_schema=True)
-        worker = WorkerProcess(env, folder / "worker.log").start()
+        worker = WorkerProcess(env, folder / "worker.log").launch()  # starts while the host does
         try:
+            settings = Settings(
+                database_url=url, broker_url=broker.url, output_dir=folder / "outputs"
+            )
+            host = Recap(settings, create_schema=True)
+            worker.wait_ready(1)
             yield Stack(host, broker.url, env, worker)
+            host.engine.dispose()
         finally:
             worker.stop()
-            host.engine.dispose()
             server.stop()
 
 

@@ -94,8 +94,6 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path, **extra: str) -> It
         )
         os.environ.update({k: v for k, v in env.items() if k.startswith("RECAP_")})
         get_settings.cache_clear()
-        engine = make_engine(db_url)
-        upgrade(engine)
         args: tuple[str, ...] = ("--pool", "threads", "--concurrency", "2")
         args += ("--queues", "compress,maintenance")
         args += ("--loglevel", "INFO", "--hostname", f"ops-{uuid.uuid4().hex[:6]}@%h")
@@ -106,8 +104,11 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path, **extra: str) -> It
             program=CELERY,
             stdout=tmp_path / "worker.out",  # Celery's own prints
         )
+        engine = make_engine(db_url)
         try:
-            worker.start(READY_TIMEOUT)
+            worker.launch()  # it starts (seconds) while the schema is migrated
+            upgrade(engine)
+            worker.wait_ready(1, READY_TIMEOUT)
             yield Stack(env, engine, server, worker.log, private)
         finally:
             worker.stop()

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,7 +218,7 @@ def _worker(
         RECAP_MAX_ATTEMPTS="6",
         RECAP_OUTPUT_DIR=str(tmp / "outputs"),
     )
-    return WorkerProcess(env, tmp / "worker.log", args=args).start()
+    return WorkerProcess(env, tmp / "worker.log", args=args)
 
 
 @contextmanager
@@ -228,27 +228,43 @@ def stack_on(
     database_url: str,
     cluster: PostgresCluster | None = None,
     worker_args: tuple[str, ...] = ("--queues", "compress"),
+    prepare: Callable[[], None] | None = None,
 ) -> Iterator[Stack]:
-    """A `recap worker` on this broker and database, calling a gated model server."""
+    """A `recap worker` on this broker and database, calling a gated model server. The worker
+    starts (seconds: it imports litellm) while ``prepare()`` makes the database and the schema
+    is migrated; it reads neither before its first task."""
     gate = Gate()
     server = LLMServer(default=gate).start()
-    engine = make_engine(database_url)
-    upgrade(engine)
-    worker = _worker(tmp, database_url, broker, server, worker_args)
+    worker = _worker(tmp, database_url, broker, server, worker_args).launch()
+    engine: Engine | None = None
     try:
+        if prepare is not None:
+            prepare()
+        engine = make_engine(database_url)
+        upgrade(engine)
+        worker.wait_ready(1)
         yield Stack(engine, broker, worker, gate, server, cluster)
     finally:
         gate.open()
         worker.stop()
         reset()
         server.stop()
-        engine.dispose()
+        if engine is not None:
+            engine.dispose()
 
 
 @contextmanager
-def _redis_stack(tmp: Path, database_url: str, cluster: PostgresCluster | None) -> Iterator[Stack]:
+def _redis_stack(
+    tmp: Path,
+    database_url: str,
+    cluster: PostgresCluster | None,
+    prepare: Callable[[], None] | None = None,
+) -> Iterator[Stack]:
     need_redis_server()
-    with RedisServer.started() as broker, stack_on(broker, tmp, database_url, cluster) as stack:
+    with (
+        RedisServer.started() as broker,
+        stack_on(broker, tmp, database_url, cluster, prepare=prepare) as stack,
+    ):
         yield stack
 
 
@@ -262,15 +278,23 @@ def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture(scope="module")
 def pg_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A worker on a PostgreSQL cluster of its own (restarted and stopped by the tests)."""
+    """A worker on a PostgreSQL cluster of its own (restarted and stopped by the tests); the
+    cluster is made (initdb) while the worker starts."""
     problem = missing_postgres()
     if problem is not None:
         need_service("PostgreSQL (initdb and pg_ctl)", problem)
     tmp = tmp_path_factory.mktemp("pg-stack")
-    with PostgresCluster.started() as cluster:
-        url = cluster.create_database("recap")
-        with _redis_stack(tmp, url, cluster) as stack:
+    cluster = PostgresCluster()
+
+    def database() -> None:
+        cluster.start()
+        cluster.create_database("recap")
+
+    try:
+        with _redis_stack(tmp, cluster.url("recap"), cluster, prepare=database) as stack:
             yield stack
+    finally:
+        cluster.remove()
 
 
 def held_run(stack: Stack) -> str:

@@ -116,22 +116,23 @@ def test_a_plain_send_task_by_name_is_served_by_recap_worker(
     there is, and `compress_later`, are both consumed by a real `recap worker` process, on Redis
     and on RabbitMQ."""
     url = f"sqlite:///{tmp_path / 'recap.db'}"
-    engine = make_engine(url)
-    upgrade(engine)
-    ids = [f"plain-{uuid.uuid4().hex[:6]}", f"helper-{uuid.uuid4().hex[:6]}"]
-    service.import_conversations(
-        engine,
-        [{"id": cid, "messages": chat(12, cid)} for cid in ids],
-        get_settings(),
-        max_input_tokens=WINDOW,
-    )
     env = worker_env(
         RECAP_DATABASE_URL=url,
         RECAP_BROKER_URL=broker_url,
         RECAP_OUTPUT_DIR=str(tmp_path / "outputs"),
     )
-    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    engine = make_engine(url)
+    worker = WorkerProcess(env, tmp_path / "worker.log").launch()  # starts while we import
     try:
+        upgrade(engine)
+        ids = [f"plain-{uuid.uuid4().hex[:6]}", f"helper-{uuid.uuid4().hex[:6]}"]
+        service.import_conversations(
+            engine,
+            [{"id": cid, "messages": chat(12, cid)} for cid in ids],
+            get_settings(),
+            max_input_tokens=WINDOW,
+        )
+        worker.wait_ready(1)
         plain = Celery(broker=broker_url)
         plain.send_task("recap.compress_session", args=[ids[0]])
         plain.close()

@@ -37,7 +37,7 @@ from tests.conftest import need_redis_server
 from tests.llm_server import LLMServer, stand_in_summary
 from tests.processes import children_of
 from tests.services import RedisServer
-from tests.worker_stack import WorkerProcess, wait_for, worker_env
+from tests.worker_stack import WorkerProcess, stop_workers, wait_for, worker_env
 from workers.enqueue import compress_later, producer_app, reset
 from workers.queues import MAINTENANCE_QUEUE
 from workers.tasks import consumes_compressions, pool_connections
@@ -245,18 +245,9 @@ def test_two_worker_processes_share_one_queue_under_load(
     single flight, one summary per cutoff, leases all let go, nothing lost, both served."""
     url = postgres_url
     with broker_for(broker, request) as broker_url:
-        engine = make_engine(url)
-        upgrade(engine)
         server = LLMServer(default=InFlight()).start()
         inflight = server.default
         assert isinstance(inflight, InFlight)
-        settings = get_settings()
-        ids = [f"s{n:02d}" for n in range(CONVERSATIONS_UNDER_LOAD)]
-        records = [
-            {"id": cid, "messages": [m for n in range(FIRST_TURNS) for m in turn(cid, n)]}
-            for cid in ids
-        ]
-        service.import_conversations(engine, records, settings, max_input_tokens=WINDOW)
         env = worker_env(
             RECAP_DATABASE_URL=url,
             RECAP_BROKER_URL=broker_url,
@@ -268,9 +259,19 @@ def test_two_worker_processes_share_one_queue_under_load(
         )
         args = ("--queues", "compress", "--concurrency", str(WORKER_THREADS))
         workers = [WorkerProcess(env, tmp_path / f"w{n}.log", args=args) for n in (1, 2)]
+        engine = make_engine(url)
+        ids = [f"s{n:02d}" for n in range(CONVERSATIONS_UNDER_LOAD)]
         try:
-            with ThreadPoolExecutor(len(workers)) as starting:  # both import litellm at once
-                list(starting.map(WorkerProcess.start, workers))
+            for worker in workers:  # they start (seconds) while the database is made ready
+                worker.launch()
+            upgrade(engine)
+            records = [
+                {"id": cid, "messages": [m for n in range(FIRST_TURNS) for m in turn(cid, n)]}
+                for cid in ids
+            ]
+            service.import_conversations(engine, records, get_settings(), max_input_tokens=WINDOW)
+            for worker in workers:
+                worker.wait_ready(1)
             started = time.monotonic()
             sent = load(engine, broker_url, ids)
 
@@ -286,8 +287,7 @@ def test_two_worker_processes_share_one_queue_under_load(
             served = [task_runs(w.text(), "recap.compress_session") for w in workers]
             print(f"{sent} tasks served {served} in {time.monotonic() - started:.1f} s")
         finally:
-            for worker in workers:
-                worker.stop()
+            stop_workers(workers)
             server.stop()
         with engine.connect() as connection:
             summaries = connection.execute(select(func.count()).select_from(SUMMARIES)).scalar()

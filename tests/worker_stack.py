@@ -19,9 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from tests.llm_server import stand_in_summary
-from tests.processes import WaitTimeout, children_of, stop_group, wait_for
+from tests.processes import WaitTimeout, children_of, stop_group, stop_groups, wait_for
 
-__all__ = ["CELERY", "RECAP", "ROOT", "Gate", "WaitTimeout", "WorkerProcess", "wait_for"]
+__all__ = [
+    "CELERY",
+    "RECAP",
+    "ROOT",
+    "Gate",
+    "WaitTimeout",
+    "WorkerProcess",
+    "stop_workers",
+    "wait_for",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 120.0  # a worker that calls a model imports litellm before it is ready
@@ -135,3 +144,8 @@ class WorkerProcess:
     def stop(self) -> None:
         if self.process is not None:
             stop_group(self.process)
+
+
+def stop_workers(workers: list[WorkerProcess]) -> None:
+    """Stop several workers at once (their warm shutdowns overlap)."""
+    stop_groups([worker.process for worker in workers if worker.process is not None])
