@@ -3,7 +3,9 @@
 Tests share ``workers.app.app``: each test that starts a worker configures it for its broker
 with a Redis key prefix of its own (runs sharing the server never see each other's messages; on
 RabbitMQ each test has a vhost of its own instead) and restores it afterwards, so no test
-inherits another one's broker, connections or queues.
+inherits another one's broker, connections or queues. Tests and benchmarks point the app here
+and nowhere else: ``reset_app_connections`` is the one place that reaches into Celery's cached
+connection pool (Celery has no public call that drops it and keeps the app registered).
 """
 
 from __future__ import annotations
