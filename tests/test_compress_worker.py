@@ -510,6 +510,7 @@ def test_a_reask_that_no_longer_fits_the_run_is_not_started(
 
 def _celery(env: dict[str, str], *args: str, log: Path) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", *args]
+    command += ["--without-mingle", "--without-gossip"]  # no waiting for neighbours
     return subprocess.Popen(
         command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
     )
