@@ -81,17 +81,17 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path, **extra: str) -> It
     db_url = postgres_url.replace("postgres@", f"postgres:{DB_PASSWORD}@", 1)
     with redis_database(redis_url) as private:
         server = LLMServer().start()
-        env = worker_env(
-            RECAP_DATABASE_URL=db_url,
-            RECAP_BROKER_URL=private,
-            RECAP_RESULT_BACKEND=private,
-            RECAP_SUMMARY_MODEL="openai/stand-in",
-            RECAP_SUMMARY_API_BASE=server.url,
-            RECAP_SUMMARY_API_KEY=API_KEY,
-            RECAP_RETRY_BACKOFF_MAX="1",
-            RECAP_OUTPUT_DIR=str(tmp_path / "outputs"),
-            **extra,
-        )
+        values = {
+            "RECAP_DATABASE_URL": db_url,
+            "RECAP_BROKER_URL": private,
+            "RECAP_RESULT_BACKEND": private,
+            "RECAP_SUMMARY_MODEL": "openai/stand-in",
+            "RECAP_SUMMARY_API_BASE": server.url,
+            "RECAP_SUMMARY_API_KEY": API_KEY,
+            "RECAP_RETRY_BACKOFF_MAX": "1",
+            "RECAP_OUTPUT_DIR": str(tmp_path / "outputs"),
+        }
+        env = worker_env(**{**values, **extra})  # a test's own values win
         os.environ.update({k: v for k, v in env.items() if k.startswith("RECAP_")})
         get_settings.cache_clear()
         args: tuple[str, ...] = ("--pool", "threads", "--concurrency", "2")
