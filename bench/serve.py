@@ -23,8 +23,6 @@ measured is Recap's (and the HTTP hops'), not a model's. `recap serve` runs as a
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -97,25 +95,17 @@ def model_process() -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def serve_process(url: str, upstream: str, folder: Path) -> Iterator[str]:
     """`recap serve` on a migrated ``url``; its base URL (``.../v1``)."""
     from core.storage.db import make_engine
     from core.storage.migrate import upgrade
+    from tests.serve_stack import serve_process as started
 
     engine = make_engine(url)
     upgrade(engine)
     engine.dispose()
-    folder.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
     env = {
-        **os.environ,
         "RECAP_DATABASE_URL": url,
         "RECAP_SERVE_KEYS": KEY,
         "RECAP_UPSTREAM_API_BASE": upstream,
@@ -126,28 +116,8 @@ def serve_process(url: str, upstream: str, folder: Path) -> Iterator[str]:
         "RECAP_OUTPUT_DIR": str(folder / "outputs"),
         "RECAP_LOG_LEVEL": "WARNING",
     }
-    command = [sys.executable, "-m", "workers.cli", "serve", "--port", str(port)]
-    process = subprocess.Popen(command, env=env, cwd=folder, start_new_session=True)
-    try:
-        _wait_healthy(port, process)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        process.wait()
-
-
-def _wait_healthy(port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError("recap serve exited before answering")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("recap serve did not answer its health check")
+    with started(env, folder, START_TIMEOUT) as process:
+        yield process.base_url
 
 
 def _first_byte(

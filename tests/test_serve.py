@@ -11,11 +11,8 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,7 +33,8 @@ from core.storage.migrate import upgrade
 from core.storage.models import MESSAGES, CompactionLog, Usage, table_of
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.llm_server import LLMServer, Reply
-from tests.processes import stop_group
+from tests.processes import wait_for
+from tests.serve_stack import serve_process
 from workers.serve import direct, upstream
 from workers.serve.history import SeenRequests, checked_and_hashed, known_path
 from workers.serve.prefix import longest_stored_prefix, open_calls, split_system
@@ -45,7 +43,6 @@ from workers.serve.turns import ConversationLocks
 KEY_A, KEY_B = "client-key-aaaa-1111", "client-key-bbbb-2222"
 UPSTREAM_KEY = "sk-upstream-secret-0123456789abcdef"
 MODEL = "openai/stand-in"
-START_TIMEOUT = 90.0  # seconds for a serve process to answer its health check (imports litellm)
 WAIT_TIMEOUT = 60.0  # seconds any other condition may take
 BODY_LIMIT = 200_000  # small, so the oversized-body test sends little
 WINDOW = 8_000  # the window serve gives the stand-in model
@@ -313,18 +310,8 @@ def test_conversation_locks_serialize_and_are_dropped() -> None:
 # --- a real serve process ----------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(condition: Any, timeout: float = WAIT_TIMEOUT, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+def wait_until(condition: Any, what: str) -> None:
+    wait_for(condition, WAIT_TIMEOUT, what)
 
 
 def reply_to(body: dict[str, Any]) -> str:
@@ -378,10 +365,7 @@ def running_serve(db_url: str, folder: Path, llm: LLMServer, **env: str) -> Iter
     """`recap serve` on a free port against ``db_url`` and ``llm``, stopped afterwards."""
     engine = make_engine(db_url)
     upgrade(engine)
-    folder.mkdir(parents=True, exist_ok=True)
-    port = free_port()
     values = {
-        **os.environ,
         "RECAP_DATABASE_URL": db_url,
         "RECAP_SERVE_KEYS": f"{KEY_A},{KEY_B}",
         "RECAP_UPSTREAM_API_BASE": llm.url,
@@ -394,36 +378,11 @@ def running_serve(db_url: str, folder: Path, llm: LLMServer, **env: str) -> Iter
         "RECAP_LOG_JSON": "true",
         **env,
     }
-    log = folder / f"serve-{port}.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "serve", "--port", str(port)],
-            env=values,
-            cwd=folder,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     try:
-        _wait_healthy(port, process, log)
-        yield Serve(f"http://127.0.0.1:{port}/v1", engine, llm, log)
+        with serve_process(values, folder) as process:
+            yield Serve(process.base_url, engine, llm, process.log)
     finally:
-        stop_group(process)
         engine.dispose()
-
-
-def _wait_healthy(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError("recap serve exited:\n" + log.read_text()[-3000:])
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("recap serve did not start:\n" + log.read_text()[-3000:])
 
 
 @pytest.fixture(scope="module")
