@@ -2,40 +2,24 @@
 
 A test module defines a ``broker`` fixture as ``broker_url_for(request)``: Redis unless the test
 asks for both with ``@both_brokers`` (ids ``[redis]`` and ``[rabbitmq]``), or names its broker
-through an indirect parametrization. Redis is the shared server (a key prefix of the test's own,
-from ``app_on``); RabbitMQ is a fresh vhost of the test run's node (``amqp_url`` in conftest:
-a skip with a reason where RabbitMQ is absent, a failure under ``CI=true``). Results are kept in
-Redis on both, as a deployment on RabbitMQ would keep them in a result backend of its own.
+through an indirect parametrization. Redis is the shared server (a key prefix of the test's
+own, from ``configured_app``); RabbitMQ is a fresh vhost of the test run's node (``amqp_url`` in
+conftest: a skip with a reason where RabbitMQ is absent, a failure under ``CI=true``). Results
+are kept in Redis on both, as a deployment on RabbitMQ would keep them in a result backend of its
+own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
-from core.settings import Settings
-from tests.celery_helpers import configured_app
 from tests.conftest import REDIS_URL
-from workers.app import app, is_redis
+from workers.app import is_redis
 
 BROKERS = ("redis", "rabbitmq")
 both_brokers = pytest.mark.parametrize("broker", BROKERS, indirect=True)
-
-# Celery caches the app's queue declarations, the router and default queue built on them, the
-# event dispatcher (its exchange is fanout on Redis, topic on RabbitMQ) and the task sender that
-# holds all of these, the first time a task is sent: without dropping them, a Redis test's
-# declarations would be what a later RabbitMQ test sends with, and the other way round.
-_DECLARATION_CACHES = (
-    "queues",
-    "default_queue",
-    "default_exchange",
-    "router",
-    "_event_dispatcher",
-    "send_task_message",
-)
 
 
 def broker_url_for(request: pytest.FixtureRequest) -> str:
@@ -50,23 +34,6 @@ def broker_url_for(request: pytest.FixtureRequest) -> str:
 def result_backend_for(broker_url: str) -> str:
     """The broker itself on Redis; the Redis server beside RabbitMQ."""
     return broker_url if is_redis(broker_url) else REDIS_URL
-
-
-def forget_queue_declarations() -> None:
-    """Drop the app's cached queue declarations, so the configured broker's are built anew."""
-    for name in _DECLARATION_CACHES:
-        app.amqp.__dict__.pop(name, None)
-
-
-@contextmanager
-def app_on(settings: Settings, prefix: str | None) -> Iterator[None]:
-    """``configured_app`` with the queue declarations of this broker, and none left behind."""
-    forget_queue_declarations()
-    try:
-        with configured_app(settings, prefix):
-            yield
-    finally:
-        forget_queue_declarations()
 
 
 def stop_promptly(worker: Any) -> None:

@@ -16,13 +16,29 @@ from contextlib import contextmanager
 from core.settings import Settings
 from workers.app import app, celery_config, configure, is_redis
 
+# Celery caches the app's queue declarations, the router and default queue built on them, the
+# event dispatcher (its exchange is fanout on Redis, topic on RabbitMQ) and the task sender that
+# holds all of these, the first time a task is sent: without dropping them, a Redis test's
+# declarations would be what a later RabbitMQ test sends with, and the other way round.
+_DECLARATION_CACHES = (
+    "queues",
+    "default_queue",
+    "default_exchange",
+    "router",
+    "_event_dispatcher",
+    "send_task_message",
+)
+
 
 def reset_app_connections() -> None:
-    """Drop the app's cached broker connections, so a new broker URL takes effect."""
+    """Drop the app's cached broker connections and queue declarations, so a new broker URL
+    takes effect."""
     if app._pool is not None:
         app._pool.force_close_all()
         app._pool = None
     app.amqp._producer_pool = None
+    for name in _DECLARATION_CACHES:
+        app.amqp.__dict__.pop(name, None)
 
 
 @contextmanager

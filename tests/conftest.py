@@ -177,7 +177,11 @@ _booting: list[RabbitNode] = []  # launched at collection, taken by the fixture 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """When a collected test needs RabbitMQ, launch its node now: it boots (seconds) while the
     tests before it run."""
-    wanted = any("rabbitmq_node" in getattr(item, "fixturenames", ()) for item in session.items)
+    wanted = any(
+        "rabbitmq_node" in getattr(item, "fixturenames", ())
+        or "rabbitmq" in getattr(getattr(item, "callspec", None), "params", {}).values()
+        for item in session.items
+    )
     if wanted and missing_rabbitmq() is None:
         node = RabbitNode()
         node.launch()

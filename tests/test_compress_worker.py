@@ -11,22 +11,18 @@ vhost of its own.
 from __future__ import annotations
 
 import os
-import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery.contrib.testing.worker import start_worker
 from kombu import Connection
 from sqlalchemy import Engine, event, select, text, update
@@ -38,15 +34,17 @@ from core.storage.migrate import upgrade
 from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
 from core.summaries.prompts import CUTOFF_MARKER, NO_PREVIOUS_SUMMARY, SUMMARY_MESSAGE_PREFIX
 from tests.brokers import (
-    app_on,
     both_brokers,
     broker_url_for,
     result_backend_for,
     stop_promptly,
 )
+from tests.celery_helpers import configured_app
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.llm_server import LLMServer, Reply
 from tests.processes import wait_for
+from tests.services import redis_database
+from tests.worker_stack import CELERY, WorkerProcess
 from workers import lease
 from workers.app import app, is_redis
 from workers.errors import CompressionFailed
@@ -176,7 +174,7 @@ def harness_for(
     prefix = f"recap-test-{uuid.uuid4().hex[:10]}:"
     try:
         with (
-            app_on(settings, prefix),
+            configured_app(settings, prefix),
             start_worker(
                 app,
                 pool="threads",
@@ -508,14 +506,6 @@ def test_a_reask_that_no_longer_fits_the_run_is_not_started(
 # --- a worker killed mid-call ------------------------------------------------------------------
 
 
-def _celery(env: dict[str, str], *args: str, log: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", *args]
-    command += ["--without-mingle", "--without-gossip"]  # no waiting for neighbours
-    return subprocess.Popen(
-        command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
 def _expire_the_lease(engine: Engine, cid: str) -> None:
     """Let the killed run's lease run out: its lifetime is the time limit plus a fixed 30 s of
     grace (``core.settings.LEASE_GRACE_SECONDS``), so its expiry is moved to now instead of
@@ -556,10 +546,15 @@ def test_a_worker_killed_in_the_model_call_is_completed_once(
     worker with beat completes the conversation (reconcile every 2 s, or the broker's
     redelivery of the killed run) within a minute, and the redelivered run, which the broker
     hands out again, adds no second summary."""
-    if is_redis(broker):
-        database = random.randint(8, 15)  # a database of its own: child workers share no keys
-        broker = broker.rsplit("/", 1)[0] + f"/{database}"
-        redis.Redis.from_url(broker).flushdb()
+    with ExitStack() as stack:
+        if is_redis(broker):  # a database of its own: child workers share no keys
+            broker = stack.enter_context(redis_database(broker))
+        _kill_and_complete(tmp_path, sqlite_url, broker, monkeypatch)
+
+
+def _kill_and_complete(
+    tmp_path: Path, sqlite_url: str, broker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = LLMServer().start()
     env = {
         **os.environ,
@@ -582,24 +577,23 @@ def test_a_worker_killed_in_the_model_call_is_completed_once(
     upgrade(engine)
     h = Harness(engine, server, settings, PoolWatch(engine))
     cid = h.new(turns=12)
-    workers: list[subprocess.Popen[bytes]] = []
+    workers: list[WorkerProcess] = []
     first_log, second_log = tmp_path / "w1.log", tmp_path / "w2.log"
     try:
         server.script(Reply(hold=True))
-        first = _celery(env, "-P", "threads", "-c", "2", log=first_log)
-        workers.append(first)
-        with app_on(settings, None):
+        first = WorkerProcess(env, first_log, ("-P", "threads", "-c", "2"), program=CELERY)
+        workers.append(first.launch())
+        with configured_app(settings, None):
             task_id = app.send_task("recap.compress_session", args=[cid]).id
         assert server.wait_for(1, timeout=60), first_log.read_text()
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
+        assert first.process is not None
+        os.killpg(first.process.pid, signal.SIGKILL)
+        first.process.wait()
         killed_at = time.monotonic()
         _expire_the_lease(engine, cid)
         schedule = str(tmp_path / "beat-schedule")
-        second = _celery(
-            env, "-P", "threads", "-c", "4", "-B", "-s", schedule, "-l", "INFO", log=second_log
-        )
-        workers.append(second)
+        args = ("-P", "threads", "-c", "4", "-B", "-s", schedule, "-l", "INFO")
+        workers.append(WorkerProcess(env, second_log, args, program=CELERY).launch())
         wait_for(lambda: h.summaries(cid), KILL_DEADLINE, "the summary", second_log)
         assert time.monotonic() - killed_at < KILL_DEADLINE
         if is_redis(broker):
@@ -608,13 +602,11 @@ def test_a_worker_killed_in_the_model_call_is_completed_once(
         assert len(h.summaries(cid)) == 1
         assert [a for a, _ in h.log(cid)].count("summarized") == 1
     finally:
-        for process in workers:  # the test is over: no warm shutdown to wait for
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        for worker in workers:  # the test is over: no warm shutdown to wait for
+            if worker.process is not None and worker.process.poll() is None:
+                os.killpg(worker.process.pid, signal.SIGKILL)
+                worker.process.wait()
         server.stop()
-        if is_redis(broker):
-            redis.Redis.from_url(broker).flushdb()
         engine.dispose()
 
 

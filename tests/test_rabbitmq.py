@@ -3,9 +3,10 @@ and a real ``recap worker`` retrying through the broker and surviving its restar
 
 The broker is a RabbitMQ node of the test run's own (``rabbitmq_node`` in conftest: started on
 free ports, a fresh vhost per test), never the machine's server. With ``tests/test_routing.py``
-(a plain ``send_task`` by name and ``compress_later`` served, on both brokers) these are the
-worker tests that run on RabbitMQ; the rest run on Redis only, since the broker does not change
-what a run decides. The restart test comes last: it restarts the node.
+(a plain ``send_task`` by name and ``compress_later`` served) and the worker tests marked
+``both_brokers`` (``tests/brokers.py``: summaries, single flight, retries, a killed worker,
+failures in Flower, media), the worker suite runs on RabbitMQ as well as Redis. The restart test
+comes last: it restarts the node.
 """
 
 from __future__ import annotations
