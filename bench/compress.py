@@ -72,20 +72,21 @@ class ThreadConnections:
 @contextmanager
 def pre_call_hook(connections: ThreadConnections) -> Iterator[None]:
     """Run ``connections.at_call`` in the calling thread just before each litellm request."""
-    from workers import llm  # first: it sets up litellm's offline price map before the import
+    from workers import llm  # noqa: F401  (first: it sets up litellm's offline price map)
 
+    import litellm  # isort: skip
     from litellm.integrations.custom_logger import CustomLogger  # isort: skip
 
-    class Hook(CustomLogger):  # type: ignore[misc]
+    class Hook(CustomLogger):
         def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
             connections.at_call()
 
     hook = Hook()
-    llm.litellm.callbacks.append(hook)
+    litellm.callbacks.append(hook)
     try:
         yield
     finally:
-        llm.litellm.callbacks.remove(hook)
+        litellm.callbacks.remove(hook)
 
 
 def quiet_logs() -> None:

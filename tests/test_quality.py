@@ -1,5 +1,5 @@
-"""The code stays lint-clean and type-checked: ruff on the tree, mypy --strict on core and
-workers."""
+"""The code stays lint-clean and type-checked: ruff on the tree, mypy --strict on core, workers
+and bench."""
 
 from __future__ import annotations
 
