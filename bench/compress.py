@@ -324,19 +324,25 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
             server.wait()
 
 
-def model_env(
-    folder: Path, database: str, broker: str, server: subprocess.Popen[bytes]
-) -> dict[str, str]:
-    """Settings for a run against the model server process (its first output line is its URL)."""
+def stand_in_env(folder: Path, database_url: str, broker: str, api_base: str) -> dict[str, str]:
+    """A worker's settings for a run against the stand-in model server at ``api_base``."""
     return {
-        "RECAP_DATABASE_URL": f"sqlite:///{folder / database}",
+        "RECAP_DATABASE_URL": database_url,
         "RECAP_BROKER_URL": broker,
         "RECAP_SUMMARY_MODEL": STAND_IN_MODEL,
-        "RECAP_SUMMARY_API_BASE": str(server.stdout.readline().decode().strip()),  # type: ignore[union-attr]
+        "RECAP_SUMMARY_API_BASE": api_base,
         "RECAP_SUMMARY_MAX_OUTPUT_TOKENS": "500",
         "RECAP_SUMMARY_API_KEY": "bench",
         "RECAP_OUTPUT_DIR": str(folder / "outputs"),
     }
+
+
+def model_env(
+    folder: Path, database: str, broker: str, server: subprocess.Popen[bytes]
+) -> dict[str, str]:
+    """Settings for a run against the model server process (its first output line is its URL)."""
+    api_base = str(server.stdout.readline().decode().strip())  # type: ignore[union-attr]
+    return stand_in_env(folder, f"sqlite:///{folder / database}", broker, api_base)
 
 
 def worker_process(folder: Path, values: dict[str, str]) -> WorkerProcess:

@@ -45,7 +45,6 @@ TURNS = 20
 HOST_THREADS = 8  # concurrent chat servers adding turns and enqueueing
 MODEL_SECONDS = 0.2
 WINDOW = 1_500  # small, so each conversation is summarized about twice in its 20 turns
-STAND_IN_MODEL = "openai/gpt-4o-mini"  # a known window for the summarizer; the server answers
 DRAIN_TIMEOUT = 900.0  # seconds the worker may take to finish everything
 POLL_SECONDS = 0.5  # how often the drain is checked (it reads every worker's log)
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -81,7 +80,7 @@ def stack(
     """(engine, broker URL, workers) with the model server, a broker of the benchmark's own and
     ``processes`` workers running (one ``recap worker`` with both queues; several with the
     compress queue each, as a scaled-out deployment runs them)."""
-    from bench.compress import model_process
+    from bench.compress import model_process, stand_in_env
     from bench.scale import broker
     from core.storage.db import make_engine
     from core.storage.migrate import upgrade
@@ -93,15 +92,7 @@ def stack(
         with database() as url, broker(broker_kind) as broker_url:
             engine = make_engine(url)
             upgrade(engine)
-            env = worker_env(
-                RECAP_DATABASE_URL=url,
-                RECAP_BROKER_URL=broker_url,
-                RECAP_SUMMARY_MODEL=STAND_IN_MODEL,
-                RECAP_SUMMARY_API_BASE=api_base,
-                RECAP_SUMMARY_API_KEY="bench",
-                RECAP_SUMMARY_MAX_OUTPUT_TOKENS="500",
-                RECAP_OUTPUT_DIR=str(folder / "outputs"),
-            )
+            env = worker_env(**stand_in_env(folder, url, broker_url, api_base))
             args = () if processes == 1 else ("--queues", "compress")
             logs = [folder / f"{broker_kind}-{processes}-{n}.log" for n in range(processes)]
             workers = [WorkerProcess(env, log, args=args) for log in logs]

@@ -34,7 +34,6 @@ WARM_UP_RUNS = 4  # first compressions of fresh processes, not timed
 MODEL_SECONDS = 1.0
 WINDOW = 3_000  # the throughput benchmark's synthetic conversations are over its trigger
 RUN_TIMEOUT = 300.0
-STAND_IN_MODEL = "openai/gpt-4o-mini"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -95,6 +94,7 @@ def settled_rss(root: int) -> dict[int, float]:
 
 
 def memory_figures(folder: Path) -> list[Figure]:
+    from bench.compress import stand_in_env
     from core.storage.db import make_engine
     from core.storage.migrate import upgrade
     from tests.services import RedisServer
@@ -103,14 +103,7 @@ def memory_figures(folder: Path) -> list[Figure]:
     url = f"sqlite:///{folder / 'memory.db'}"
     upgrade(make_engine(url))
     with RedisServer.started() as broker:
-        env = worker_env(
-            RECAP_DATABASE_URL=url,
-            RECAP_BROKER_URL=broker.url,
-            RECAP_SUMMARY_MODEL=STAND_IN_MODEL,
-            RECAP_SUMMARY_API_BASE="http://127.0.0.1:9/v1",
-            RECAP_SUMMARY_API_KEY="bench",
-            RECAP_OUTPUT_DIR=str(folder / "outputs"),
-        )
+        env = worker_env(**stand_in_env(folder, url, broker.url, "http://127.0.0.1:9/v1"))
         worker = WorkerProcess(env, folder / "memory.log", args=())
         worker.start()
         try:
@@ -204,21 +197,13 @@ def one_configuration(
     folder: Path, kind: str, processes: int, api_base: str
 ) -> tuple[float, float, float]:
     """``timed_runs`` for ``RUNS`` compressions on ``processes`` workers."""
-    from bench.compress import prepared
+    from bench.compress import prepared, stand_in_env
     from bench.load import database
     from tests.worker_stack import WorkerProcess, stop_workers, worker_env
 
     with database() as url, broker(kind) as broker_url:
         engine, ids = prepared(url, RUNS + WARM_UP_RUNS, f"{kind}{processes}-")
-        env = worker_env(
-            RECAP_DATABASE_URL=url,
-            RECAP_BROKER_URL=broker_url,
-            RECAP_SUMMARY_MODEL=STAND_IN_MODEL,
-            RECAP_SUMMARY_API_BASE=api_base,
-            RECAP_SUMMARY_API_KEY="bench",
-            RECAP_SUMMARY_MAX_OUTPUT_TOKENS="500",
-            RECAP_OUTPUT_DIR=str(folder / "outputs"),
-        )
+        env = worker_env(**stand_in_env(folder, url, broker_url, api_base))
         log = folder / f"{kind}-{processes}"
         workers = [
             WorkerProcess(env, Path(f"{log}-{n}.log"), args=("--queues", "compress"))

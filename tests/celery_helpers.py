@@ -10,10 +10,12 @@ connection pool (Celery has no public call that drops it and keeps the app regis
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from core.settings import Settings
+from core.settings import Settings, get_settings
 from workers.app import app, celery_config, configure, is_redis
 
 # Celery caches the app's queue declarations, the router and default queue built on them, the
@@ -56,3 +58,34 @@ def configured_app(settings: Settings, prefix: str | None) -> Iterator[None]:
     finally:
         app.conf.update(saved)
         reset_app_connections()
+
+
+@contextmanager
+def solo_worker(broker_url: str, monkeypatch: Any, **env: str) -> Iterator[None]:
+    """A real worker thread (solo pool) on ``broker_url`` with results kept there, under a Redis
+    key prefix of its own (other test runs share the server), consuming the app's own queues as
+    deployed; ``env`` adds RECAP_* settings for it."""
+    from celery.contrib.testing.worker import start_worker
+
+    monkeypatch.setenv("RECAP_BROKER_URL", broker_url)
+    monkeypatch.setenv("RECAP_RESULT_BACKEND", broker_url)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    get_settings.cache_clear()
+    prefix = f"recap-test-{uuid.uuid4().hex[:10]}:"
+    try:
+        with (
+            configured_app(get_settings(), prefix),
+            start_worker(app, pool="solo", perform_ping_check=False),
+        ):
+            yield
+    finally:
+        get_settings.cache_clear()
+
+
+def follow_runs(first: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results of a task run and of every run it re-enqueued (``next_task_id``)."""
+    runs = [first]
+    while "next_task_id" in runs[-1]:
+        runs.append(app.AsyncResult(runs[-1]["next_task_id"]).get(timeout=30))
+    return runs

@@ -4,7 +4,6 @@ task prunes in batches on a real worker."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,6 +15,7 @@ from core import service
 from core.settings import Settings, get_settings
 from core.storage.compaction_log import LOG, cuts, doomed, prune_log, record_run
 from core.storage.snapshot import recent_failures
+from tests.celery_helpers import follow_runs, solo_worker
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 RETENTION, HISTORY = 3, 90  # the defaults, in days
@@ -165,33 +165,9 @@ def test_prune_stops_at_the_batch_limit(logged: tuple[Engine, list[str]]) -> Non
 def worker(
     redis_url: str, sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[None]:
-    """A real worker thread on the Redis broker, under a key prefix of its own."""
-    from celery.contrib.testing.worker import start_worker
-
-    from tests.celery_helpers import configured_app
-    from workers.app import app
-
-    monkeypatch.setenv("RECAP_BROKER_URL", redis_url)
-    monkeypatch.setenv("RECAP_RESULT_BACKEND", redis_url)
-    get_settings.cache_clear()
-    prefix = f"recap-test-{uuid.uuid4().hex[:10]}:"
-    try:
-        with (
-            configured_app(get_settings(), prefix),
-            start_worker(app, pool="solo", perform_ping_check=False),
-        ):
-            yield
-    finally:
-        get_settings.cache_clear()
-
-
-def follow(first: dict[str, Any]) -> list[dict[str, Any]]:
-    from workers.app import app
-
-    runs = [first]
-    while "next_task_id" in runs[-1]:
-        runs.append(app.AsyncResult(runs[-1]["next_task_id"]).get(timeout=30))
-    return runs
+    """A real worker thread on the Redis broker (``solo_worker``)."""
+    with solo_worker(redis_url, monkeypatch):
+        yield
 
 
 def test_prune_task_on_a_worker(worker: None, sqlite_engine: Engine) -> None:
@@ -208,7 +184,7 @@ def test_prune_task_on_a_worker(worker: None, sqlite_engine: Engine) -> None:
     add_rows(sqlite_engine, [(cid, action, age + shift) for action, age in rows])
     before = len(remaining(sqlite_engine))
     first = prune_compaction_log.apply_async(kwargs={"batch": 2}).get(timeout=30)
-    runs = follow(first)
+    runs = follow_runs(first)
     assert len(runs) > 1 and runs[-1]["more"] is False
     deleted = sum(run["deleted"] for run in runs)
     assert deleted > 0 and len(remaining(sqlite_engine)) == before - deleted

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +21,7 @@ from core.storage import reads, store
 from core.storage.db import session_scope
 from core.storage.models import CONVERSATIONS, utcnow
 from core.storage.sweep import apply_clearings, sweep_idle
+from tests.celery_helpers import follow_runs, solo_worker
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.conftest import load_data
 
@@ -237,36 +237,9 @@ def test_real_conversations_sweep(sqlite_engine: Engine) -> None:
 def worker(
     redis_url: str, sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[None]:
-    """A real worker thread on the Redis broker, under a key prefix of its own (other test runs
-    share the server), consuming the app's own queues as deployed."""
-    from celery.contrib.testing.worker import start_worker
-
-    from tests.celery_helpers import configured_app
-    from workers.app import app
-
-    monkeypatch.setenv("RECAP_BROKER_URL", redis_url)
-    monkeypatch.setenv("RECAP_RESULT_BACKEND", redis_url)
-    monkeypatch.setenv("RECAP_SWEEP_BATCH_SIZE", "2")
-    get_settings.cache_clear()
-    prefix = f"recap-test-{uuid.uuid4().hex[:10]}:"
-    try:
-        with (
-            configured_app(get_settings(), prefix),
-            start_worker(app, pool="solo", perform_ping_check=False),
-        ):
-            yield
-    finally:
-        get_settings.cache_clear()
-
-
-def follow(first: dict[str, Any]) -> list[dict[str, Any]]:
-    """The results of a sweep run and every run it re-enqueued."""
-    from workers.app import app
-
-    runs = [first]
-    while "next_task_id" in runs[-1]:
-        runs.append(app.AsyncResult(runs[-1]["next_task_id"]).get(timeout=30))
-    return runs
+    """A real worker thread on the Redis broker (``solo_worker``)."""
+    with solo_worker(redis_url, monkeypatch, RECAP_SWEEP_BATCH_SIZE="2"):
+        yield
 
 
 def test_sweep_task_on_a_worker_reenqueues_until_done(worker: None, sqlite_engine: Engine) -> None:
@@ -277,7 +250,7 @@ def test_sweep_task_on_a_worker_reenqueues_until_done(worker: None, sqlite_engin
     service.import_conversations(sqlite_engine, records, get_settings())
     make_idle(sqlite_engine, *[r["id"] for r in records])
     first = sweep_idle_tool_results.apply_async().get(timeout=30)
-    runs = follow(first)
+    runs = follow_runs(first)
     assert first["cleared"] == 2 and first["more"] is True
     expected = 3 * (5 - get_settings().idle_keep_tool_results)  # all but the kept ones, x3
     assert sum(run["cleared"] for run in runs) == expected
