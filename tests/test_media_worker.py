@@ -8,35 +8,24 @@ back.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from core import service
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from tests.brokers import both_brokers, broker_url_for
+from tests import test_compress_worker
+from tests.brokers import both_brokers
 from tests.cli_helpers import recap
-from tests.test_compress_worker import Harness, harness_for
+from tests.test_compress_worker import Harness
 from tests.test_media import screenshot_turns
 
 pytestmark = pytest.mark.redis
+broker = test_compress_worker.broker  # the worker tests' fixtures, shared
+harness = test_compress_worker.harness
 
 TURNS = 12  # screenshots; at a 20k window their text plus two images goes over the trigger
 WINDOW = 20_000
-
-
-@pytest.fixture
-def broker(request: pytest.FixtureRequest) -> str:
-    """The worker's broker: Redis, then RabbitMQ."""
-    return broker_url_for(request)
-
-
-@pytest.fixture
-def harness(sqlite_url: str, broker: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    """A worker on the broker over a fresh SQLite database, and the local model server."""
-    with harness_for(sqlite_url, broker, monkeypatch) as h:
-        yield h
 
 
 def _conversation(turns: int) -> list[dict[str, object]]:
