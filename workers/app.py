@@ -68,6 +68,11 @@ def is_amqp(broker_url: str) -> bool:
     return broker_url.startswith(AMQP_SCHEMES)
 
 
+# The embedded file broker is polled (kombu's default: once a second); a listing of one folder
+# ten times a second costs nothing and a task waits at most this long to be picked up.
+FILE_BROKER_POLL_SECONDS = 0.1
+
+
 def is_redis(url: str) -> bool:
     return url.startswith(REDIS_SCHEMES)
 
@@ -89,6 +94,7 @@ def transport_options(settings: Settings) -> dict[str, Any]:
             "data_folder_in": str(queue),
             "data_folder_out": str(queue),
             "control_folder": str(control),
+            "polling_interval": FILE_BROKER_POLL_SECONDS,
         }
     if is_amqp(settings.broker_url):
         return {"confirm_publish": True}  # a send returns once the broker has the message
