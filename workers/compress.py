@@ -42,8 +42,8 @@ from core.storage.models import CompactionLog, table_of, utcnow
 from core.storage.records import ClearingRec, Msg
 from core.storage.summaries import Written
 from core.storage.summaries import write_run as write_transaction
-from core.summaries import compression
-from core.summaries.compression import Split
+from core.summaries import planning
+from core.summaries.planning import Split
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from workers import events
 from workers.dbretry import DB_RETRY_MAX_SECONDS, database_unavailable, durably, first_line
@@ -148,7 +148,7 @@ def claim(engine: Engine, settings: Settings, run: Run) -> lease.Lease | None:
     )
 
 
-def read_snapshot(run: Run) -> Snapshot:
+def snapshot_for(run: Run) -> Snapshot:
     """One short read session of the content-free snapshot, with the failed runs the cooldown
     needs."""
     with session_scope(run.engine) as session:
@@ -211,7 +211,7 @@ def one_pass(run: Run) -> PassResult:
             decision, leaf = early
             size = decision.pressure.history
             return PassResult(Outcome("skipped", decision.reason, size, size, leaf_message_id=leaf))
-    snapshot = read_snapshot(run)
+    snapshot = snapshot_for(run)
     decision = policy.decide(snapshot, knobs, force=run.force)
     before = decision.pressure.history
     base = Outcome("skipped", "", before, before, leaf_message_id=snapshot.leaf_id)
@@ -256,7 +256,7 @@ def _validated(
         {"role": "user", "content": SUMMARY_MESSAGE_PREFIX + result.text}, encoding
     )
     replaced = (snapshot.summary.tokens if snapshot.summary else 0) + sum(
-        compression.message_tokens(m, clearings) for m in split.older
+        planning.message_tokens(m, clearings) for m in split.older
     )
     base = replace(
         base,
@@ -265,7 +265,7 @@ def _validated(
         output_tokens=result.output_tokens,
         cost=result.cost,
     )
-    problem = compression.rejection_reason(
+    problem = planning.rejection_reason(
         result.text, summary_tokens=summary_tokens, replaced_tokens=replaced
     )
     if problem is not None:

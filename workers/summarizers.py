@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Protocol
 from core.counting import tokens
 from core.decision import policy
 from core.settings import Settings
-from core.summaries import compression
-from core.summaries.compression import Rendered, Split
+from core.summaries import planning
 from core.summaries.extractive import extractive_summary
 from core.summaries.identifiers import identifiers_of_span, retention
+from core.summaries.planning import Rendered, Split
 from workers import events
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def _count_cached(role: str, content: str, encoding: str) -> int:
     return tokens.count_message({"role": role, "content": content}, encoding)
 
 
-def _counter(encoding: str) -> compression.Counter:
+def _counter(encoding: str) -> planning.Counter:
     """Tokens of a rendered message; the prompt, marker, reminder and recent context repeat
     from run to run, so counts are cached by text."""
     return lambda message: _count_cached(
@@ -119,7 +119,7 @@ def _counter(encoding: str) -> compression.Counter:
 
 
 def _usable(text: str) -> bool:
-    return compression.rejection_reason(text, summary_tokens=0, replaced_tokens=1) is None
+    return planning.rejection_reason(text, summary_tokens=0, replaced_tokens=1) is None
 
 
 class ModelSummarizer:
@@ -153,7 +153,7 @@ class ModelSummarizer:
                 raise RetryLater(str(exc), delay) from exc
             except llm.LLMError as exc:
                 raise SummaryFailed(f"the summarizer failed: {exc}") from exc
-            except compression.SummarizerWindowError as exc:
+            except planning.SummarizerWindowError as exc:
                 raise SummaryFailed(str(exc)) from exc
         raise SummaryFailed("the summarizer's input did not fit its window even in small chunks")
 
@@ -162,21 +162,21 @@ class ModelSummarizer:
     ) -> SummaryText:
         settings = self.settings
         count = _counter(tokens.encoding_name_for(settings.summary_model or snapshot.model))
-        names = compression.tool_names(snapshot.branch)
-        older = compression.render_messages(
+        names = planning.tool_names(snapshot.branch)
+        older = planning.render_messages(
             split.older,
             names=names,
-            result_chars=compression.OLDER_RESULT_CHARS,
+            result_chars=planning.OLDER_RESULT_CHARS,
             clearings=snapshot.clearings,
         )
-        recent = compression.render_messages(
+        recent = planning.render_messages(
             split.recent,
             names=names,
-            result_chars=compression.RECENT_RESULT_CHARS,
+            result_chars=planning.RECENT_RESULT_CHARS,
             clearings=snapshot.clearings,
         )
         previous = snapshot.summary.text if snapshot.summary else None
-        plan = compression.plan_summary(
+        plan = planning.plan_summary(
             older=older,
             recent=recent,
             prompt=settings.summary_prompt,
@@ -190,7 +190,7 @@ class ModelSummarizer:
         for index, chunk in enumerate(plan.chunks):
             last = index == len(plan.chunks) - 1
             seed = result.text or None
-            messages = compression.build_summary_messages(
+            messages = planning.build_summary_messages(
                 prompt=settings.summary_prompt,
                 previous_summary=seed,
                 older=chunk,
@@ -241,15 +241,15 @@ class ModelSummarizer:
         self,
         llm: ModuleType,
         result: SummaryText,
-        plan: compression.SummaryPlan,
+        plan: planning.SummaryPlan,
         seed: str | None,
         missing: Sequence[str],
         wanted: set[str],
-        count: compression.Counter,
+        count: planning.Counter,
     ) -> None:
         """Ask once more with the missing identifiers listed; keep the better of the two."""
-        listed = compression.missing_within(missing, compression.RETENTION_LIST_TOKENS, count)
-        messages = compression.build_summary_messages(
+        listed = planning.missing_within(missing, planning.RETENTION_LIST_TOKENS, count)
+        messages = planning.build_summary_messages(
             prompt=self.settings.summary_prompt,
             previous_summary=seed,
             older=plan.chunks[-1],

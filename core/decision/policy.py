@@ -20,7 +20,7 @@ The decision, in order:
    request is about to lose history, so the clear-at-least gate and the cooldown's wait go.
 3. Clear old tool results when that reclaims ``clear_at_least_tokens`` (any saving when urgent);
    when it brings the history under the trigger, that is all.
-4. Otherwise summarize: the split of ``core.summaries.compression.plan_split`` (at a user message,
+4. Otherwise summarize: the split of ``core.summaries.planning.plan_split`` (at a user message,
    or inside an agent turn at a step boundary, never between a call and its result). A span under
    ``min_summary_span_tokens`` is not sent: no summary of it would be smaller. After repeated
    failures the summarizer rests (``cooldown_until``); a "does not reduce" rejection is not a
@@ -48,7 +48,7 @@ from core.decision.toolresults import (
 from core.request.branch import effective_history_tokens
 from core.storage.profile import Profile
 from core.storage.records import ClearingRec, Msg, SummaryRec
-from core.summaries.compression import (
+from core.summaries.planning import (
     REJECTED_NOT_SMALLER,
     Split,
     cooldown_until,

@@ -29,7 +29,7 @@ from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLo
 from core.storage.profile import load_profile
 from core.storage.reads import branch_path
 from core.storage.records import Msg
-from core.summaries.compression import COOLDOWN_MAX_FACTOR
+from core.summaries.planning import COOLDOWN_MAX_FACTOR
 
 COMPACTION_LOG = table_of(CompactionLog)
 COOLDOWN_DOUBLINGS = COOLDOWN_MAX_FACTOR.bit_length()  # failures read past the streak

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from core.counting import media
 from core.storage.records import ClearingRec, Msg
-from core.summaries.compression import describe_calls, tool_names, trim_text
 from core.summaries.identifiers import ERROR_RE, identifiers_of_span
+from core.summaries.planning import describe_calls, tool_names, trim_text
 from core.summaries.prompts import EXTRACTIVE_NOTE
 
 QUOTE_CHARS = 240  # one quoted sentence or request

@@ -11,8 +11,8 @@ import pytest
 
 from core.counting import tokens
 from core.storage.records import ClearingRec, Msg, SummaryRec
-from core.summaries import compression
-from core.summaries.compression import (
+from core.summaries import planning
+from core.summaries.planning import (
     build_summary_messages,
     plan_split,
     plan_summary,
@@ -222,7 +222,7 @@ def test_summary_messages_order(
 def test_prompt_without_placeholder_is_rejected() -> None:
     """A summary prompt that cannot carry the previous summary is an error."""
     with pytest.raises(ValueError, match="previous_summary"):
-        compression.system_prompt("Summarize.", "old")
+        planning.system_prompt("Summarize.", "old")
 
 
 def count(message: Any) -> int:
@@ -269,7 +269,7 @@ def test_plan_summary_chunks(older_sizes: list[int], window: int, chunks: int) -
 
 def test_plan_summary_needs_room() -> None:
     """A summarizer window too small for its own prompt and output is a clear error."""
-    with pytest.raises(compression.SummarizerWindowError, match="cannot hold"):
+    with pytest.raises(planning.SummarizerWindowError, match="cannot hold"):
         plan_summary(
             older=[words(100)],
             recent=[],
@@ -318,8 +318,8 @@ def test_pending_and_request_tokens(
     summary: SummaryRec | None, cleared: dict[int, ClearingRec], pending: list[int], history: int
 ) -> None:
     """Pending messages follow the summary's cutoff; the request counts root, summary and rest."""
-    assert [m.id for m in compression.pending_messages(CHAT, summary)] == pending
-    assert compression.request_history_tokens(CHAT, summary, cleared) == history
+    assert [m.id for m in planning.pending_messages(CHAT, summary)] == pending
+    assert planning.request_history_tokens(CHAT, summary, cleared) == history
 
 
 # --- the summarizer's cooldown after repeated failures -----------------------------------------
@@ -347,7 +347,7 @@ def test_cooldown_until(
     failures: list[datetime], streak: int, expected_minutes_after_newest: float | None
 ) -> None:
     """A run of failures rests the summarizer, longer with each further failure, capped."""
-    until = compression.cooldown_until(failures, streak=streak, first_minutes=10)
+    until = planning.cooldown_until(failures, streak=streak, first_minutes=10)
     if expected_minutes_after_newest is None:
         assert until is None
     else:
