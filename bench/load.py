@@ -47,9 +47,6 @@ MODEL_SECONDS = 0.2
 WINDOW = 1_500  # small, so each conversation is summarized about twice in its 20 turns
 DRAIN_TIMEOUT = 900.0  # seconds the worker may take to finish everything
 POLL_SECONDS = 0.5  # how often the drain is checked (it reads every worker's log)
-POSTGRES_ADMIN_URL = os.environ.get(
-    "RECAP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 PROSE = (
     "I moved the parsing into a helper so callers no longer need the file format, ran the "
     "focused tests and then the suite; the one failure left is the fixture that expects the old "
@@ -65,15 +62,6 @@ def turn(cid: str, n: int) -> list[dict[str, str]]:
 
 
 @contextmanager
-def database() -> Iterator[str]:
-    """A fresh PostgreSQL database on the shared server, dropped afterwards."""
-    from tests.services import postgres_database
-
-    with postgres_database(POSTGRES_ADMIN_URL, prefix="recap_load_") as url:
-        yield url
-
-
-@contextmanager
 def stack(
     folder: Path, broker_kind: str = "redis", processes: int = 1
 ) -> Iterator[tuple[Any, str, list[Any]]]:
@@ -81,7 +69,7 @@ def stack(
     ``processes`` workers running (one ``recap worker`` with both queues; several with the
     compress queue each, as a scaled-out deployment runs them)."""
     from bench.compress import model_process, stand_in_env
-    from bench.scale import broker
+    from bench.services import broker, database
     from core.storage.db import make_engine
     from core.storage.migrate import upgrade
     from tests.worker_stack import WorkerProcess, stop_workers, worker_env

@@ -17,9 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -148,23 +146,6 @@ def role_of(command: str) -> str:
 # --- throughput ----------------------------------------------------------------------------------
 
 
-@contextmanager
-def broker(kind: str) -> Iterator[str]:
-    """A broker of the benchmark's own: a Redis server, or a RabbitMQ node (a fresh vhost)."""
-    from tests.services import RabbitNode, RedisServer
-    from workers.enqueue import reset
-
-    try:
-        if kind == "redis":
-            with RedisServer.started() as server:
-                yield server.url
-        else:
-            with RabbitNode.started() as node:
-                yield node.url(node.fresh_vhost())
-    finally:
-        reset()
-
-
 def timed_runs(
     engine: Any, broker_url: str, ids: list[str], workers: list[Any]
 ) -> tuple[float, float, float]:
@@ -198,7 +179,7 @@ def one_configuration(
 ) -> tuple[float, float, float]:
     """``timed_runs`` for ``RUNS`` compressions on ``processes`` workers."""
     from bench.compress import prepared, stand_in_env
-    from bench.load import database
+    from bench.services import broker, database
     from tests.worker_stack import WorkerProcess, stop_workers, worker_env
 
     with database() as url, broker(kind) as broker_url:
