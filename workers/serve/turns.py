@@ -88,13 +88,7 @@ class Turns:
         """The request's history on the tree and Recap's request for it (``turn.sent``), in one
         trip to the thread pool; compressing once, and assembling again, if it does not fit."""
         mapped, request = await self.recap.run(self._store_and_assemble, turn)
-        if request is None:
-            await self.compress_now(turn)
-            try:
-                request = await self._assemble(turn)
-            except BudgetError as exc:
-                raise context_too_long(str(exc)) from None
-        turn.sent = request
+        turn.sent = request if request is not None else await self._compressed_and_assembled(turn)
         return mapped
 
     def _store_and_assemble(self, turn: Turn) -> tuple[history.Mapped, list[dict[str, Any]] | None]:
@@ -120,13 +114,18 @@ class Turns:
         try:
             request = await self._assemble(turn)
         except BudgetError:
-            await self.compress_now(turn)
-            try:
-                request = await self._assemble(turn)
-            except BudgetError as exc:
-                raise context_too_long(str(exc)) from None
+            request = await self._compressed_and_assembled(turn)
         turn.sent = request
         return request
+
+    async def _compressed_and_assembled(self, turn: Turn) -> list[dict[str, Any]]:
+        """Compress now, once, and assemble again; an OpenAI-format error if it still does not
+        fit."""
+        await self.compress_now(turn)
+        try:
+            return await self._assemble(turn)
+        except BudgetError as exc:
+            raise context_too_long(str(exc)) from None
 
     async def _assemble(self, turn: Turn) -> list[dict[str, Any]]:
         assembled = await self.recap.assemble(
