@@ -15,6 +15,10 @@ measured is Recap's (and the HTTP hops'), not a model's. `recap serve` runs as a
   ``RECAP_UPSTREAM_CLIENT=litellm``, from this process, nothing stored or assembled) to its
   first streamed chunk, over calling the model server directly; measured in the same
   alternating rounds. With litellm on the path, serve's ratio could not fall below this one.
+- ``passthrough_overhead_vs_direct``: the floor of any proxy on serve's stack: ``bench.passthrough``
+  (Starlette under uvicorn, a pooled httpx client) parses the body, serializes it again and
+  streams the reply back, nothing else, measured in the same rounds; and
+  ``serve_overhead_vs_passthrough``, what Recap's own work adds on top of that second hop.
 - ``serve_requests_per_second`` (SQLite) and ``serve_requests_per_second_postgres``: stored,
   non-streaming turns completed per second by 16 concurrent clients, each resending its own
   growing conversation. Reported, not bounded: it depends on the machine's cores.
@@ -66,8 +70,12 @@ def run() -> list[Figure]:
         with tempfile.TemporaryDirectory() as folder:
             root = Path(folder)
             sqlite = f"sqlite:///{root / 'serve.db'}"
-            with serve_process(sqlite, upstream, root / "sqlite") as base:
-                figures = overhead(base, upstream, long_conversation(records, CONVERSATION))
+            with (
+                serve_process(sqlite, upstream, root / "sqlite") as base,
+                passthrough_process(upstream) as floor,
+            ):
+                messages = long_conversation(records, CONVERSATION)
+                figures = overhead(base, upstream, floor, messages)
                 figures.append(throughput(base, records, ""))
             database = _postgres_database()
             if database is None:
@@ -120,6 +128,30 @@ def serve_process(url: str, upstream: str, folder: Path) -> Iterator[str]:
         yield process.base_url
 
 
+@contextmanager
+def passthrough_process(upstream: str) -> Iterator[str]:
+    """``bench.passthrough`` (a bare proxy on serve's stack) on a free port; its base URL."""
+    from tests.processes import free_port, stop_group, wait_for
+
+    port = free_port()
+    command = [sys.executable, "-m", "bench.passthrough", upstream, str(port)]
+    process = subprocess.Popen(command, start_new_session=True)
+
+    def healthy() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError("the pass-through proxy exited")
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(healthy, START_TIMEOUT, "the pass-through proxy")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        stop_group(process)
+
+
 def _first_byte(
     client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> float:
@@ -170,14 +202,16 @@ class LitellmAlone:
         self.loop.close()
 
 
-def overhead(base: str, upstream: str, messages: list[dict[str, Any]]) -> list[Figure]:
-    """The time-to-first-byte ratio, and both medians in milliseconds; litellm's own ratio."""
+def overhead(base: str, upstream: str, floor: str, messages: list[dict[str, Any]]) -> list[Figure]:
+    """The time-to-first-byte ratio, and both medians in milliseconds; litellm's own ratio; the
+    bare proxy's ratio (the floor of any proxy on this stack)."""
     body = {"model": MODEL, "messages": messages, "stream": True}
     direct_body = {**body, "model": MODEL.split("/", 1)[1]}
     served = {"Authorization": f"Bearer {KEY}", "X-Recap-Conversation": f"bench-{uuid.uuid4()}"}
     direct: list[float] = []
     through: list[float] = []
     alone: list[float] = []
+    bare: list[float] = []
     litellm_alone = LitellmAlone(upstream, messages)
     try:
         with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
@@ -185,14 +219,17 @@ def overhead(base: str, upstream: str, messages: list[dict[str, Any]]) -> list[F
                 a = _first_byte(client, f"{upstream}/chat/completions", direct_body, {})
                 b = _first_byte(client, f"{base}/chat/completions", body, served)
                 c = litellm_alone.first_chunk()
+                d = _first_byte(client, f"{floor}/chat/completions", body, {})
                 if index >= WARMUP_ROUNDS:
                     direct.append(a)
                     through.append(b)
                     alone.append(c)
+                    bare.append(d)
     finally:
         litellm_alone.close()
     direct_ms, serve_ms = statistics.median(direct) * 1000, statistics.median(through) * 1000
     litellm_ms = statistics.median(alone) * 1000
+    floor_ms = statistics.median(bare) * 1000
     return [
         Figure(
             "serve_overhead_vs_direct",
@@ -213,6 +250,22 @@ def overhead(base: str, upstream: str, messages: list[dict[str, Any]]) -> list[F
             "model server directly; medians",
         ),
         Figure("litellm_ttfb_ms", round(litellm_ms, 2), "", "median first chunk, litellm alone"),
+        Figure(
+            "passthrough_overhead_vs_direct",
+            round(floor_ms / direct_ms, 3),
+            "",
+            f"the floor: a bare proxy on serve's stack (Starlette, uvicorn, a pooled httpx "
+            f"client; it parses and re-serializes the body and streams the reply, nothing else) "
+            f"to the first byte ({floor_ms:.1f} ms) over calling the model server directly; "
+            "medians of the same rounds",
+        ),
+        Figure(
+            "serve_overhead_vs_passthrough",
+            round(serve_ms / floor_ms, 3),
+            "",
+            "recap serve's time to first byte over the bare proxy's: what storing, mapping and "
+            "assembling the conversation add on top of the second HTTP hop",
+        ),
     ]
 
 

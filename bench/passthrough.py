@@ -1,0 +1,74 @@
+"""The floor under ``serve_overhead_vs_direct``: a proxy on the same stack as `recap serve`
+(Starlette under uvicorn, one pooled httpx client) that parses the request body, serializes it
+again and streams the upstream's reply back, doing nothing else: no store, no assembly, no
+authentication. ``python -m bench.passthrough UPSTREAM_BASE PORT`` serves
+``POST /v1/chat/completions`` on 127.0.0.1:PORT until stopped."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+
+def create_app(upstream: str) -> Starlette:
+    client: dict[str, httpx.AsyncClient] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        client["http"] = httpx.AsyncClient(base_url=upstream, timeout=120)
+        try:
+            yield
+        finally:
+            await client["http"].aclose()
+
+    async def completions(request: Request) -> Response:
+        body = json.loads(await request.body())
+        body["model"] = str(body["model"]).split("/", 1)[-1]
+        sent = client["http"].build_request(
+            "POST", "/chat/completions", content=json.dumps(body).encode()
+        )
+        reply = await client["http"].send(sent, stream=True)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in reply.aiter_raw():
+                    yield chunk
+            finally:
+                await reply.aclose()
+
+        return StreamingResponse(
+            chunks(), status_code=reply.status_code, media_type="text/event-stream"
+        )
+
+    async def health(request: Request) -> Response:
+        return Response("ok")
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", completions, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+
+
+def main(argv: list[str]) -> int:
+    import uvicorn
+
+    upstream, port = argv[0], int(argv[1])
+    uvicorn.run(
+        create_app(upstream), host="127.0.0.1", port=port, log_level="warning", access_log=False
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
