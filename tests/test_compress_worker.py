@@ -29,6 +29,7 @@ from sqlalchemy import Engine, event, select, text, update
 
 from core import service
 from core.settings import Settings, get_settings
+from core.storage import lease
 from core.storage.db import get_engine, make_engine, session_scope
 from core.storage.migrate import upgrade
 from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
@@ -45,7 +46,6 @@ from tests.llm_server import LLMServer, Reply
 from tests.processes import wait_for
 from tests.services import redis_database
 from tests.worker_stack import CELERY, WorkerProcess
-from workers import lease
 from workers.app import app, is_redis
 from workers.errors import CompressionFailed
 
