@@ -48,7 +48,6 @@ from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from workers import events
 from workers.dbretry import DB_RETRY_MAX_SECONDS, database_unavailable, durably, first_line
 from workers.dbretry import retry_window as _window
-from workers.reconcile import reconcile
 from workers.summarizers import RetryLater, SummaryFailed, SummaryText, summarizer_for
 
 __all__ = [  # what the tasks, the CLI, the host API, tests and benchmarks import from here
@@ -57,8 +56,6 @@ __all__ = [  # what the tasks, the CLI, the host API, tests and benchmarks impor
     "RetryLater",
     "compress_now",
     "compress_session",
-    "database_unavailable",
-    "reconcile",
     "run_with_retries",
 ]
 
