@@ -1,12 +1,12 @@
 """The brokers the worker tests run on: Redis, and RabbitMQ.
 
-A test module defines a ``broker`` fixture as ``broker_url_for(request)``: Redis unless the test
-asks for both with ``@both_brokers`` (ids ``[redis]`` and ``[rabbitmq]``), or names its broker
-through an indirect parametrization. Redis is the shared server (a key prefix of the test's
-own, from ``configured_app``); RabbitMQ is a fresh vhost of the test run's node (``amqp_url`` in
-conftest: a skip with a reason where RabbitMQ is absent, a failure under ``CI=true``). Results
-are kept in Redis on both, as a deployment on RabbitMQ would keep them in a result backend of its
-own.
+A test module defines a ``broker`` fixture as ``broker_url_for(request)``, and every test that
+takes it runs on both brokers (ids ``[redis]`` and ``[rabbitmq]``, from ``pytest_generate_tests``
+in conftest) unless it names its broker through an indirect parametrization. Redis is the shared
+server (a key prefix of the test's own, from ``configured_app``); RabbitMQ is a fresh vhost of the
+test run's node (``amqp_url`` in conftest: a skip with a reason where RabbitMQ is absent, a failure
+under ``CI=true``). Results are kept in Redis on both, as a deployment on RabbitMQ would keep them
+in a result backend of its own.
 """
 
 from __future__ import annotations
@@ -19,7 +19,19 @@ from tests.conftest import REDIS_URL
 from workers.app import is_redis
 
 BROKERS = ("redis", "rabbitmq")
-both_brokers = pytest.mark.parametrize("broker", BROKERS, indirect=True)
+
+
+def parametrize_all_brokers(metafunc: pytest.Metafunc) -> None:
+    """Every test that takes the ``broker`` fixture without naming its broker runs on each of
+    them, ids ``[redis]`` and ``[rabbitmq]`` (``pytest_generate_tests`` calls this)."""
+    if "broker" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        named = names.replace(" ", "").split(",") if isinstance(names, str) else list(names)
+        if "broker" in named:
+            return
+    metafunc.parametrize("broker", BROKERS, indirect=True)
 
 
 def broker_url_for(request: pytest.FixtureRequest) -> str:

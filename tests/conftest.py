@@ -212,3 +212,10 @@ def rabbitmq_node() -> Iterator[RabbitNode]:
 def amqp_url(rabbitmq_node: RabbitNode) -> str:
     """An ``amqp://`` URL on the test run's RabbitMQ node, in a vhost no other test uses."""
     return rabbitmq_node.url(rabbitmq_node.fresh_vhost())
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The worker suite on Redis and RabbitMQ alike (``tests/brokers.py``)."""
+    from tests.brokers import parametrize_all_brokers
+
+    parametrize_all_brokers(metafunc)

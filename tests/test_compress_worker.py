@@ -35,7 +35,6 @@ from core.storage.migrate import upgrade
 from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
 from core.summaries.prompts import CUTOFF_MARKER, NO_PREVIOUS_SUMMARY, SUMMARY_MESSAGE_PREFIX
 from tests.brokers import (
-    both_brokers,
     broker_url_for,
     result_backend_for,
     stop_promptly,
@@ -194,7 +193,7 @@ def harness_for(
 
 @pytest.fixture
 def broker(request: pytest.FixtureRequest) -> str:
-    """The worker's broker: Redis, or each of Redis and RabbitMQ under ``@both_brokers``."""
+    """The worker's broker: each of Redis and RabbitMQ (``tests/brokers.py``)."""
     return broker_url_for(request)
 
 
@@ -208,7 +207,6 @@ def harness(sqlite_url: str, broker: str, monkeypatch: pytest.MonkeyPatch) -> It
 # --- skip, summarize, the request view ---------------------------------------------------------
 
 
-@both_brokers
 def test_skips_under_the_trigger_then_summarizes_over_it(harness: Harness) -> None:
     """Under the trigger no model is called; over it a summary is stored, the request then holds
     it, leaves out everything up to the cutoff and resumes at a user message, no connection is
@@ -345,7 +343,6 @@ def test_twenty_enqueues_while_the_first_is_in_the_model_call_give_one_summary(
 # --- retries and failures ----------------------------------------------------------------------
 
 
-@both_brokers
 def test_429_then_500_then_success_is_retried_and_stored(harness: Harness) -> None:
     """A rate limit and a server error are retried by Celery with backoff (on RabbitMQ through
     the broker's delayed delivery); the third call wins."""
@@ -538,7 +535,6 @@ def _finished(log: Path, task_id: str) -> bool:
 KILL_DEADLINE = 60.0  # from the kill to the summary, a second worker's start-up included
 
 
-@both_brokers
 def test_a_worker_killed_in_the_model_call_is_completed_once(
     tmp_path: Path, sqlite_url: str, broker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,7 +24,7 @@ from core.settings import get_settings
 from core.storage.db import session_scope
 from core.storage.models import CompactionLog, table_of, utcnow
 from core.storage.store import failed_runs
-from tests.brokers import both_brokers, broker_url_for
+from tests.brokers import broker_url_for
 from tests.celery_helpers import configured_app
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.conftest import migrated
@@ -145,7 +145,7 @@ def test_failed_runs_lists_the_unsettled_latest_failure_of_each(
 
 @pytest.fixture
 def broker(request: pytest.FixtureRequest) -> str:
-    """The worker's broker: Redis, or each of Redis and RabbitMQ where a test asks for both."""
+    """The worker's broker: each of Redis and RabbitMQ (``tests/brokers.py``)."""
     return broker_url_for(request)
 
 
@@ -170,7 +170,6 @@ def _reasons(engine: Engine, cid: str) -> list[tuple[str, str, str | None]]:
         return [(str(a), str(r), e) for a, r, e in rows]
 
 
-@both_brokers
 def test_a_401_ends_failure_with_the_masked_reason(harness: Harness) -> None:
     """A provider that echoes the key in its 401: the run is recorded failed, then the task ends
     FAILURE with one CompressionFailed whose message is the stored (masked) reason; the key is in
@@ -193,7 +192,6 @@ def test_a_401_ends_failure_with_the_masked_reason(harness: Harness) -> None:
     assert harness.summaries(cid) == []
 
 
-@both_brokers
 def test_429_then_success_ends_success_after_a_retry(harness: Harness) -> None:
     """A rate limit puts the task in RETRY (Celery's own retry); the next attempt succeeds."""
     cid = harness.new(turns=12)

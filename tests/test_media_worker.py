@@ -15,7 +15,6 @@ import pytest
 from core import service
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests import test_compress_worker
-from tests.brokers import both_brokers
 from tests.cli_helpers import recap
 from tests.test_compress_worker import Harness
 from tests.test_media import screenshot_turns
@@ -35,7 +34,6 @@ def _conversation(turns: int) -> list[dict[str, object]]:
     return messages
 
 
-@both_brokers
 def test_vision_conversation_through_import_worker_and_export(
     harness: Harness, tmp_path: Path
 ) -> None:

@@ -3,9 +3,9 @@ and a real ``recap worker`` retrying through the broker and surviving its restar
 
 The broker is a RabbitMQ node of the test run's own (``rabbitmq_node`` in conftest: started on
 free ports, a fresh vhost per test), never the machine's server. With ``tests/test_routing.py``
-(a plain ``send_task`` by name and ``compress_later`` served) and the worker tests marked
-``both_brokers`` (``tests/brokers.py``: summaries, single flight, retries, a killed worker,
-failures in Flower, media), the worker suite runs on RabbitMQ as well as Redis. The restart test
+(a plain ``send_task`` by name and ``compress_later`` served) and every worker test that takes
+the ``broker`` fixture (``tests/brokers.py``: test_compress_worker, test_failures,
+test_media_worker), the worker suite runs on RabbitMQ as well as Redis. The restart test
 comes last: it restarts the node.
 """
 
