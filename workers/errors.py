@@ -2,7 +2,7 @@
 
 Each carries one argument, the reason already masked by ``core.redact``: with the JSON serializer
 Celery stores ``{"exc_type", "exc_message": [reason], "exc_module"}`` and rebuilds the exception
-from that list, so nothing here needs pickle. They are raised outside any ``except`` block, so
+from that list, so JSON is all it needs. They are raised outside any ``except`` block, so
 the stored traceback holds no chained exception (a provider's error can quote a key).
 """
 
