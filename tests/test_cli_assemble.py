@@ -159,3 +159,19 @@ def test_before_init_says_so(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -
     """Assembling from an empty database asks for `recap init`."""
     monkeypatch.setenv("RECAP_DATABASE_URL", sqlite_url)
     assert_one_line_error(recap("assemble", "c"), "recap init")
+
+
+def test_init_reports_the_configured_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`recap init --json` names the database as configured (the password hidden), not the
+    read-only form other commands open it with."""
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    monkeypatch.setenv("RECAP_DATABASE_URL", url)
+    done = recap("init", "--json")
+    assert done.code == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "database": url,
+        "revision": json.loads(done.stdout)["revision"],
+    }
+    assert (tmp_path / "fresh.db").exists()

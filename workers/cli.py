@@ -322,8 +322,9 @@ def init(as_json: JsonFlag = False) -> None:
     """Create or migrate the database schema."""
     from core.storage.migrate import upgrade
 
-    revision = upgrade(engine(create=True))
-    url = engine().url.render_as_string(hide_password=True)
+    created = engine(create=True)
+    revision = upgrade(created)
+    url = created.url.render_as_string(hide_password=True)
     emit(
         {"database": url, "revision": revision},
         as_json,
