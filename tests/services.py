@@ -261,7 +261,7 @@ def redis_database(url: str) -> Iterator[str]:
 RABBITMQ_SCRIPTS = ("/usr/lib/rabbitmq/bin/rabbitmq-server",)
 RABBITMQ_USER = "guest"
 RABBITMQ_PASSWORD = "guest"
-RABBITMQ_VHOSTS = 24  # vhosts made at boot, one per test that needs an empty broker
+RABBITMQ_VHOSTS = 64  # vhosts made at boot, one per test that needs an empty broker (over 24 do)
 RABBITMQ_START_TIMEOUT = 90.0  # an Erlang node boots in seconds, slower on a loaded machine
 
 
