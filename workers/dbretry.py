@@ -9,6 +9,7 @@ backoff.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -59,7 +60,7 @@ def durably(write: Callable[[], T], *, window: float, step: str, **fields: Any) 
     with ``step`` and ``fields``."""
     ends = time.monotonic() + window
     wait = DB_RETRY_FIRST_SECONDS
-    for tries in range(1, 1_000_000):
+    for tries in itertools.count(1):
         try:
             return write()
         except DBAPIError as exc:
@@ -76,7 +77,7 @@ def durably(write: Callable[[], T], *, window: float, step: str, **fields: Any) 
             )
             time.sleep(min(wait, left))
             wait = min(wait * 2, DB_RETRY_MAX_SECONDS)
-    raise AssertionError("unreachable")
+    raise AssertionError("itertools.count never ends")
 
 
 def first_line(exc: BaseException) -> str:
