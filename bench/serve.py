@@ -19,6 +19,9 @@ measured is Recap's (and the HTTP hops'), not a model's. `recap serve` runs as a
   (Starlette under uvicorn, a pooled httpx client) parses the body, serializes it again and
   streams the reply back, nothing else, measured in the same rounds; and
   ``serve_overhead_vs_passthrough``, what Recap's own work adds on top of that second hop.
+- ``lean_passthrough_overhead_vs_direct``: the same for ``bench.passthrough --lean`` (orjson and
+  one aiohttp session on the same server): the least any Python proxy in front of the model
+  costs here, measured in the same rounds. ``serve_overhead_vs_direct`` cannot fall below it.
 - ``serve_requests_per_second`` (SQLite) and ``serve_requests_per_second_postgres``: stored,
   non-streaming turns completed per second by 16 concurrent clients, each resending its own
   growing conversation. Reported, not bounded: it depends on the machine's cores.
@@ -73,9 +76,10 @@ def run() -> list[Figure]:
             with (
                 serve_process(sqlite, upstream, root / "sqlite") as base,
                 passthrough_process(upstream) as floor,
+                passthrough_process(upstream, lean=True) as lean,
             ):
                 messages = long_conversation(records, CONVERSATION)
-                figures = overhead(base, upstream, floor, messages)
+                figures = overhead(base, upstream, (floor, lean), messages)
                 figures.append(throughput(base, records, ""))
             database = _postgres_database()
             if database is None:
@@ -129,12 +133,14 @@ def serve_process(url: str, upstream: str, folder: Path) -> Iterator[str]:
 
 
 @contextmanager
-def passthrough_process(upstream: str) -> Iterator[str]:
-    """``bench.passthrough`` (a bare proxy on serve's stack) on a free port; its base URL."""
+def passthrough_process(upstream: str, *, lean: bool = False) -> Iterator[str]:
+    """``bench.passthrough`` (a bare proxy on serve's stack; with ``lean``, its orjson and
+    aiohttp variant) on a free port; its base URL."""
     from tests.processes import free_port, stop_group, wait_for
 
     port = free_port()
     command = [sys.executable, "-m", "bench.passthrough", upstream, str(port)]
+    command += ["--lean"] if lean else []
     process = subprocess.Popen(command, start_new_session=True)
 
     def healthy() -> bool:
@@ -202,9 +208,12 @@ class LitellmAlone:
         self.loop.close()
 
 
-def overhead(base: str, upstream: str, floor: str, messages: list[dict[str, Any]]) -> list[Figure]:
+def overhead(
+    base: str, upstream: str, floors: tuple[str, str], messages: list[dict[str, Any]]
+) -> list[Figure]:
     """The time-to-first-byte ratio, and both medians in milliseconds; litellm's own ratio; the
-    bare proxy's ratio (the floor of any proxy on this stack)."""
+    bare proxy's ratio (the floor of any proxy on this stack) and the lean proxy's."""
+    floor, lean_floor = floors
     body = {"model": MODEL, "messages": messages, "stream": True}
     direct_body = {**body, "model": MODEL.split("/", 1)[1]}
     served = {"Authorization": f"Bearer {KEY}", "X-Recap-Conversation": f"bench-{uuid.uuid4()}"}
@@ -212,6 +221,7 @@ def overhead(base: str, upstream: str, floor: str, messages: list[dict[str, Any]
     through: list[float] = []
     alone: list[float] = []
     bare: list[float] = []
+    lean: list[float] = []
     litellm_alone = LitellmAlone(upstream, messages)
     try:
         with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
@@ -220,16 +230,19 @@ def overhead(base: str, upstream: str, floor: str, messages: list[dict[str, Any]
                 b = _first_byte(client, f"{base}/chat/completions", body, served)
                 c = litellm_alone.first_chunk()
                 d = _first_byte(client, f"{floor}/chat/completions", body, {})
+                e = _first_byte(client, f"{lean_floor}/chat/completions", body, {})
                 if index >= WARMUP_ROUNDS:
                     direct.append(a)
                     through.append(b)
                     alone.append(c)
                     bare.append(d)
+                    lean.append(e)
     finally:
         litellm_alone.close()
     direct_ms, serve_ms = statistics.median(direct) * 1000, statistics.median(through) * 1000
     litellm_ms = statistics.median(alone) * 1000
     floor_ms = statistics.median(bare) * 1000
+    lean_ms = statistics.median(lean) * 1000
     return [
         Figure(
             "serve_overhead_vs_direct",
@@ -258,6 +271,14 @@ def overhead(base: str, upstream: str, floor: str, messages: list[dict[str, Any]
             f"client; it parses and re-serializes the body and streams the reply, nothing else) "
             f"to the first byte ({floor_ms:.1f} ms) over calling the model server directly; "
             "medians of the same rounds",
+        ),
+        Figure(
+            "lean_passthrough_overhead_vs_direct",
+            round(lean_ms / direct_ms, 3),
+            "",
+            f"the least any Python proxy costs here: the bare proxy with orjson and one pooled "
+            f"aiohttp session on the same uvicorn (httptools, uvloop) ({lean_ms:.1f} ms) over "
+            "calling the model server directly; serve_overhead_vs_direct cannot fall below it",
         ),
         Figure(
             "serve_overhead_vs_passthrough",
