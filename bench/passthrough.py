@@ -15,12 +15,28 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+
+
+async def health(request: Request) -> Response:
+    return Response("ok")
+
+
+def _proxy_app(completions: Any, lifespan: Any) -> Starlette:
+    """The proxy's routes: the completions handler and a health check."""
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", completions, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
 
 
 def create_app(upstream: str) -> Starlette:
@@ -53,16 +69,7 @@ def create_app(upstream: str) -> Starlette:
             chunks(), status_code=reply.status_code, media_type="text/event-stream"
         )
 
-    async def health(request: Request) -> Response:
-        return Response("ok")
-
-    return Starlette(
-        routes=[
-            Route("/v1/chat/completions", completions, methods=["POST"]),
-            Route("/health", health, methods=["GET"]),
-        ],
-        lifespan=lifespan,
-    )
+    return _proxy_app(completions, lifespan)
 
 
 def create_lean_app(upstream: str) -> Starlette:
@@ -96,16 +103,7 @@ def create_lean_app(upstream: str) -> Starlette:
 
         return StreamingResponse(chunks(), status_code=reply.status, media_type="text/event-stream")
 
-    async def health(request: Request) -> Response:
-        return Response("ok")
-
-    return Starlette(
-        routes=[
-            Route("/v1/chat/completions", completions, methods=["POST"]),
-            Route("/health", health, methods=["GET"]),
-        ],
-        lifespan=lifespan,
-    )
+    return _proxy_app(completions, lifespan)
 
 
 def main(argv: list[str]) -> int:
