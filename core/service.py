@@ -198,14 +198,22 @@ def record_usage(
     leaf: int | None = None,
     default_fixed: int = 0,
 ) -> UsageRecorded:
-    """Record the provider's usage for the request sent at ``leaf`` (default: the latest),
-    beside Recap's estimate of the same request (history and the fixed parts the host last
-    sent, else ``default_fixed``): the calibration factor the budget applies from then on."""
+    """Record the provider's usage for the request sent at ``leaf`` (default: the one last
+    assembled), beside Recap's count of that very request as ``assemble`` built it (a truncated
+    request is compared with what was sent, not with the stored history): the calibration factor
+    the budget applies from then on. Only when no request of that leaf was assembled through
+    Recap is the reading compared with the estimate of the stored history and the fixed parts
+    the host last sent (else ``default_fixed``)."""
     now = utcnow()
     with session_scope(engine) as session:
         snapshot = snapshots.read_snapshot(session, conversation_id, leaf, now=now)
-        fixed = policy.fixed_tokens(snapshot, policy.Knobs(default_fixed_tokens=default_fixed))
-        estimated = fixed + policy.history_estimate(snapshot)
+        sent = snapshot.profile.sent if snapshot.profile is not None else None
+        if sent is not None and (leaf is None or leaf == sent.leaf_id):
+            estimated, leaf_id, state = sent.tokens, sent.leaf_id, sent.state
+        else:  # no request of this leaf was assembled here: the stored history's estimate
+            fixed = policy.fixed_tokens(snapshot, policy.Knobs(default_fixed_tokens=default_fixed))
+            estimated, leaf_id, state = fixed + policy.history_estimate(snapshot), leaf, None
+            leaf_id = snapshot.leaf_id
         store.record_usage(
             session,
             conversation_id,
@@ -213,15 +221,16 @@ def record_usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
-            leaf_message_id=snapshot.leaf_id,
+            leaf_message_id=leaf_id,
         )
         profiles.save_reading(
             session.connection(),
             conversation_id,
             estimated=estimated,
             measured=prompt_tokens,
-            leaf_id=snapshot.leaf_id,
+            leaf_id=leaf_id,
             now=now,
+            state=state,
         )
     factor = tokens.Calibration(estimated, prompt_tokens).factor
     return UsageRecorded(estimated=estimated, measured=prompt_tokens, calibration=round(factor, 4))
@@ -243,10 +252,9 @@ def conversation_stats(
     """Context pressure as the compression decision sees it (``core.decision.policy``), no model
     call.
 
-    ``used`` is the whole request in provider tokens: the provider's reading when it is for this
-    very leaf (``basis`` "measured"), else Recap's estimate of the history and the fixed parts
-    the host last sent, scaled by the calibration factor (``basis`` "measured" when a reading
-    moved it, "estimated" when there is none). ``pressure`` is the history over the room the
+    ``used`` is the whole request in provider tokens: the provider's reading while the request it
+    measured is what would be sent now (``basis`` "measured"), else Recap's estimate scaled by the
+    calibration factor (``basis`` "estimated"; see ``_used_now``). ``pressure`` is the history over the room the
     budget leaves it (``available``); ``suggest_compress`` is the decision's own answer.
     """
     knobs = policy.Knobs.from_settings(settings)
@@ -258,16 +266,11 @@ def conversation_stats(
     p = decision.pressure
     plan = p.budget
     estimated = plan.fixed + p.history_estimate
-    reading = snapshot.profile.reading if snapshot.profile is not None else None
-    used = math.ceil(estimated * plan.calibration)
-    exact = reading is not None and reading.leaf_id == snapshot.leaf_id
-    measured = exact or plan.calibration != 1
-    if exact and reading is not None:
-        used = reading.measured
+    used, basis = _used_now(snapshot, estimated, plan.calibration)
     return Stats(
         window=plan.window,
         used=used,
-        basis="measured" if measured else "estimated",
+        basis=basis,
         pressure=round(p.ratio, 4),
         suggest_compress=decision.action != policy.SKIP,
         estimated=estimated,
@@ -280,6 +283,34 @@ def conversation_stats(
         decision=decision.action,
         reason=decision.reason,
     )
+
+
+def _used_now(snapshot: policy.Snapshot, estimated: int, calibration: float) -> tuple[int, str]:
+    """The whole request in provider tokens, and whether that is the provider's own reading.
+
+    A reading counts as "measured" only while the request it measured is what would be sent now
+    (the same model, leaf, summary, clearings and fixed parts: ``profiles.state_key``); then it
+    is an estimate scaled by the calibration, of the request last assembled when that one is
+    still current, else of the stored history and the fixed parts."""
+    profile = snapshot.profile
+    if profile is None:
+        return math.ceil(estimated * calibration), "estimated"
+    key = profiles.state_key(
+        model=snapshot.model,
+        leaf_id=snapshot.leaf_id,
+        summary_id=snapshot.summary.id if snapshot.summary is not None else None,
+        clearings=snapshot.clearings.keys(),
+        content_hash=profile.content_hash,
+    )
+    reading, sent = profile.reading, profile.sent
+    if reading is not None and (
+        reading.state == key
+        or (reading.state is None and reading.leaf_id == snapshot.leaf_id)  # no assemble seen
+    ):
+        return reading.measured, "measured"
+    if sent is not None and sent.state == key:
+        return math.ceil(sent.tokens * calibration), "estimated"
+    return math.ceil(estimated * calibration), "estimated"
 
 
 def assemble(
@@ -315,9 +346,15 @@ def assemble(
             given = max_input_tokens or override
             window = tokens.context_window(target, given)
             profile = profiles.load_profile(session.connection(), conversation_id)
-            limit = _request_limit(settings, target, window, given is not None, profile, leaf, now)
-            budget = None if text_only else limit
+
+            def limit_at(leaf_id: int | None) -> int:
+                return _request_limit(
+                    settings, target, window, given is not None, profile, leaf_id, now
+                )
+
+            budget = None if text_only else limit_at
             loaded = reads.load_request_branch(session, conversation_id, leaf, budget)
+            limit = limit_at(loaded.branch[-1].id if loaded.branch else leaf)
             loaded, recounted = recount.refreshed(loaded, target)
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
@@ -334,12 +371,12 @@ def assemble(
         )
     )
     given_parts = (system, tools, reminder, files)
-    try:
-        request = _assembled(
-            loaded, settings, target, window, limit, given_parts, text_only, cache_breakpoints
-        )
-    finally:  # a request that does not fit still tells the decision what the host sends
-        _record_profile(engine, conversation_id, parts, profile, given_parts, now)
+    request = _assembled(
+        loaded, settings, target, window, limit, given_parts, text_only, cache_breakpoints
+    )
+    _record_profile(
+        engine, conversation_id, parts, profile, given_parts, now, (target, loaded, request)
+    )
     _record_media(engine, conversation_id, request)
     if recount.current_bases(target) == recount.current_bases(stored_model):  # not a preview
         recount.record(engine, conversation_id, recounted, request.reasoning_dropped)
@@ -412,16 +449,35 @@ def _record_profile(
     stored: profiles.Profile | None,
     given: tuple[str | None, list[dict[str, Any]] | None, str | None, tuple[Any, ...]],
     now: datetime,
+    built: tuple[str, reads.RequestBranch, assembly.AssembledRequest],
 ) -> None:
-    """Record the fixed parts this request was given, unless the stored profile already says
-    exactly that (the common case: no write on the request path)."""
+    """Record the fixed parts this request was given and Recap's count of the request built
+    (what ``record_usage`` compares the provider's reading with), unless the stored profile
+    already says exactly that (a repeat of the same request writes nothing). Only a request
+    that was built is recorded: a failing ``assemble`` writes nothing."""
     system, tools, reminder, files = given
     tools_text = json.dumps(tools, sort_keys=True, separators=(",", ":")) if tools else ""
     digest = profiles.fingerprint(system, tools_text, reminder, files)
-    if stored is not None and stored.parts == parts and stored.content_hash == digest:
+    model, loaded, request = built
+    leaf_id = loaded.branch[-1].id if loaded.branch else None
+    recorded = [mid for mid, _ in (*request.media_aged, *request.reasoning_dropped)]
+    state = profiles.state_key(
+        model=model,
+        leaf_id=leaf_id,
+        summary_id=request.summary_id,
+        clearings={*loaded.clearings, *recorded},
+        content_hash=digest,
+    )
+    sent = profiles.Sent(request.tokens.total, leaf_id, state)
+    if (
+        stored is not None
+        and stored.parts == parts
+        and stored.content_hash == digest
+        and stored.sent == sent
+    ):
         return
     with session_scope(engine) as session:
-        profiles.save_parts(session.connection(), conversation_id, parts, digest, now)
+        profiles.save_parts(session.connection(), conversation_id, parts, digest, now, sent)
 
 
 def _log_truncation(conversation_id: str, request: assembly.AssembledRequest) -> None:

@@ -113,13 +113,14 @@ def output_reserve(
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """The latest provider reading of a conversation: Recap's estimate and the prompt tokens
-    reported for the same request."""
+    """The latest provider reading of a conversation: Recap's count of the request it measured
+    (the one last assembled for that leaf) and the prompt tokens reported for it."""
 
     estimated: int
     measured: int
     leaf_id: int | None
     at: datetime | None
+    state: str | None = None  # the key of the request measured (``core.storage.profile.state_key``)
 
 
 def calibration_factor(reading: Reading | None, *, leaf_id: int | None, now: datetime) -> float:

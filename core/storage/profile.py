@@ -13,7 +13,7 @@ turn pays one small read per request and no write.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -42,6 +42,10 @@ _ROW = select(
     P.usage_prompt_tokens,
     P.usage_leaf_message_id,
     P.usage_at,
+    P.usage_state,
+    P.sent_tokens,
+    P.sent_leaf_message_id,
+    P.sent_state,
 ).where(P.conversation_id == bindparam("conversation_id"))
 
 
@@ -60,6 +64,15 @@ class FixedParts:
 
 
 @dataclass(frozen=True, slots=True)
+class Sent:
+    """The request ``assemble`` last built: Recap's count of it, its leaf and its state key."""
+
+    tokens: int
+    leaf_id: int | None
+    state: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """One conversation's stored profile as plain values."""
 
@@ -67,6 +80,25 @@ class Profile:
     content_hash: str | None
     reserve_override: int | None
     reading: Reading | None
+    sent: Sent | None = None
+
+
+def state_key(
+    *,
+    model: str,
+    leaf_id: int | None,
+    summary_id: int | None,
+    clearings: Collection[int],
+    content_hash: str | None,
+) -> str:
+    """A key of what a request is built from: another model, leaf, summary, a new clearing or
+    other fixed parts give another key, so a reading of one request is not taken for another.
+
+    Clearings are one-way (a message is cleared once), so their number and newest message id
+    change with every new one."""
+    newest = max(clearings) if clearings else 0
+    text = f"{model}|{leaf_id}|{summary_id}|{len(clearings)}|{newest}|{content_hash or ''}"
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=HASH_BYTES).hexdigest()
 
 
 def fingerprint(
@@ -94,8 +126,9 @@ def load_profile(connection: Connection, conversation_id: str) -> Profile | None
         parts = FixedParts(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
     reading = None
     if row[7] is not None and row[8] is not None:
-        reading = Reading(int(row[7]), int(row[8]), row[9], as_utc(row[10]))
-    return Profile(parts, row[4], row[6], reading)
+        reading = Reading(int(row[7]), int(row[8]), row[9], as_utc(row[10]), row[11])
+    sent = Sent(int(row[12]), row[13], row[14]) if row[12] is not None else None
+    return Profile(parts, row[4], row[6], reading, sent)
 
 
 def _upsert(connection: Connection, conversation_id: str, values: Mapping[str, Any]) -> None:
@@ -115,20 +148,24 @@ def save_parts(
     parts: FixedParts,
     content_hash: str,
     now: datetime,
+    sent: Sent | None = None,
 ) -> None:
-    """Record what ``assemble`` was given (one upsert)."""
-    _upsert(
-        connection,
-        conversation_id,
-        {
-            "system_tokens": parts.system,
-            "tools_tokens": parts.tools,
-            "reminder_tokens": parts.reminder,
-            "context_tokens": parts.context,
-            "content_hash": content_hash,
-            "assembled_at": now,
-        },
-    )
+    """Record what ``assemble`` was given, and the request it built (one upsert)."""
+    values: dict[str, Any] = {
+        "system_tokens": parts.system,
+        "tools_tokens": parts.tools,
+        "reminder_tokens": parts.reminder,
+        "context_tokens": parts.context,
+        "content_hash": content_hash,
+        "assembled_at": now,
+    }
+    if sent is not None:
+        values |= {
+            "sent_tokens": sent.tokens,
+            "sent_leaf_message_id": sent.leaf_id,
+            "sent_state": sent.state,
+        }
+    _upsert(connection, conversation_id, values)
 
 
 def save_reading(
@@ -139,8 +176,9 @@ def save_reading(
     measured: int,
     leaf_id: int | None,
     now: datetime,
+    state: str | None = None,
 ) -> None:
-    """Record the provider's latest reading beside Recap's estimate of the same request."""
+    """Record the provider's latest reading beside Recap's count of the same request."""
     _upsert(
         connection,
         conversation_id,
@@ -149,6 +187,7 @@ def save_reading(
             "usage_prompt_tokens": measured,
             "usage_leaf_message_id": leaf_id,
             "usage_at": now,
+            "usage_state": state,
         },
     )
 

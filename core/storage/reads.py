@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,12 +92,19 @@ def conversation_head(session: Session, conversation_id: str) -> tuple[str, int 
 
 
 def load_request_branch(
-    session: Session, conversation_id: str, leaf: int | None, budget: int | None
+    session: Session,
+    conversation_id: str,
+    leaf: int | None,
+    budget: int | Callable[[int], int] | None,
 ) -> RequestBranch:
     """The branch ending at ``leaf`` (default: the latest message), without the oldest messages
-    after the cutoff that no request within ``budget`` tokens can hold (None: read them all)."""
+    after the cutoff that no request within ``budget`` tokens can hold (None: read them all).
+    ``budget`` may be a function of the branch's leaf id (the calibration is weighted by how far
+    the branch moved past its reading), asked once the leaf is known."""
     connection = session.connection()
     path = branch_path(connection, conversation_id, leaf)
+    if callable(budget):
+        budget = budget(path[-1]) if path else None
     summary = applicable_summary(store.load_summaries(session, conversation_id), set(path))
     clearings = store.load_clearings(session, conversation_id)
     rows = _Rows(connection, conversation_id)
