@@ -27,6 +27,7 @@ BENCHES: tuple[str, ...] = (
     "serve",
     "large",
     "fidelity",
+    "fuzz",
     "scale",
 )
 

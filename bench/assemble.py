@@ -132,6 +132,7 @@ def _profile_figures(engine: Any, settings: Any, messages: list[dict[str, Any]])
     from core import service
     from core.request import assembly
     from core.storage import profile as profiles
+    from core.storage import reads
     from core.storage.db import session_scope
     from workers.replay import host_parts
 
@@ -141,6 +142,10 @@ def _profile_figures(engine: Any, settings: Any, messages: list[dict[str, Any]])
 
     def assembled() -> None:
         service.assemble(engine, CONVERSATION_ID, settings, system=system, tools=tools)
+
+    request = service.assemble(engine, CONVERSATION_ID, settings, system=system, tools=tools)
+    with session_scope(engine) as session:
+        built = (MODEL, reads.load_request_branch(session, CONVERSATION_ID, None, None), request)
 
     def recorded(reminder: str | None) -> Callable[[], None]:
         def record() -> None:
@@ -154,7 +159,7 @@ def _profile_figures(engine: Any, settings: Any, messages: list[dict[str, Any]])
             )
             started = time.process_time()
             service._record_profile(
-                engine, CONVERSATION_ID, fixed, stored, given, datetime.now(UTC)
+                engine, CONVERSATION_ID, fixed, stored, given, datetime.now(UTC), built
             )
             spent.append(time.process_time() - started)
 

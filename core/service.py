@@ -254,8 +254,9 @@ def conversation_stats(
 
     ``used`` is the whole request in provider tokens: the provider's reading while the request it
     measured is what would be sent now (``basis`` "measured"), else Recap's estimate scaled by the
-    calibration factor (``basis`` "estimated"; see ``_used_now``). ``pressure`` is the history over the room the
-    budget leaves it (``available``); ``suggest_compress`` is the decision's own answer.
+    calibration factor (``basis`` "estimated"; see ``_used_now``). ``pressure`` is the history
+    over the room the budget leaves it (``available``); ``suggest_compress`` is the decision's
+    own answer.
     """
     knobs = policy.Knobs.from_settings(settings)
     with session_scope(engine) as session:
@@ -460,7 +461,9 @@ def _record_profile(
     digest = profiles.fingerprint(system, tools_text, reminder, files)
     model, loaded, request = built
     leaf_id = loaded.branch[-1].id if loaded.branch else None
-    recorded = [mid for mid, _ in (*request.media_aged, *request.reasoning_dropped)]
+    recorded = [
+        mid for mid, _ in (*request.media_aged, *request.reasoning_dropped, *request.shortened)
+    ]
     state = profiles.state_key(
         model=model,
         leaf_id=leaf_id,
@@ -524,13 +527,17 @@ def media_policy(settings: Settings) -> media.MediaPolicy:
 
 
 def _record_media(engine: Engine, conversation_id: str, request: assembly.AssembledRequest) -> None:
-    """Record the messages whose media aged in this request as ``media`` clearings (one short
-    write, only when something aged anew), so they stay aged whatever the next request holds."""
-    if not request.media_aged:
+    """Record the messages whose media aged in this request as ``media`` clearings and the tool
+    results it sent shortened as ``shortened`` ones (one short write, only when something
+    changed anew), so they stay so whatever the next request holds."""
+    if not request.media_aged and not request.shortened:
         return
     from core.decision.toolresults import ClearingPlan, PlannedClearing
+    from core.request.shorten import SHORTENED
     from core.storage.sweep import apply_clearings
 
-    items = tuple(PlannedClearing(mid, reclaimed) for mid, reclaimed in request.media_aged)
     with session_scope(engine) as session:
-        apply_clearings(session, conversation_id, ClearingPlan(media.RECORDED, items))
+        for reason, done in ((media.RECORDED, request.media_aged), (SHORTENED, request.shortened)):
+            items = tuple(PlannedClearing(mid, reclaimed) for mid, reclaimed in done)
+            if items:
+                apply_clearings(session, conversation_id, ClearingPlan(reason, items))

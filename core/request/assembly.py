@@ -39,7 +39,7 @@ from typing import Any
 
 from core.counting import media, reasoning, tokens
 from core.errors import BudgetError, InputError
-from core.request import render
+from core.request import render, shorten
 from core.request.placeholders import cleared_placeholder
 from core.storage.records import ClearingRec, Msg, SummaryRec
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
@@ -112,6 +112,9 @@ class AssembledRequest:
     # Older assistant messages whose thinking this request no longer sends: (id, tokens), to
     # record as ``reasoning`` clearings so that decisions without content plan without them.
     reasoning_dropped: tuple[tuple[int, int], ...] = ()
+    # Tool results of the newest step sent as their head and tail because they could not fit
+    # whole: (id, tokens reclaimed), to record as ``shortened`` clearings (one-way, same bytes).
+    shortened: tuple[tuple[int, int], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of ``recap assemble --json``."""
@@ -226,6 +229,7 @@ def assemble(
     fixed += tokens.TOKENS_REPLY_PRIMING
     if budget is None:
         budget = tokens.available_tokens(window, safety_margin)
+    tail, cleared, shortened, cut_steps = _fit_tail(tail, budget - fixed, cleared, encoding)
     tail_tokens = sum(unit.tokens for unit in tail)
     if fixed + tail_tokens > budget:
         raise _tail_error(tail_tokens, fixed, budget, window, safety_margin)
@@ -250,7 +254,8 @@ def assemble(
     if cache_breakpoints:
         _mark_prefix(messages, system_message is not None, summary_message is not None)
 
-    dropped = sorted([*omitted, *orphans, *(mid for unit in older[:kept_from] for mid in unit.ids)])
+    older_dropped = (mid for unit in older[:kept_from] for mid in unit.ids)
+    dropped = sorted([*omitted, *orphans, *older_dropped, *cut_steps])
     breakdown = TokenBreakdown(
         system=system_tokens,
         summary=summary_tokens,
@@ -271,9 +276,10 @@ def assemble(
         dropped_message_ids=dropped,
         forgotten_files=forgotten,
         media_aged=media_aged,
-        truncated=bool(omitted) or kept_from > 0,
+        truncated=bool(omitted) or kept_from > 0 or bool(cut_steps),
         truncated_tokens=sum(unit.tokens for unit in older[:kept_from]),
         reasoning_dropped=reasoning_dropped,
+        shortened=shortened,
     )
 
 
@@ -544,7 +550,7 @@ def _text_only_unit(
     encoding: str,
 ) -> _Unit:
     """The same call group as two plain turns, counted as they will be sent."""
-    rendered = [_render(item, clearings, missing_outputs) for item in unit.items]
+    rendered = [_render(item, clearings, missing_outputs, encoding) for item in unit.items]
     turns = [render.text_only_call(rendered[0]), render.text_only_results(rendered[1:])]
     count = sum(tokens.count_message(turn, encoding) for turn in turns)
     return _Unit(list(turns), unit.ids, count, False)
@@ -631,12 +637,22 @@ def _render(
     item: Msg | dict[str, Any],
     clearings: Mapping[int, ClearingRec],
     missing_outputs: Collection[str],
+    encoding: str,
 ) -> dict[str, Any]:
-    """One OpenAI-format message; a cleared tool result says its fixed placeholder instead."""
+    """One OpenAI-format message; a cleared tool result says its fixed placeholder instead, a
+    shortened one its head and tail at the size its clearing recorded."""
     if isinstance(item, dict):
         return item
     out = item.to_openai()
-    if item.role == "tool" and item.id in clearings:
+    clearing = clearings.get(item.id) if item.role == "tool" else None
+    if clearing is not None and clearing.reason == shorten.SHORTENED:
+        out["content"] = shorten.head_and_tail(
+            tokens.content_text(out.get("content")),
+            item.tokens - clearing.tokens_reclaimed,
+            encoding,
+            path=item.output_path if item.output_path not in missing_outputs else None,
+        )
+    elif clearing is not None:
         out["content"] = cleared_placeholder(
             tool_name=item.name,
             call_id=item.tool_call_id or "",
@@ -645,6 +661,74 @@ def _render(
             file_exists=item.output_path not in missing_outputs,
         )
     return out
+
+
+def _fit_tail(
+    tail: list[_Unit], room: int, clearings: Mapping[int, ClearingRec], encoding: str
+) -> tuple[list[_Unit], Mapping[int, ClearingRec], tuple[tuple[int, int], ...], list[int]]:
+    """The tail within ``room`` tokens when it can be made to fit, cheapest loss first:
+
+    1. a tool result larger than half the room is sent as its head and tail at that size;
+    2. the oldest steps between the last user message and the newest step are left out, a gap
+       note in their place (reported as dropped, like older history);
+    3. the remaining tool results are cut to one common size, the largest first.
+
+    Returns the tail, the clearings with the shortened results, those to record, and the ids of
+    the steps left out. The last user message and the newest step are always kept."""
+    shortened: list[tuple[int, int]] = []
+
+    def over() -> int:
+        return sum(unit.tokens for unit in tail) - room
+
+    if over() <= 0:
+        return tail, clearings, (), []
+    half = max(room // 2, shorten.MIN_KEPT_TOKENS)
+    clearings, done = _shorten_tail(tail, clearings, cap=half)
+    shortened.extend(done)
+    cut: list[int] = []
+    head = 1 if tail and tail[0].is_user else 0
+    if over() > 0 and len(tail) - head > 1:
+        gap = _Unit([{"role": ADDED_ROLE, "content": GAP_NOTE}], [], 0, False)
+        gap.tokens = _count(ADDED_ROLE, GAP_NOTE, encoding)
+        steps = tail[head:-1]
+        tail = [*tail[:head], gap, *steps, tail[-1]]
+        while steps and over() > 0:
+            cut.extend(steps.pop(0).ids)
+            tail = [*tail[:head], gap, *steps, tail[-1]]
+    if over() > 0:
+        clearings, done = _shorten_tail(tail, clearings, excess=over())
+        shortened.extend(done)
+    return tail, clearings, tuple(shortened), cut
+
+
+def _shorten_tail(
+    tail: Sequence[_Unit],
+    clearings: Mapping[int, ClearingRec],
+    *,
+    excess: int = 0,
+    cap: int | None = None,
+) -> tuple[Mapping[int, ClearingRec], tuple[tuple[int, int], ...]]:
+    """Cut the tool results of the tail above ``cap`` to it, or (no cap) the largest to one
+    common size so that ``excess`` tokens go (``core.request.shorten``); the clearings with
+    them added and the new ones to record. Nothing changes when even the smallest size would
+    not save enough: the error then names the part that is too large."""
+    found = [
+        (unit, item)
+        for unit in tail
+        for item in unit.items
+        if isinstance(item, Msg) and item.role == "tool" and item.id not in clearings
+    ]
+    if cap is None:
+        cap = shorten.kept_tokens_for([item.tokens for _, item in found], excess)
+    if cap is None:
+        return clearings, ()
+    added: dict[int, ClearingRec] = {}
+    for unit, item in found:
+        if item.tokens > cap:
+            added[item.id] = ClearingRec(item.id, shorten.SHORTENED, item.tokens - cap)
+            unit.tokens -= item.tokens - cap
+    records = tuple((mid, c.tokens_reclaimed) for mid, c in added.items())
+    return {**clearings, **added}, records
 
 
 def _tail_error(
@@ -751,7 +835,7 @@ def _extend(
     """The units' messages as sent, with the reasoning the provider takes back and no other."""
     for unit in units:
         for item in unit.items:
-            out = _render(item, parts.clearings, parts.missing_outputs)
+            out = _render(item, parts.clearings, parts.missing_outputs, parts.encoding)
             if isinstance(item, Msg) and (item.extra or item.content_parts):
                 out = reasoning.as_sent(
                     out, parts.family, in_progress=in_progress, text_only=parts.text_only

@@ -213,9 +213,7 @@ class RequestProfile(SQLModel, table=True):
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
     sent_tokens: int | None = None
-    sent_leaf_message_id: int | None = Field(
-        default=None, sa_column=Column(ID_TYPE, nullable=True)
-    )
+    sent_leaf_message_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
     sent_state: str | None = Field(default=None, max_length=64)
     usage_state: str | None = Field(default=None, max_length=64)
 

@@ -98,7 +98,9 @@ def state_key(
     change with every new one."""
     newest = max(clearings) if clearings else 0
     text = f"{model}|{leaf_id}|{summary_id}|{len(clearings)}|{newest}|{content_hash or ''}"
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=HASH_BYTES).hexdigest()
+    return hashlib.blake2b(
+        text.encode("utf-8", "surrogatepass"), digest_size=HASH_BYTES
+    ).hexdigest()
 
 
 def fingerprint(
