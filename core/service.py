@@ -375,6 +375,13 @@ def assemble(
     request = _assembled(
         loaded, settings, target, window, limit, given_parts, text_only, cache_breakpoints
     )
+    if request.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
+        with session_scope(engine) as session:
+            loaded = reads.load_request_branch(session, conversation_id, leaf, None)
+        loaded, recounted = recount.refreshed(loaded, target)
+        request = _assembled(
+            loaded, settings, target, window, limit, given_parts, text_only, cache_breakpoints
+        )
     _record_profile(
         engine, conversation_id, parts, profile, given_parts, now, (target, loaded, request)
     )

@@ -17,6 +17,7 @@ from core.counting import tokens
 from core.errors import BudgetError
 from core.request.assembly import AssembledRequest, assemble
 from core.request.placeholders import cleared_placeholder
+from core.request.shorten import SHORTENED
 from core.settings import Settings, load_settings
 from core.storage import reads
 from core.storage.db import make_engine, session_scope
@@ -72,7 +73,8 @@ def _ids(engine: Engine) -> list[str]:
 
 
 def _check_against_branch(request: AssembledRequest, state: reads.RequestBranch) -> None:
-    """System first, reminder last, and the last user message with everything after it sent."""
+    """System first, reminder last, the last user message sent, and after it the newest step;
+    older steps of the turn only when they fit (else left out and reported, oldest first)."""
     check_request(request)
     branch = state.branch
     if branch and branch[0].role == "system":
@@ -87,7 +89,11 @@ def _check_against_branch(request: AssembledRequest, state: reads.RequestBranch)
         assert users[-1].to_openai() in request.messages
     sent_after = [m for m in branch if m.id in cutoff_ids and m.id > (users[-1].id if users else 0)]
     dropped = set(request.dropped_message_ids)
-    assert not any(m.id in dropped for m in sent_after if m.role != "tool")
+    steps = [m.id for m in sent_after if m.role != "tool"]
+    cut = [mid for mid in steps if mid in dropped]
+    # Steps of the turn are left out only to fit, reported, the oldest first, never the newest.
+    assert cut == steps[: len(cut)] and (not cut or request.truncated)
+    assert not steps or steps[-1] not in dropped
 
 
 def _assemble_all(engine: Engine, settings: Settings, window: int, **knobs: Any) -> int:
@@ -208,6 +214,8 @@ def _summarize_and_clear(engine: Engine) -> int:
             )
             results = [m for m in branch[len(branch) // 2 + 1 :] if m.role == "tool"]
             for message in results[:-KEEP_UNCLEARED]:
+                if message.id in state.clearings:  # sent shortened by an earlier request
+                    continue
                 placeholder = {
                     **message.to_openai(),
                     "content": cleared_placeholder(
@@ -252,7 +260,8 @@ def test_summarized_and_cleared_copy(data_db: Path, tmp_path: Path, settings: Se
         texts = [m["content"] for m in request.messages if isinstance(m["content"], str)]
         assert request.summary_id == state.summary.id
         assert sum(t.startswith(SUMMARY_MESSAGE_PREFIX) for t in texts) == 1
-        sent_cleared = set(state.clearings) - set(request.dropped_message_ids)
+        placeholders = {mid for mid, c in state.clearings.items() if c.reason != SHORTENED}
+        sent_cleared = placeholders - set(request.dropped_message_ids)
         assert sum(t.startswith("[Cleared:") for t in texts) == len(sent_cleared)
     engine.dispose()
 

@@ -41,12 +41,16 @@ TOOLS = [
 
 
 def assemble_or_compress(recap: Recap, cid: str) -> Any:
-    """The README's loop: assemble; on BudgetError compress now and retry once."""
+    """The README's loop without a worker: assemble; when the request had to leave history out
+    (or on BudgetError) compress now and assemble once more."""
     try:
-        return recap.assemble(cid, tools=TOOLS)
+        request = recap.assemble(cid, tools=TOOLS)
+        if not request.truncated:
+            return request
     except BudgetError:
-        recap.compress(cid)
-        return recap.assemble(cid, tools=TOOLS)
+        pass
+    recap.compress(cid)
+    return recap.assemble(cid, tools=TOOLS)
 
 
 def agent_turn(

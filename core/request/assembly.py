@@ -115,6 +115,9 @@ class AssembledRequest:
     # Tool results of the newest step sent as their head and tail because they could not fit
     # whole: (id, tokens reclaimed), to record as ``shortened`` clearings (one-way, same bytes).
     shortened: tuple[tuple[int, int], ...] = ()
+    # The tail did not fit whole (results shortened or steps left out): a caller that left
+    # rows unread on the assumption that it does (``omittable``) reads the whole branch again.
+    fitted_tail: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of ``recap assemble --json``."""
@@ -229,13 +232,19 @@ def assemble(
     fixed += tokens.TOKENS_REPLY_PRIMING
     if budget is None:
         budget = tokens.available_tokens(window, safety_margin)
-    tail, cleared, shortened, cut_steps = _fit_tail(tail, budget - fixed, cleared, encoding)
+    tail, cut_older, cleared, shortened, cut_steps = _fit_tail(
+        tail, budget - fixed, cleared, encoding
+    )
+    older.extend(cut_older)
+    fitted_tail = bool(shortened or cut_older or cut_steps)
     tail_tokens = sum(unit.tokens for unit in tail)
     if fixed + tail_tokens > budget:
         raise _tail_error(tail_tokens, fixed, budget, window, safety_margin)
     room = budget - fixed - tail_tokens
     context, context_tokens, forgotten = _fit_context(context_files, room, encoding)
     room -= context_tokens
+    if cut_steps:  # the turn's own steps did not all fit: no history from before the turn
+        room = 0
     parts = _Parts(context, tail, cleared, missing_outputs, encoding, repeated, family, text_only)
     fitted = _fit_history(older, room, parts, cut=bool(omitted))
     history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
@@ -280,6 +289,7 @@ def assemble(
         truncated_tokens=sum(unit.tokens for unit in older[:kept_from]),
         reasoning_dropped=reasoning_dropped,
         shortened=shortened,
+        fitted_tail=fitted_tail,
     )
 
 
@@ -665,40 +675,68 @@ def _render(
 
 def _fit_tail(
     tail: list[_Unit], room: int, clearings: Mapping[int, ClearingRec], encoding: str
-) -> tuple[list[_Unit], Mapping[int, ClearingRec], tuple[tuple[int, int], ...], list[int]]:
+) -> tuple[
+    list[_Unit], list[_Unit], Mapping[int, ClearingRec], tuple[tuple[int, int], ...], list[int]
+]:
     """The tail within ``room`` tokens when it can be made to fit, cheapest loss first:
 
     1. a tool result larger than half the room is sent as its head and tail at that size;
-    2. the oldest steps between the last user message and the newest step are left out, a gap
-       note in their place (reported as dropped, like older history);
+    2. the oldest steps after the last user message are left out (reported as dropped, like
+       older history, a gap note in their place);
     3. the remaining tool results are cut to one common size, the largest first.
 
-    Returns the tail, the clearings with the shortened results, those to record, and the ids of
-    the steps left out. The last user message and the newest step are always kept."""
-    shortened: list[tuple[int, int]] = []
-
-    def over() -> int:
-        return sum(unit.tokens for unit in tail) - room
-
-    if over() <= 0:
-        return tail, clearings, (), []
+    The last user message and the newest step are always kept. When no user message leads the
+    tail (a summary cut inside an agent turn), the steps left out are the oldest of the history
+    itself: they are returned to join the older units (which ``_fit_history`` fits and notes),
+    so the request is the same whether a caller left such rows unread or not. Returns the tail,
+    those steps, the clearings with the shortened results, the shortenings to record, and the
+    ids of the steps left out after a user message."""
+    if not tail or sum(unit.tokens for unit in tail) <= room:
+        return tail, [], clearings, (), []
     half = max(room // 2, shorten.MIN_KEPT_TOKENS)
-    clearings, done = _shorten_tail(tail, clearings, cap=half)
-    shortened.extend(done)
-    cut: list[int] = []
-    head = 1 if tail and tail[0].is_user else 0
-    if over() > 0 and len(tail) - head > 1:
-        gap = _Unit([{"role": ADDED_ROLE, "content": GAP_NOTE}], [], 0, False)
-        gap.tokens = _count(ADDED_ROLE, GAP_NOTE, encoding)
-        steps = tail[head:-1]
-        tail = [*tail[:head], gap, *steps, tail[-1]]
-        while steps and over() > 0:
-            cut.extend(steps.pop(0).ids)
-            tail = [*tail[:head], gap, *steps, tail[-1]]
-    if over() > 0:
-        clearings, done = _shorten_tail(tail, clearings, excess=over())
-        shortened.extend(done)
-    return tail, clearings, tuple(shortened), cut
+    head = 1 if tail[0].is_user else 0
+    if len(tail) <= head + 1:  # no step to leave out: the results can only be shortened
+        clearings, capped = _shorten_tail(tail, clearings, cap=half)
+        over = sum(unit.tokens for unit in tail) - room
+        extra: tuple[tuple[int, int], ...] = ()
+        if over > 0:
+            clearings, extra = _shorten_tail(tail, clearings, excess=over)
+        return tail, [], clearings, (*capped, *extra), []
+    steps = tail[head:-1]
+    gap = _Unit([{"role": ADDED_ROLE, "content": GAP_NOTE}], [], 0, False)
+    gap.tokens = _count(ADDED_ROLE, GAP_NOTE, encoding) if head else 0
+    fixed = sum(_capped(unit, clearings, half) for unit in (*tail[:head], tail[-1]))
+    left = room - fixed - gap.tokens
+    kept = len(steps)  # the newest steps that fit once results are capped at half the room
+    while kept and _capped(steps[kept - 1], clearings, half) <= left:
+        left -= _capped(steps[kept - 1], clearings, half)
+        kept -= 1
+    cut_units, steps = steps[:kept], steps[kept:]
+    if head and cut_units:
+        tail = [tail[0], gap, *steps, tail[-1]]
+    else:
+        tail = [*tail[:head], *steps, tail[-1]]
+    clearings, capped = _shorten_tail(tail, clearings, cap=half)
+    over = sum(unit.tokens for unit in tail) - room
+    extra = ()
+    if over > 0:
+        clearings, extra = _shorten_tail(tail, clearings, excess=over)
+    if head:
+        return tail, [], clearings, (*capped, *extra), [mid for u in cut_units for mid in u.ids]
+    return tail, cut_units, clearings, (*capped, *extra), []
+
+
+def _capped(unit: _Unit, clearings: Mapping[int, ClearingRec], cap: int) -> int:
+    """The unit's tokens once its uncleared tool results above ``cap`` are cut to it."""
+    over = sum(
+        item.tokens - cap
+        for item in unit.items
+        if isinstance(item, Msg)
+        and item.role == "tool"
+        and item.id not in clearings
+        and item.tokens > cap
+    )
+    return unit.tokens - over
 
 
 def _shorten_tail(
