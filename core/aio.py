@@ -103,7 +103,7 @@ class AsyncRecap:
         reminder: str | None = None,
         context_files: Iterable[assembly.ContextFile] = (),
         text_only: bool = False,
-        cache_breakpoints: bool = False,
+        cache_breakpoints: bool | None = None,
         model: str | None = None,
         max_input_tokens: int | None = None,
     ) -> assembly.AssembledRequest:

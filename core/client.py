@@ -93,7 +93,7 @@ class Recap:
         reminder: str | None = None,
         context_files: Iterable[assembly.ContextFile] = (),
         text_only: bool = False,
-        cache_breakpoints: bool = False,
+        cache_breakpoints: bool | None = None,
         model: str | None = None,
         max_input_tokens: int | None = None,
     ) -> assembly.AssembledRequest:

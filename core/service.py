@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -327,7 +328,7 @@ def assemble(
     model: str | None = None,
     max_input_tokens: int | None = None,
     text_only: bool = False,
-    cache_breakpoints: bool = False,
+    cache_breakpoints: bool | None = None,
 ) -> assembly.AssembledRequest:
     """The request the host should send now for the branch ending at ``leaf``.
 
@@ -349,13 +350,18 @@ def assemble(
             profile = profiles.load_profile(session.connection(), conversation_id)
 
             def limit_at(leaf_id: int | None) -> int:
-                return _request_limit(
+                return budget_at(leaf_id).request
+
+            def budget_at(leaf_id: int | None) -> budgets.Budget:
+                return _request_budget(
                     settings, target, window, given is not None, profile, leaf_id, now
                 )
 
-            budget = None if text_only else limit_at
-            loaded = reads.load_request_branch(session, conversation_id, leaf, budget)
-            limit = limit_at(loaded.branch[-1].id if loaded.branch else leaf)
+            loaded = reads.load_request_branch(
+                session, conversation_id, leaf, None if text_only else limit_at
+            )
+            plan = budget_at(loaded.branch[-1].id if loaded.branch else leaf)
+            limit = plan.request
             loaded, recounted = recount.refreshed(loaded, target)
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
@@ -390,7 +396,21 @@ def assemble(
         recount.record(engine, conversation_id, recounted, request.reasoning_dropped)
     if request.truncated:
         _log_truncation(conversation_id, request)
-    return request
+    return dataclasses.replace(
+        request, max_output_tokens=_reply_room(target, window, request, plan.calibration)
+    )
+
+
+def _reply_room(
+    model: str, window: int, request: assembly.AssembledRequest, calibration: float
+) -> int:
+    """The tokens the reply may take: the window less the request in provider tokens (the
+    calibrated count), capped by the model's maximum output when litellm's map knows it."""
+    room = max(window - math.ceil(request.tokens.total * calibration), 0)
+    most = (tokens.model_info(model) or {}).get("max_output_tokens")
+    if isinstance(most, int | float) and most > 0:
+        room = min(room, int(most))
+    return room
 
 
 def _assembled(
@@ -401,7 +421,7 @@ def _assembled(
     limit: int,
     given: tuple[str | None, list[dict[str, Any]] | None, str | None, tuple[Any, ...]],
     text_only: bool,
-    cache_breakpoints: bool,
+    cache_breakpoints: bool | None,
 ) -> assembly.AssembledRequest:
     system, tools, reminder, files = given
     return assembly.assemble(
@@ -424,7 +444,7 @@ def _assembled(
     )
 
 
-def _request_limit(
+def _request_budget(
     settings: Settings,
     model: str,
     window: int,
@@ -432,9 +452,10 @@ def _request_limit(
     profile: profiles.Profile | None,
     leaf: int | None,
     now: datetime,
-) -> int:
-    """The whole request's limit in estimated tokens: ``core.counting.budget`` with the output
-    reserve and the calibration factor of the latest provider reading."""
+) -> budgets.Budget:
+    """The whole request's budget (``.request``: its limit in estimated tokens):
+    ``core.counting.budget`` with the output reserve and the calibration factor of the latest
+    provider reading, weighted by how far the branch moved past it."""
     reserve = budgets.output_reserve(
         tokens.model_info(model),
         window_given=window_given,
@@ -447,7 +468,7 @@ def _request_limit(
         safety_margin=settings.safety_margin,
         output_reserve=reserve,
         calibration=budgets.calibration_factor(reading, leaf_id=leaf, now=now),
-    ).request
+    )
 
 
 def _record_profile(

@@ -111,7 +111,8 @@ def check_request(request: AssembledRequest) -> None:
 def run(specs: Sequence[str], **knobs: Any) -> AssembledRequest:
     knobs.setdefault("window", BIG)
     knobs.setdefault("safety_margin", 0.0)
-    request = assemble(chain(*specs), model=MODEL, **knobs)
+    knobs.setdefault("model", MODEL)
+    request = assemble(chain(*specs), **knobs)
     check_request(request)
     return request
 
@@ -413,18 +414,49 @@ def test_text_only_unanswered_call() -> None:
     assert request.messages[-1]["content"] == f"[Tool result x (bash)]\n{NO_RESULT_TEXT}"
 
 
-def test_cache_breakpoints_mark_the_prefix() -> None:
-    """The system prompt and the summary carry a cache mark; nothing else does."""
-    request = run(
-        ["U:u1", "A:a1", "U:u2"], system="SYS", summary=summary_at(1), cache_breakpoints=True
-    )
-    marked = [
+def _marked(request: AssembledRequest) -> list[int]:
+    return [
         i
         for i, m in enumerate(request.messages)
         if isinstance(m["content"], list) and "cache_control" in m["content"][-1]
     ]
-    assert marked == [0, 1]
-    assert labels(request) == ["SYS", "summary", "a1", "u2"]
+
+
+@pytest.mark.parametrize(
+    ("script", "knobs", "marked"),
+    [
+        # the prefix (system, summary) and the two newest messages: four marks
+        (["U:u1", "A:a1", "U:u2", "A:a2", "U:u3"], {"system": "SYS", "summary": 1}, [0, 1, 4, 5]),
+        # no summary: the system prompt and the two newest
+        (["U:u1", "A:a1", "U:u2"], {"system": "SYS"}, [0, 2, 3]),
+        # the reminder is never marked (it changes): the two messages before it
+        (["U:u1", "A:a1", "U:u2"], {"system": "SYS", "reminder": "R"}, [0, 2, 3]),
+        # no prefix: the rolling marks alone
+        (["U:u1", "A:a1", "U:u2"], {}, [1, 2]),
+    ],
+)
+def test_cache_marks_the_prefix_and_the_newest(
+    script: list[str], knobs: dict[str, Any], marked: list[int]
+) -> None:
+    """The stable prefix and the newest two messages carry a cache mark, at most four, and the
+    marks are counted in the request."""
+    if "summary" in knobs:
+        knobs = {**knobs, "summary": summary_at(knobs["summary"])}
+    request = run(script, cache_breakpoints=True, **knobs)
+    assert _marked(request) == marked and len(marked) <= 4
+    plain = run(script, cache_breakpoints=False, **knobs)
+    assert _marked(plain) == []
+    assert request.tokens.total == plain.tokens.total + sum(
+        tokens.count_message(request.messages[i], "o200k_base")
+        - tokens.count_message(plain.messages[i], "o200k_base")
+        for i in marked
+    )
+
+
+def test_cache_marks_are_on_by_default_for_anthropic_models() -> None:
+    """Without a choice, an Anthropic model's request is marked and an OpenAI one's is not."""
+    assert _marked(run(["U:u1", "A:a1", "U:u2"], system="SYS", model="claude-3-5-sonnet-20241022"))
+    assert not _marked(run(["U:u1", "A:a1", "U:u2"], system="SYS"))
 
 
 @pytest.mark.parametrize(

@@ -530,8 +530,13 @@ def assemble(
     max_input_tokens: WindowOption = None,
     text_only: Annotated[bool, typer.Option(help="Render tool turns as plain text.")] = False,
     cache: Annotated[
-        bool, typer.Option(help="Add Anthropic-style cache breakpoints after the prefix.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--cache/--no-cache",
+            help="Anthropic-style cache marks (the stable prefix and the newest messages); "
+            "default: on for Anthropic models.",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Print the request the host would send now."""

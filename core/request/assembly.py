@@ -118,6 +118,9 @@ class AssembledRequest:
     # The tail did not fit whole (results shortened or steps left out): a caller that left
     # rows unread on the assumption that it does (``omittable``) reads the whole branch again.
     fitted_tail: bool = False
+    # The room the reply may take (the window less the request in provider tokens, capped by
+    # the model's maximum output); set by ``core.service.assemble``, which knows the calibration.
+    max_output_tokens: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of ``recap assemble --json``."""
@@ -130,7 +133,9 @@ class AssembledRequest:
             "dropped_message_ids": self.dropped_message_ids,
             "forgotten_files": self.forgotten_files,
             "truncated": self.truncated,
-        }
+        } | (
+            {} if self.max_output_tokens is None else {"max_output_tokens": self.max_output_tokens}
+        )
 
 
 @dataclass(slots=True)
@@ -166,7 +171,7 @@ def assemble(
     reminder: str | None = None,
     context_files: Sequence[ContextFile] = (),
     text_only: bool = False,
-    cache_breakpoints: bool = False,
+    cache_breakpoints: bool | None = None,
     missing_outputs: Collection[str] = frozenset(),
     omitted: Sequence[int] = (),
     budget: int | None = None,
@@ -185,7 +190,8 @@ def assemble(
 
     ``missing_outputs`` lists the saved output files that no longer exist, so the placeholder of a
     cleared result can say so; ``text_only`` renders tool turns as plain text;
-    ``cache_breakpoints`` marks the end of the stable prefix (system, and the summary when sent).
+    ``cache_breakpoints`` adds Anthropic-style cache marks (``_mark_cache``: the stable prefix and
+    the newest messages, at most four); None (the default) marks for Anthropic models only.
 
     ``omitted`` lists the oldest messages after the cutoff that the caller left out of ``branch``
     because no request within the window can hold them (see ``omittable``): the request is the
@@ -260,8 +266,16 @@ def assemble(
     history_tokens += finished.tokens_delta - finished.media_tokens
     reasoning_tokens = sum(tokens.count_reasoning(m, encoding) for m in messages)
     history_tokens -= reasoning_tokens
+    if cache_breakpoints is None:
+        cache_breakpoints = family == reasoning.ANTHROPIC and not text_only
     if cache_breakpoints:
-        _mark_prefix(messages, system_message is not None, summary_message is not None)
+        history_tokens += _mark_cache(
+            messages,
+            system_message is not None,
+            summary_message is not None,
+            reminder_message is not None,
+            encoding,
+        )
 
     older_dropped = (mid for unit in older[:kept_from] for mid in unit.ids)
     dropped = sorted([*omitted, *orphans, *older_dropped, *cut_steps])
@@ -934,10 +948,36 @@ def _reasoning_dropped(
     return max(stored - tokens.count_reasoning(sent, encoding), 0)
 
 
-def _mark_prefix(messages: list[dict[str, Any]], has_system: bool, has_summary: bool) -> None:
-    """Cache breakpoints after the system prompt (tools come before it) and after the summary."""
-    if has_system:
-        messages[0] = render.with_cache_mark(messages[0])
+MAX_CACHE_MARKS = 4  # Anthropic takes at most four cache breakpoints per request
+ROLLING_MARKS = 2  # the newest messages marked: this request writes what the next one reads
+
+
+def _mark_cache(
+    messages: list[dict[str, Any]],
+    has_system: bool,
+    has_summary: bool,
+    has_reminder: bool,
+    encoding: str,
+) -> int:
+    """Cache breakpoints after the stable prefix (the system prompt, which tools come before,
+    and the summary) and on the newest two messages before the reminder that carry text: the
+    provider caches the prefix up to a mark, so the next request, which only adds messages,
+    reads everything this one wrote and pays in full only for what is new. At most four marks;
+    returns the tokens the marks add (counted in the request)."""
+    prefix = [0] if has_system else []
     if has_summary:
-        position = 1 if has_system else 0
-        messages[position] = render.with_cache_mark(messages[position])
+        prefix.append(1 if has_system else 0)
+    end = len(messages) - (1 if has_reminder else 0)
+    rolling: list[int] = []
+    for position in range(end - 1, len(prefix) - 1, -1):
+        if len(rolling) == min(ROLLING_MARKS, MAX_CACHE_MARKS - len(prefix)):
+            break
+        if tokens.content_text(messages[position].get("content")).strip():
+            rolling.append(position)
+    added = 0
+    for position in (*prefix, *rolling):
+        before = messages[position]
+        messages[position] = render.with_cache_mark(before)
+        added += tokens.count_message(messages[position], encoding)
+        added -= tokens.count_message(before, encoding)
+    return added
