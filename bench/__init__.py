@@ -18,6 +18,7 @@ BENCHES: tuple[str, ...] = (
     "tokens",
     "sweep",
     "cache",
+    "cachemarks",
     "assemble",
     "add",
     "skips",
