@@ -237,16 +237,36 @@ def test_call_and_results_kept_together(room: int, expected: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("specs", "window", "expected", "dropped"),
+    [
+        # the turn's one step does not fit beside the last user message: the user message alone
+        (["U:u1@10", "U:u2@100", "A:a@50"], 150, ["u2"], [1, 3]),
+        (["U:u1@10", "C:x@40", "T:x:r@40"], 80, ["u1"], [2, 3]),
+        # the newest step fits, the older one goes and a gap note says so
+        (["U:u1@10", "C:x@40", "T:x:r@40", "C:y@10", "T:y:s@10"], 80, ["u1", "gap", "call:y", "s"],
+         [2, 3]),
+    ],
+)  # fmt: skip
+def test_a_turn_too_long_keeps_its_user_message(
+    specs: list[str], window: int, expected: list[str], dropped: list[int]
+) -> None:
+    """When the last user message fits but its turn does not, the oldest steps of the turn are
+    left out (reported), down to the user message alone: never a dead end."""
+    request = run(specs, window=window)
+    assert labels(request) == expected and request.truncated
+    assert request.dropped_message_ids == dropped
+
+
+@pytest.mark.parametrize(
     ("specs", "knobs", "fragment"),
     [
-        (["U:u1@10", "U:u2@100", "A:a@50"], {"window": 150}, "need 150 tokens"),
-        (["U:u1@10", "C:x@40", "T:x:r@40"], {"window": 80}, "last user message"),
+        (["U:u1@10", "U:u2@200"], {"window": 150}, "last user message"),
         (["U:u1@10"], {"window": 60, "system": "word " * 80}, "left after the system prompt"),
         (["U:u1@10"], {"window": 12, "safety_margin": 0.5}, "window 12"),
     ],
 )
 def test_tail_must_fit(specs: list[str], knobs: dict[str, Any], fragment: str) -> None:
-    """The last user message and what follows are never cut: a clear error instead."""
+    """A last user message that cannot fit beside the fixed parts is never cut: a clear error."""
     with pytest.raises(BudgetError, match=fragment):
         run(specs, **knobs)
 

@@ -238,12 +238,29 @@ def assemble(
     fixed += tokens.TOKENS_REPLY_PRIMING
     if budget is None:
         budget = tokens.available_tokens(window, safety_margin)
+    summary_cut = False
+    if summary_message is not None and fixed + sum(unit.tokens for unit in tail) > budget:
+        summary_message, cut_tokens = _shortened_summary(
+            summary_message, summary_tokens, budget - fixed + summary_tokens, tail, encoding
+        )
+        summary_cut = cut_tokens < summary_tokens
+        fixed += cut_tokens - summary_tokens
+        summary_tokens = cut_tokens
     tail, cut_older, cleared, shortened, cut_steps = _fit_tail(
         tail, budget - fixed, cleared, encoding
     )
     older.extend(cut_older)
     fitted_tail = bool(shortened or cut_older or cut_steps)
     tail_tokens = sum(unit.tokens for unit in tail)
+    if fixed + tail_tokens > budget and summary_message is not None:  # the summary gives way
+        keep = budget - (fixed - summary_tokens) - tail_tokens
+        if keep >= shorten.MIN_KEPT_TOKENS:
+            text = shorten.head_and_tail(summary_message["content"], keep, encoding, what="summary")
+            summary_message = {**summary_message, "content": text}
+            fixed -= summary_tokens
+            summary_tokens = _count(ADDED_ROLE, text, encoding)
+            fixed += summary_tokens
+            summary_cut = True
     if fixed + tail_tokens > budget:
         raise _tail_error(tail_tokens, fixed, budget, window, safety_margin)
     room = budget - fixed - tail_tokens
@@ -256,12 +273,16 @@ def assemble(
     history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
     if fixed + history_tokens + context_tokens > budget:  # the tail's fresh call ids did it
         raise _tail_error(tail_tokens + fitted.renamed, fixed, budget, window, safety_margin)
+    ends = (system_message, summary_message, reminder_message)
+    finished = media.finish(_whole(ends, fitted), policy, model=model, count=_media_counter(model))
+    excess = _bytes_over(finished.messages, policy.max_request_bytes)
+    if excess > 0 and fitted.kept_from < len(older):  # media aged first; then older history
+        fitted = _shed_bytes(older, fitted, parts, excess)
+        history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
+        finished = media.finish(
+            _whole(ends, fitted), policy, model=model, count=_media_counter(model)
+        )
     kept_from = fitted.kept_from
-    messages = [m for m in (system_message, summary_message) if m is not None]
-    messages.extend(fitted.messages)
-    if reminder_message is not None:
-        messages.append(reminder_message)
-    finished = media.finish(messages, policy, model=model, count=_media_counter(model))
     messages = finished.messages
     history_tokens += finished.tokens_delta - finished.media_tokens
     reasoning_tokens = sum(tokens.count_reasoning(m, encoding) for m in messages)
@@ -299,7 +320,7 @@ def assemble(
         dropped_message_ids=dropped,
         forgotten_files=forgotten,
         media_aged=media_aged,
-        truncated=bool(omitted) or kept_from > 0 or bool(cut_steps),
+        truncated=bool(omitted) or kept_from > 0 or bool(cut_steps) or summary_cut,
         truncated_tokens=sum(unit.tokens for unit in older[:kept_from]),
         reasoning_dropped=reasoning_dropped,
         shortened=shortened,
@@ -709,47 +730,54 @@ def _fit_tail(
         return tail, [], clearings, (), []
     half = max(room // 2, shorten.MIN_KEPT_TOKENS)
     head = 1 if tail[0].is_user else 0
-    if len(tail) <= head + 1:  # no step to leave out: the results can only be shortened
-        clearings, capped = _shorten_tail(tail, clearings, cap=half)
-        over = sum(unit.tokens for unit in tail) - room
-        extra: tuple[tuple[int, int], ...] = ()
-        if over > 0:
-            clearings, extra = _shorten_tail(tail, clearings, excess=over)
-        return tail, [], clearings, (*capped, *extra), []
-    steps = tail[head:-1]
+    middle, newest = tail[head:-1], tail[-1:] if len(tail) > head else []
     gap = _Unit([{"role": ADDED_ROLE, "content": GAP_NOTE}], [], 0, False)
     gap.tokens = _count(ADDED_ROLE, GAP_NOTE, encoding) if head else 0
-    fixed = sum(_capped(unit, clearings, half) for unit in (*tail[:head], tail[-1]))
-    left = room - fixed - gap.tokens
-    kept = len(steps)  # the newest steps that fit once results are capped at half the room
-    while kept and _capped(steps[kept - 1], clearings, half) <= left:
-        left -= _capped(steps[kept - 1], clearings, half)
+    left = room - gap.tokens
+    left -= sum(_capped(unit, clearings, half) for unit in (*tail[:head], *newest))
+    kept = len(middle)  # the newest steps that fit once results are capped at half the room
+    while kept and _capped(middle[kept - 1], clearings, half) <= left:
+        left -= _capped(middle[kept - 1], clearings, half)
         kept -= 1
-    cut_units, steps = steps[:kept], steps[kept:]
-    if head and cut_units:
-        tail = [tail[0], gap, *steps, tail[-1]]
-    else:
-        tail = [*tail[:head], *steps, tail[-1]]
+    cut, middle = middle[:kept], middle[kept:]
+    tail = [*tail[:head], *([gap] if head and cut else []), *middle, *newest]
     clearings, capped = _shorten_tail(tail, clearings, cap=half)
-    over = sum(unit.tokens for unit in tail) - room
-    extra = ()
-    if over > 0:
-        clearings, extra = _shorten_tail(tail, clearings, excess=over)
+    extra: tuple[tuple[int, int], ...] = ()
+    if sum(unit.tokens for unit in tail) > room:
+        clearings, extra = _shorten_tail(tail, clearings, excess=sum(u.tokens for u in tail) - room)
+    if head and len(tail) > 1 and sum(unit.tokens for unit in tail) > room:
+        cut = [*cut, *(unit for unit in tail[1:] if unit is not gap)]  # last resort: the user
+        tail = tail[:1]  # message alone, the turn's steps reported as left out
+    sent = {mid for unit in tail for mid in unit.ids}
+    done = tuple((mid, n) for mid, n in dict((*capped, *extra)).items() if mid in sent)
     if head:
-        return tail, [], clearings, (*capped, *extra), [mid for u in cut_units for mid in u.ids]
-    return tail, cut_units, clearings, (*capped, *extra), []
+        return tail, [], clearings, done, [mid for unit in cut for mid in unit.ids]
+    return tail, list(cut), clearings, done, []
+
+
+def _shortened_summary(
+    message: dict[str, Any], count: int, room: int, tail: Sequence[_Unit], encoding: str
+) -> tuple[dict[str, Any], int]:
+    """The summary message within what the tail leaves of ``room`` (but at least half of it):
+    its head and tail, when the whole would crowd the newest turn out. Its tokens."""
+    keep = max(room - sum(unit.tokens for unit in tail), room // 2, shorten.MIN_KEPT_TOKENS)
+    if keep >= count:
+        return message, count
+    text = shorten.head_and_tail(message["content"], keep, encoding, what="summary")
+    return {**message, "content": text}, _count(ADDED_ROLE, text, encoding)
 
 
 def _capped(unit: _Unit, clearings: Mapping[int, ClearingRec], cap: int) -> int:
-    """The unit's tokens once its uncleared tool results above ``cap`` are cut to it."""
-    over = sum(
-        item.tokens - cap
-        for item in unit.items
-        if isinstance(item, Msg)
-        and item.role == "tool"
-        and item.id not in clearings
-        and item.tokens > cap
-    )
+    """The unit's tokens once its tool results above ``cap`` (whole or already shortened) are
+    cut to it."""
+    over = 0
+    for item in unit.items:
+        if not isinstance(item, Msg) or item.role != "tool":
+            continue
+        clearing = clearings.get(item.id)
+        if clearing is None or clearing.reason == shorten.SHORTENED:
+            size = item.tokens - (clearing.tokens_reclaimed if clearing is not None else 0)
+            over += max(size - cap, 0)
     return unit.tokens - over
 
 
@@ -765,20 +793,22 @@ def _shorten_tail(
     them added and the new ones to record. Nothing changes when even the smallest size would
     not save enough: the error then names the part that is too large."""
     found = [
-        (unit, item)
+        (unit, item, item.tokens - (c.tokens_reclaimed if c is not None else 0))
         for unit in tail
         for item in unit.items
-        if isinstance(item, Msg) and item.role == "tool" and item.id not in clearings
+        if isinstance(item, Msg)
+        and item.role == "tool"
+        and ((c := clearings.get(item.id)) is None or c.reason == shorten.SHORTENED)
     ]
     if cap is None:
-        cap = shorten.kept_tokens_for([item.tokens for _, item in found], excess)
+        cap = shorten.kept_tokens_for([size for _, _, size in found], excess)
     if cap is None:
         return clearings, ()
     added: dict[int, ClearingRec] = {}
-    for unit, item in found:
-        if item.tokens > cap:
+    for unit, item, size in found:
+        if size > cap:
             added[item.id] = ClearingRec(item.id, shorten.SHORTENED, item.tokens - cap)
-            unit.tokens -= item.tokens - cap
+            unit.tokens -= size - cap
     records = tuple((mid, c.tokens_reclaimed) for mid, c in added.items())
     return {**clearings, **added}, records
 
@@ -830,8 +860,61 @@ def _fit_history(older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bool)
     return fitted
 
 
-def _history_within(older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bool) -> _Fitted:
-    start, gap_tokens = _fit_older(older, room, parts.encoding, cut=cut)
+def _whole(
+    ends: tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None],
+    fitted: _Fitted,
+) -> list[dict[str, Any]]:
+    """The request's messages: the system prompt and summary, the history, the reminder."""
+    system_message, summary_message, reminder_message = ends
+    messages = [m for m in (system_message, summary_message) if m is not None]
+    messages.extend(fitted.messages)
+    if reminder_message is not None:
+        messages.append(reminder_message)
+    return messages
+
+
+JSON_BYTES_PER_CHAR = 6  # the most one character takes in the JSON of a request (an escape)
+MESSAGE_FRAME_BYTES = 200  # role, keys and call ids around a message's text, at most
+
+
+def _bytes_over(messages: Sequence[Mapping[str, Any]], limit: int) -> int:
+    """How many bytes the request is over ``limit`` (<= 0: within it). A bound from the text
+    lengths answers most requests without serializing them; only one near the limit is."""
+    bound = 0
+    for message in messages:
+        content = message.get("content")
+        size = len(content) if isinstance(content, str) else len(json.dumps(content))
+        for call in message.get("tool_calls") or ():
+            size += len(str((call.get("function") or {}).get("arguments", "")))
+            size += MESSAGE_FRAME_BYTES
+        bound += size * JSON_BYTES_PER_CHAR + MESSAGE_FRAME_BYTES
+    if bound <= limit:
+        return bound - limit
+    return media.request_bytes(messages) - limit
+
+
+def _shed_bytes(older: Sequence[_Unit], fitted: _Fitted, parts: _Parts, excess: int) -> _Fitted:
+    """The history with the oldest kept units left out until about ``excess`` bytes are gone
+    (the byte guard, once aged media was not enough): reported as dropped like any other."""
+    start = fitted.kept_from
+    shed = 0
+    while start < len(older) and shed < excess:
+        rendered = [
+            _render(item, parts.clearings, parts.missing_outputs, parts.encoding)
+            for item in older[start].items
+        ]
+        shed += len(json.dumps(rendered, ensure_ascii=False).encode("utf-8"))
+        start += 1
+    return _history_within(older, 0, parts, cut=True, start=start)
+
+
+def _history_within(
+    older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bool, start: int | None = None
+) -> _Fitted:
+    if start is None:
+        start, gap_tokens = _fit_older(older, room, parts.encoding, cut=cut)
+    else:  # a start the byte guard chose: the gap note stands for what it left out
+        gap_tokens = _count(ADDED_ROLE, GAP_NOTE, parts.encoding)
     messages = [{"role": ADDED_ROLE, "content": GAP_NOTE}] if gap_tokens else []
     _extend(messages, older[start:], parts, in_progress=False)
     messages.extend(parts.context)

@@ -18,13 +18,11 @@ from collections.abc import Sequence
 from core.counting import tokens
 
 SHORTENED = "shortened"  # the clearing reason of a result sent as its head and tail
-MIN_KEPT_TOKENS = 96  # a shortened result keeps at least this much: less says nothing useful
 NOTE_ALLOWANCE = 80  # the note, the message overhead and token merges at the two cuts, at most
-_NOTE = (
-    "\n[... {left} tokens of this output are left out here to fit the context window; {where}]\n"
-)
-_SAVED = "the full output is saved at {path}.]"
-_NOT_SAVED = "run the tool again with a narrower request if you need them.]"
+MIN_KEPT_TOKENS = NOTE_ALLOWANCE + 8  # the least a shortened result takes: the note and a little
+_NOTE = "\n[... {left} tokens of this {what} are left out here to fit the context window{where}]\n"
+_SAVED = "; the full output is saved at {path}."
+_NOT_SAVED = "; run the tool again with a narrower request if you need them."
 
 
 def kept_tokens_for(sizes: Sequence[int], excess: int) -> int | None:
@@ -51,7 +49,9 @@ def kept_tokens_for(sizes: Sequence[int], excess: int) -> int | None:
     return low
 
 
-def head_and_tail(text: str, keep: int, encoding: str, *, path: str | None = None) -> str:
+def head_and_tail(
+    text: str, keep: int, encoding: str, *, path: str | None = None, what: str = "output"
+) -> str:
     """``text`` within about ``keep`` tokens as sent in a message: its first and last tokens
     around a note naming what was left out and where the whole is. Deterministic."""
     body = max(keep - NOTE_ALLOWANCE, 2)
@@ -61,6 +61,6 @@ def head_and_tail(text: str, keep: int, encoding: str, *, path: str | None = Non
         return text
     head = body // 2
     tail = body - head
-    where = _SAVED.format(path=path) if path else _NOT_SAVED
-    note = _NOTE.format(left=len(ids) - body, where=where)
+    where = _SAVED.format(path=path) if path else _NOT_SAVED if what == "output" else "."
+    note = _NOTE.format(left=len(ids) - body, what=what, where=where)
     return coder.decode(ids[:head]) + note + coder.decode(ids[-tail:])
