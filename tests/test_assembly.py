@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -572,3 +573,28 @@ def test_fresh_call_ids_are_paid_for_within_the_budget() -> None:
     exact = run(tail_only).tokens.total
     with pytest.raises(BudgetError, match="the last user message and what follows"):
         run(tail_only, window=exact - 1)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"summary": 1},
+        {"reminder": "R"},
+        {"context_files": [ContextFile("a.md", "A")]},
+        {"summary": 1, "reminder": "R", "context_files": [ContextFile("a.md", "A")]},
+    ],
+)
+def test_text_only_turns_alternate(knobs: dict[str, Any]) -> None:
+    """A text-only request alternates user and assistant strictly after the system prompt,
+    whatever Recap adds (a summary, context files, a reminder), and its count is exact."""
+    if "summary" in knobs:
+        knobs = {**knobs, "summary": summary_at(knobs["summary"])}
+    request = run(
+        ["U:u1", "C:x", "T:x:r", "A:a1", "U:u2", "C:y", "T:y:s"],
+        system="SYS",
+        text_only=True,
+        **knobs,
+    )
+    roles = [m["role"] for m in request.messages[1:]]
+    assert all(a != b for a, b in itertools.pairwise(roles)), roles
+    assert request.tokens.total == tokens.count_messages(request.messages, "o200k_base")

@@ -287,6 +287,8 @@ def assemble(
     history_tokens += finished.tokens_delta - finished.media_tokens
     reasoning_tokens = sum(tokens.count_reasoning(m, encoding) for m in messages)
     history_tokens -= reasoning_tokens
+    if text_only:
+        history_tokens += _alternate(messages, encoding)
     if cache_breakpoints is None:
         cache_breakpoints = family == reasoning.ANTHROPIC and not text_only
     if cache_breakpoints:
@@ -1029,6 +1031,17 @@ def _reasoning_dropped(
     sent = reasoning.as_sent(raw, family, in_progress=in_progress, text_only=text_only)
     stored = tokens.count_reasoning(raw, encoding, model=model)
     return max(stored - tokens.count_reasoning(sent, encoding), 0)
+
+
+def _alternate(messages: list[dict[str, Any]], encoding: str) -> int:
+    """Merge neighbouring turns of one role in place (``render.alternated``); the tokens that
+    changes (a merged turn pays its overhead once)."""
+    merged = render.alternated(messages)
+    if len(merged) == len(messages):
+        return 0
+    delta = tokens.count_messages(merged, encoding) - tokens.count_messages(messages, encoding)
+    messages[:] = merged
+    return delta
 
 
 MAX_CACHE_MARKS = 4  # Anthropic takes at most four cache breakpoints per request

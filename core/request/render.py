@@ -53,6 +53,36 @@ def text_only_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"role": "user", "content": "\n\n".join(blocks)}
 
 
+def alternated(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with neighbours of one role merged into one turn, so that after the system
+    prompt user and assistant turns strictly alternate (a summary, context files, a gap note or
+    a reminder beside a user turn is otherwise a second user turn in a row, which providers
+    without tool roles reject or fold). A message that is already alone is passed as it is."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if out and out[-1].get("role") == role and role in ("user", "assistant"):
+            out[-1] = {
+                **out[-1],
+                "content": _joined(out[-1].get("content"), message.get("content")),
+            }
+        else:
+            out.append(dict(message))
+    return out
+
+
+def _joined(first: Any, second: Any) -> Any:
+    if isinstance(first, list) or isinstance(second, list):
+        return [*_parts(first), *_parts(second)]
+    return f"{first or ''}\n\n{second or ''}"
+
+
+def _parts(content: Any) -> list[Any]:
+    if isinstance(content, list):
+        return list(content)
+    return [{"type": "text", "text": content or ""}]
+
+
 def with_cache_mark(message: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the message whose last content block carries an Anthropic cache breakpoint."""
     out = dict(message)
