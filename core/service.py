@@ -394,11 +394,14 @@ def assemble(
     _record_media(engine, conversation_id, request)
     if recount.current_bases(target) == recount.current_bases(stored_model):  # not a preview
         recount.record(engine, conversation_id, recounted, request.reasoning_dropped)
+    request = dataclasses.replace(
+        request,
+        max_output_tokens=_reply_room(target, window, request, plan.calibration),
+        truncated_tokens=request.truncated_tokens + loaded.omitted_tokens,
+    )
     if request.truncated:
         _log_truncation(conversation_id, request)
-    return dataclasses.replace(
-        request, max_output_tokens=_reply_room(target, window, request, plan.calibration)
-    )
+    return request
 
 
 def _reply_room(

@@ -152,3 +152,22 @@ def test_swe_agent_runs_at_a_3000_window_never_dead_end(recap: Recap) -> None:
             keep = ("role", "content", "tool_calls", "tool_call_id", "name")
             recap.add(cid, {k: message[k] for k in keep if message.get(k) is not None})
     assert built > 20
+
+
+def test_the_truncation_reports_the_tokens_left_out(recap: Recap, caplog: Any) -> None:
+    """Rows skipped unread because they cannot fit still count in what the request reports
+    (``truncated_tokens`` and the log line), as the stored tokens of every message left out."""
+    from core.storage import reads
+
+    cid = recap.new(model="gpt-4o", max_input_tokens=4_000)
+    for turn in range(300):
+        recap.add(cid, {"role": "user", "content": f"question {turn} " + _words(40)})
+        recap.add(cid, {"role": "assistant", "content": f"answer {turn} " + _words(40)})
+    recap.add(cid, {"role": "user", "content": "and now?"})
+    with caplog.at_level(logging.WARNING, logger="recap.assemble"):
+        request = recap.assemble(cid)
+    with session_scope(recap.engine) as session:
+        branch = reads.load_whole_branch(session, cid).branch
+    left_out = sum(m.tokens for m in branch if m.id in set(request.dropped_message_ids))
+    assert request.truncated and request.truncated_tokens == left_out > 0
+    assert any(f"tokens={left_out}" in r.getMessage() for r in caplog.records)

@@ -42,6 +42,10 @@ ROLE, TOKENS, TOOL_CALLS, TOOL_CALL_ID = 2, 4, 5, 6  # positions in store.MESSAG
 PARTS = [column.name for column in store.MESSAGE_COLUMNS].index("content_parts")
 # Statements built once, with parameters: building one costs several times what running it does.
 _IN_CONVERSATION = MESSAGES.c.conversation_id == bindparam("conversation_id")
+ID_CHUNK = 500  # ids per IN list: far below every bound-parameter limit
+_SUM_TOKENS = select(func.sum(MESSAGES.c.tokens)).where(
+    _IN_CONVERSATION, MESSAGES.c.id.in_(bindparam("ids", expanding=True))
+)
 _HEAD = select(CONVERSATIONS.c.model, CONVERSATIONS.c.max_input_tokens).where(
     CONVERSATIONS.c.id == bindparam("conversation_id")
 )
@@ -81,6 +85,7 @@ class RequestBranch:
     clearings: dict[int, ClearingRec]
     omitted: list[int]  # older messages after the cutoff, left unread: they cannot fit
     bases: dict[int, str] = field(default_factory=dict)  # each message's count basis (recount)
+    omitted_tokens: int = 0  # the tokens of the omitted messages as sent
 
 
 def conversation_head(session: Session, conversation_id: str) -> tuple[str, int | None]:
@@ -127,7 +132,24 @@ def load_request_branch(
         clearings=clearings,
         omitted=after[:skip],
         bases={mid: rows.by_id[mid][BASIS] for mid in sent},
+        omitted_tokens=_tokens_of(connection, conversation_id, after[:skip], clearings),
     )
+
+
+def _tokens_of(
+    connection: Connection,
+    conversation_id: str,
+    ids: list[int],
+    clearings: dict[int, ClearingRec],
+) -> int:
+    """The tokens the messages ``ids`` take as sent (a cleared result at its placeholder size),
+    summed by the database in chunks of ids: what a request reports as left out unread."""
+    total = 0
+    for start in range(0, len(ids), ID_CHUNK):
+        chunk = ids[start : start + ID_CHUNK]
+        total += int(connection.execute(_SUM_TOKENS, {"conversation_id": conversation_id,
+                                                      "ids": chunk}).scalar() or 0)  # fmt: skip
+    return total - sum(clearings[mid].tokens_reclaimed for mid in ids if mid in clearings)
 
 
 def load_whole_branch(
