@@ -171,3 +171,35 @@ def test_the_truncation_reports_the_tokens_left_out(recap: Recap, caplog: Any) -
     left_out = sum(m.tokens for m in branch if m.id in set(request.dropped_message_ids))
     assert request.truncated and request.truncated_tokens == left_out > 0
     assert any(f"tokens={left_out}" in r.getMessage() for r in caplog.records)
+
+
+def test_a_context_error_from_the_summarizer_sends_smaller_chunks(tmp_path: Path) -> None:
+    """A summary model no map knows (8,192 tokens assumed) that answers one context-length
+    error: the run asks again with smaller chunks and summarizes, instead of failing."""
+    from tests.llm_server import LLMServer, Reply
+
+    server = LLMServer().start()
+    try:
+        settings = Settings(
+            database_url=f"sqlite:///{tmp_path / 's.db'}",
+            output_dir=tmp_path / "outputs",
+            summary_model="openai/local-unknown-model",
+            summary_api_base=server.url,
+            summary_api_key="sk-test",
+        )
+        recap = Recap(settings, create_schema=True)
+        cid = recap.new(model="gpt-4o", max_input_tokens=8_000)
+        for turn in range(40):
+            recap.add(cid, {"role": "user", "content": f"step {turn} " + _words(120, f"t{turn}_")})
+            recap.add(cid, {"role": "assistant", "content": f"done {turn} " + _words(60)})
+        server.script(
+            Reply(status=400, code="context_length_exceeded",
+                  error="This model's maximum context length is 6000 tokens. Please reduce the "
+                  "length of the messages.")
+        )  # fmt: skip
+        result = recap.compress(cid, force=True)
+        assert result["action"] == "summarized", result
+        first, second = server.requests[0], server.requests[1]
+        assert len(second.text) < len(first.text)
+    finally:
+        server.stop()

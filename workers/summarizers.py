@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 EXTRACTIVE_MODEL = "extractive"
-MAX_SHRINKS = 2  # a context-window error halves the summarizer's assumed window, at most twice
+MAX_SHRINKS = 6  # a context-window error halves the chunks sent, down to the smallest chunk
 # An unknown summary model (a local model, a proxy alias) is assumed to take 8k tokens, which any
-# current chat model does; a context-window error from it halves the assumption.
+# current chat model does; a context-window error from it halves the chunks it is sent.
 FALLBACK_SUMMARIZER_WINDOW = 8_192
 COUNT_CACHE_SIZE = 4_096  # rendered messages whose token counts are kept
 # A model call is started only with this much of the run's time left (less when RECAP_LLM_TIMEOUT
@@ -139,11 +139,12 @@ class ModelSummarizer:
 
         settings = self.settings
         window = summarizer_window(settings)
+        share = 1.0
         for _shrink in range(MAX_SHRINKS + 1):
             try:
-                return self._chunks(llm, snapshot, split, window)
+                return self._chunks(llm, snapshot, split, window, share)
             except llm.ContextTooLongError:
-                window //= 2
+                share /= 2  # smaller chunks; the prompt, summary and output keep their room
             except llm.RetryableLLMError as exc:
                 if self.attempt + 1 >= settings.max_attempts:
                     raise SummaryFailed(
@@ -158,7 +159,12 @@ class ModelSummarizer:
         raise SummaryFailed("the summarizer's input did not fit its window even in small chunks")
 
     def _chunks(
-        self, llm: ModuleType, snapshot: policy.Snapshot, split: Split, window: int
+        self,
+        llm: ModuleType,
+        snapshot: policy.Snapshot,
+        split: Split,
+        window: int,
+        share: float = 1.0,
     ) -> SummaryText:
         settings = self.settings
         count = _counter(tokens.encoding_name_for(settings.summary_model or snapshot.model))
@@ -184,6 +190,7 @@ class ModelSummarizer:
             window=window,
             max_output_tokens=settings.summary_max_output_tokens,
             count=count,
+            chunk_share=share,
         )
         result = SummaryText(text=previous or "", model=settings.summary_model or "", retention=0)
         seed: str | None = None

@@ -334,8 +334,14 @@ def plan_summary(
     window: int,
     max_output_tokens: int,
     count: Counter,
+    chunk_share: float = 1.0,
 ) -> SummaryPlan:
     """Fit the summarizer's input into its window: one request when it fits, else chunks.
+
+    ``chunk_share`` is the share of the room left beside the fixed parts that the recent context
+    and a chunk may take: a summarizer whose model answered that its context is too long asks
+    again with smaller chunks (the prompt, the previous summary and the output keep their room),
+    and only a chunk below ``MIN_CHUNK_TOKENS`` cannot be sent.
 
     Each request holds the system prompt (with a previous summary of at most
     ``max(previous_summary_tokens, max_output_tokens)`` tokens), its chunk of older messages, the
@@ -357,6 +363,13 @@ def plan_summary(
         raise SummarizerWindowError(
             f"the summarizer's window ({window} tokens) cannot hold a request of its prompt, "
             f"the previous summary and {max_output_tokens} output tokens"
+        )
+    room = int(room * chunk_share)
+    if room < MIN_CHUNK_TOKENS:
+        raise SummarizerWindowError(
+            f"the summarizer's model took no chunk of the {len(older)} messages: even chunks "
+            f"of {MIN_CHUNK_TOKENS} tokens beside its prompt, the previous summary and "
+            f"{max_output_tokens} output tokens were too long for it"
         )
     kept_recent = _newest_within(recent, int(room * RECENT_CONTEXT_SHARE), count)
     room -= sum(count(m) for m in kept_recent)
