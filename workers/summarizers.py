@@ -36,6 +36,10 @@ COUNT_CACHE_SIZE = 4_096  # rendered messages whose token counts are kept
 # A model call is started only with this much of the run's time left (less when RECAP_LLM_TIMEOUT
 # or half the run is less): a summary cut off by the deadline is paid for and thrown away.
 CALL_FLOOR_SECONDS = 10
+SHORTER = (
+    "Keep the whole summary within about {tokens} tokens: the conversation's window is small, "
+    "and the summary must leave room for the newest turns."
+)
 DEADLINE_SLACK_SECONDS = 0.5  # a timeout this close to the deadline is the deadline's doing
 
 
@@ -203,6 +207,12 @@ class ModelSummarizer:
                 older=chunk,
                 recent=plan.recent if last else (),
             )
+            room = split.summary_room
+            if room is not None and room < settings.summary_max_output_tokens:
+                messages[-1] = {  # asked shorter: the summary must leave the newest turns room
+                    **messages[-1],
+                    "content": f"{messages[-1]['content']}\n\n" + SHORTER.format(tokens=room),
+                }
             self._call(llm, messages, result)
             if not last and not _usable(result.text):
                 raise SummaryFailed(

@@ -29,6 +29,7 @@ The decision, in order:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -289,10 +290,22 @@ def _summarize(
         clearings=clearings,
     )
     fallback = CLEAR if plan else SKIP
+    span = sum(message_tokens(m, clearings) for m in split.older) if split is not None else 0
+    if p.ratio > 1 and span < knobs.min_summary_span_tokens:  # over the room: cut deeper
+        deeper = plan_split(
+            pending,
+            recent_budget=budget // 2,
+            recent_cap=cap,
+            keep_turns=1,
+            clearings=clearings,
+        )
+        if deeper is not None:
+            split = deeper
+            span = sum(message_tokens(m, clearings) for m in split.older)
     if split is None:
         reason = "nothing older than the recent turns to summarize"
         return Decision(fallback, reason, p, plan, urgent=urgent, clearings=clearings)
-    span = sum(message_tokens(m, clearings) for m in split.older)
+    split = dataclasses.replace(split, summary_room=summary_room(p, split, clearings))
     if span < knobs.min_summary_span_tokens:
         reason = (
             f"the {span} tokens before the recent turns are below the smallest span worth "
@@ -303,6 +316,18 @@ def _summarize(
     if resting is not None:
         return Decision(REST, resting, p, plan, urgent=urgent, clearings=clearings)
     return Decision(SUMMARIZE, "", p, plan, split, urgent=urgent, clearings=clearings)
+
+
+SUMMARY_ROOM_FLOOR = 256  # the least a summary is asked to fit in: less keeps nothing useful
+
+
+def summary_room(p: Pressure, split: Split, clearings: Mapping[int, ClearingRec]) -> int:
+    """Estimated tokens the summary may take: half of what the trigger leaves beside the recent
+    part it keeps, so that the summary, the recent turns and the next few turns fit the room
+    (a summary planned without it can crowd the newest turn out of a small window)."""
+    factor = p.budget.calibration
+    recent = sum(message_tokens(m, clearings) for m in split.recent)
+    return max((int(p.trigger / factor) - recent) // 2, SUMMARY_ROOM_FLOOR)
 
 
 def cooldown_reason(snapshot: Snapshot, knobs: Knobs) -> str | None:

@@ -89,6 +89,9 @@ class Split:
     older: tuple[Msg, ...]
     recent: tuple[Msg, ...]
     at_user: bool
+    # Estimated tokens the summary may take so that it and the recent part leave the request
+    # room to grow (set by the decision: ``core.decision.policy``); None: the setting's size.
+    summary_room: int | None = None
 
     @property
     def cutoff_message_id(self) -> int:
