@@ -29,13 +29,14 @@ def test_demo_prints_its_table_and_writes_its_chart(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = re.findall(
-        r"│\s*(\d+)\s*│\s*(\d+)\s*│\s*([\d,]+)[^│]*│\s*([\d,]+)\s*│\s*(\w+)", done.stdout
+        r"│\s*(\d+)\s*│\s*(\d+)\s*│\s*([\d,]+)[^│]*│\s*([\d,]+)[^│]*│\s*(\w+)", done.stdout
     )
     assert len(rows) == 8, done.stdout
     for _turn, _messages, without, with_recap, _action in rows:
         assert int(with_recap.replace(",", "")) <= 6000
         assert int(with_recap.replace(",", "")) <= int(without.replace(",", ""))
     assert "summarized" in {row[4] for row in rows}
+    assert "left out)" in done.stdout, "a turn whose request left history out says so"
     assert any(int(row[2].replace(",", "")) > 6000 for row in rows), "the demo overflows without"
     chart = tmp_path / ".recap" / "demo.png"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -912,7 +912,7 @@ def demo(
                 r.turn,
                 r.messages,
                 f"{r.without:,}" + (" (over window)" if r.without > window else ""),
-                f"{r.with_recap:,}",
+                f"{r.with_recap:,}" + (f" ({r.left_out} left out)" if r.left_out else ""),
                 r.action,
             ]
             for r in rows

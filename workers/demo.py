@@ -35,6 +35,7 @@ class TurnRow:
     with_recap: int
     action: str
     reason: str
+    left_out: int = 0  # messages the request with Recap left out to fit (reported, not silent)
 
 
 def demo_environment(folder: Path) -> dict[str, str]:
@@ -131,6 +132,7 @@ def run(window: int = DEMO_WINDOW, folder: Path = DEMO_DIR, progress: Any = None
                     with_recap=request.tokens.total,
                     action=str(outcome.get("action")),
                     reason=str(outcome.get("reason", "")),
+                    left_out=len(request.dropped_message_ids) if request.truncated else 0,
                 )
             )
             if progress is not None:
@@ -154,6 +156,16 @@ def write_chart(rows: list[TurnRow], window: int, path: Path) -> bool:
     axes.plot(turns, [r.with_recap for r in rows], marker="o", label="with Recap")
     axes.axhline(window, color="grey", linestyle="--", label=f"window ({window:,} tokens)")
     for row in rows:
+        if row.left_out:
+            axes.annotate(
+                f"{row.left_out} left out",
+                (row.turn, row.with_recap),
+                textcoords="offset points",
+                xytext=(0, -14),
+                ha="center",
+                fontsize=8,
+                color="firebrick",
+            )
         if row.action in ("summarized", "cleared"):
             axes.annotate(
                 row.action,
