@@ -221,3 +221,24 @@ def test_force_summarizes_under_the_trigger() -> None:
     """A forced run summarizes whatever the pressure, without clearing first."""
     decision = policy.decide(snap(chat(12)), KNOBS, force=True)
     assert decision.action == policy.SUMMARIZE and decision.clear is None
+
+
+def test_over_the_room_the_decision_cuts_deeper() -> None:
+    """The "why" case: pressure over 1 with a span under the smallest worth summarizing at the
+    usual recent budget (keep-turns, a quarter of the room): the decision cuts deeper (one
+    turn kept, half the recent budget) instead of skipping a conversation that no longer fits."""
+    knobs = policy.Knobs(keep_turns=3, recent_min_tokens=2_000, min_summary_span_tokens=4_500)
+    branch = chat(14, size=200)  # 5,600 tokens of history in a 5,000-token window
+    decision = policy.decide(snap(branch, window=5_000), knobs)
+    assert decision.pressure.ratio > 1
+    assert decision.action == policy.SUMMARIZE, decision.reason
+    assert decision.split is not None and decision.split.summary_room is not None
+
+
+def test_the_summary_is_planned_for_the_room_it_leaves() -> None:
+    """The summary's room is half of what the trigger leaves beside the recent part."""
+    decision = policy.decide(snap(chat(36)), KNOBS)
+    split = decision.split
+    assert split is not None and split.summary_room is not None
+    recent = sum(message_tokens(m, decision.clearings) for m in split.recent)
+    assert split.summary_room == max((decision.pressure.trigger - recent) // 2, 256)
