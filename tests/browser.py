@@ -59,9 +59,10 @@ def chromium() -> Iterator[Any]:
             browser.close()
 
 
-def screenshot(page: Any, name: str) -> Path:
-    """A full-page screenshot under ``test-artifacts/``; its path."""
+def screenshot(page: Any, name: str, *, full_page: bool = True) -> Path:
+    """A screenshot under ``test-artifacts/`` (the whole page, or what the viewport shows); its
+    path."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     return path

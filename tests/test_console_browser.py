@@ -18,11 +18,12 @@ from urllib.parse import quote
 
 import openai
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, select
 
 from core import service
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
+from core.storage.models import CompactionLog, table_of
 from tests.browser import WIDTHS, chromium, missing_browser, screenshot
 from tests.cli_helpers import recap_process
 from tests.conftest import DATA_DIR, need_service
@@ -39,6 +40,9 @@ AGENT = "swe-agent:trajectories/demonstrations/ctf/crypto/BabyEncryption.traj"  
 BUTTON = "swe-agent:trajectories/demonstrations/ctf/crypto/katy.traj"  # compressed from the page
 AGENT_LINES = (0, 3)  # their lines in tests/data/swe_agent.jsonl
 PARTS = ("system", "tools", "summary", "history", "media", "reasoning")
+LONG_CHAT = "long-chat-of-a"  # made turn by turn through serve, compressed by the worker as it grew
+README_HEIGHT = 1_250  # pixels of the docs' picture: the head, the bar and the chart
+LONG_TURNS = 24  # ~600 tokens a turn (the stand-in model reports half): over the trigger mid-way
 
 
 @dataclass
@@ -48,12 +52,38 @@ class Stack:
     engine: Engine
     worker: WorkerProcess
     browser: Any
-    owned: dict[str, str]  # client key -> the conversation it made through serve
+    owned: dict[str, str]  # client key -> the short conversation it made through serve
 
 
 def _reply(body: dict[str, Any]) -> str:
     users = [m for m in body.get("messages", []) if m.get("role") == "user"]
     return f"reply to: {str(users[-1].get('content'))[:60]}" if users else "hello"
+
+
+def _runs(engine: Engine, cid: str) -> int:
+    """compress_session runs the worker logged for the conversation (a skip streak is one row
+    counting its ``repeats``)."""
+    log = table_of(CompactionLog)
+    with engine.connect() as connection:
+        total = func.coalesce(func.sum(log.c.repeats), 0)
+        statement = select(total).where(log.c.conversation_id == cid)
+        return int(connection.execute(statement).scalar_one())
+
+
+def _long_chat(client: openai.OpenAI, engine: Engine, worker: WorkerProcess) -> None:
+    """A chat through serve, each turn waiting for the worker's run after it, so that the
+    summary and clearings land mid-way, as they would live."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful agent."}]
+    for n in range(LONG_TURNS):
+        words = " ".join(f"t{n}w{i}" for i in range(150))
+        messages.append({"role": "user", "content": f"turn {n} about src/module_{n}.py: {words}"})
+        reply = client.chat.completions.create(
+            model="openai/gpt-4o-mini",
+            messages=messages,  # type: ignore[arg-type]
+            extra_headers={"X-Recap-Conversation": LONG_CHAT},
+        )
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        wait_for(lambda n=n: _runs(engine, LONG_CHAT) > n, WORKER_TIMEOUT, "a run", worker.log)
 
 
 def _import_agents(folder: Path, env: dict[str, str]) -> None:
@@ -104,6 +134,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             )
             owned[key] = cid
         worker.wait_ready(1, WORKER_TIMEOUT)
+        _long_chat(
+            openai.OpenAI(base_url=served.base_url, api_key=KEY_A, max_retries=0), engine, worker
+        )
         sent = recap_process("compress", AGENT, "--force", "--enqueue", "--json", env=env)
         assert sent.code == 0, sent.stderr
         wait_for(
@@ -145,7 +178,7 @@ def test_log_in_and_list_the_conversations(stack: Stack) -> None:
         listed = page.locator("tr[data-conversation]").evaluate_all(
             "rows => rows.map(r => r.dataset.conversation)"
         )
-        assert {AGENT, BUTTON, *stack.owned.values()} <= set(listed)
+        assert {AGENT, BUTTON, LONG_CHAT, *stack.owned.values()} <= set(listed)
         row = page.locator(f"tr[data-conversation='{stack.owned[KEY_A]}']")
         assert "key 1" in row.inner_text()
         assert page.get_by_test_id("total").inner_text() == str(len(listed))
@@ -200,6 +233,27 @@ def test_the_timeline_shows_the_workers_summary_and_clearings(stack: Stack) -> N
     page.context.close()
 
 
+def test_the_chart_shows_what_recap_sent_against_the_whole_history(stack: Stack) -> None:
+    """The serve-made chat was summarized as it grew: after the summary, the requests Recap
+    sent are smaller than the whole history, and the provider's readings are plotted."""
+    assert service.list_summaries(stack.engine, LONG_CHAT), "the worker wrote no summary"
+    page = log_in(stack, UI_KEY)
+    page.goto(conversation_url(stack, LONG_CHAT))
+    drawn = page.evaluate(
+        "() => Chart.getChart(document.getElementById('turns'))"
+        ".data.datasets.map(d => [d.label, d.data.map(p => p.y)])"
+    )
+    series = dict(drawn)
+    without, sent = (
+        series["without Recap (the whole history)"],
+        series["with Recap (what was sent then)"],
+    )
+    assert len(without) == LONG_TURNS and sent[-1] < without[-1]
+    assert len(series["provider reported"]) == LONG_TURNS
+    assert page.locator("li.band.in-effect").count() == 1
+    page.context.close()
+
+
 def test_compress_now_produces_a_summary(stack: Stack) -> None:
     """The button enqueues a forced run through compress_later; the worker writes a summary,
     and the page shows its band."""
@@ -234,7 +288,7 @@ def test_a_wrong_key_and_another_keys_conversation_are_refused(stack: Stack) -> 
     listed = page.locator("tr[data-conversation]").evaluate_all(
         "rows => rows.map(r => r.dataset.conversation)"
     )
-    assert listed == [stack.owned[KEY_A]]
+    assert sorted(listed) == sorted([stack.owned[KEY_A], LONG_CHAT])
     response = page.goto(conversation_url(stack, stack.owned[KEY_B]))
     assert response is not None and response.status == 404
     assert "unknown conversation" in page.get_by_test_id("error").inner_text()
@@ -254,7 +308,11 @@ def test_screenshots_of_every_page_at_both_widths(stack: Stack) -> None:
         page.context.close()
         page = log_in(stack, UI_KEY, width)
         saved.append(screenshot(page, f"console-list-{width}"))
-        page.goto(conversation_url(stack, AGENT))
+        page.goto(conversation_url(stack, LONG_CHAT))
+        saved.append(screenshot(page, f"console-conversation-{width}-top", full_page=False))
+        if width == WIDTHS[0]:  # the picture for the docs: the bar and the chart in one view
+            page.set_viewport_size({"width": width, "height": README_HEIGHT})
+            saved.append(screenshot(page, "console-readme", full_page=False))
         page.locator("li.band details.summary-text > summary").first.click()
         saved.append(screenshot(page, f"console-conversation-{width}"))
         overflow = page.evaluate("() => document.documentElement.scrollWidth")

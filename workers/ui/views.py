@@ -10,6 +10,7 @@ the stored branch without recording a request profile or a clearing, as ``recap 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -339,7 +340,8 @@ def preview_request(
 def request_series(read: _Read, stats: Stats) -> dict[str, Any]:
     """Request tokens before each model call of the branch (each assistant message): the whole
     history (without Recap), and what Recap sent then (the summary and clearings recorded by that
-    time), both with the fixed parts the host last sent; and the provider's readings."""
+    time), both with the fixed parts the host last sent and in provider tokens at the current
+    calibration (as ``recap stats`` counts); and the provider's readings."""
     branch = read.loaded.branch
     prefix = [0]
     for message in branch:
@@ -353,12 +355,13 @@ def request_series(read: _Read, stats: Stats) -> dict[str, Any]:
         (s for s in read.summaries if s.cutoff_message_id in positions),
         key=lambda s: positions[s.cutoff_message_id],
     )
-    fixed = stats.fixed
+    fixed, factor = stats.fixed, stats.calibration  # in provider tokens, as the readings are
     without, with_recap = [], []
     for index in calls:
         at = read.created.get(branch[index].id)
-        without.append(fixed + prefix[index])
-        with_recap.append(fixed + _sent_then(branch, index, at, prefix, positions, summaries, read))
+        sent = _sent_then(branch, index, at, prefix, positions, summaries, read)
+        without.append(math.ceil((fixed + prefix[index]) * factor))
+        with_recap.append(math.ceil((fixed + sent) * factor))
     measured = [
         {"x": positions[r.leaf_message_id] + 2, "y": r.prompt_tokens}
         for r in read.readings

@@ -85,7 +85,7 @@
         responsive: true, maintainAspectRatio: false, animation: false, parsing: true,
         scales: {
           x: { type: "linear", title: { display: true, text: "message on the branch" } },
-          y: { beginAtZero: true, title: { display: true, text: "request tokens" } }
+          y: { beginAtZero: true, title: { display: true, text: "provider tokens" } }
         },
         plugins: { legend: { position: "bottom", labels: { boxWidth: 12 } } }
       }
