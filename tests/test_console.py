@@ -336,3 +336,15 @@ def test_recap_ui_runs_on_its_own(console: Engine, tmp_path: Path) -> None:
     finally:
         stop_group(process)
     assert recap_process("ui", "--port", "0", env=env).code != 0  # port 0 is out of range
+
+
+def test_an_empty_conversation_has_a_page(console: Engine) -> None:
+    """A conversation with no message yet lists and opens: the request says there is nothing to
+    send, the bar is the fixed parts alone."""
+    assert recap("new", "--id", "empty-one", "--max-input-tokens", str(WINDOW)).code == 0
+    http = client()
+    log_in(http, UI_KEY)
+    assert 'data-conversation="empty-one"' in http.get("/ui/?q=EMPTY").text
+    page = http.get(conversation_path("empty-one"))
+    assert page.status_code == 200
+    assert 'data-testid="request-problem"' in page.text
