@@ -348,3 +348,70 @@ def test_an_empty_conversation_has_a_page(console: Engine) -> None:
     page = http.get(conversation_path("empty-one"))
     assert page.status_code == 200
     assert 'data-testid="request-problem"' in page.text
+
+
+def _sent_reference(history: Any, index: int) -> int:
+    """What Recap sent before position ``index``, summed the slow way."""
+    branch = history.branch
+    at = history.created[branch[index].id]
+    cuts = [
+        (branch.index(next(m for m in branch if m.id == s.cutoff_message_id)), s.tokens)
+        for s in history.summaries
+        if s.created_at <= at
+    ]
+    cuts = [(cut, tokens) for cut, tokens in cuts if cut < index]
+    start, head = 0, 0
+    if cuts:
+        cut, tokens = max(cuts)
+        start, head = cut + 1, tokens + branch[0].tokens
+    total = head + sum(m.tokens for m in branch[start:index])
+    for position in range(start, index):
+        mid = branch[position].id
+        if mid in history.clearings and history.cleared_at[mid] <= at:
+            total -= history.clearings[mid].tokens_reclaimed
+    return max(total, 0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_chart_sums_what_was_sent_as_a_reference_does(seed: int) -> None:
+    """On seeded random branches with summaries and clearings written over time, the chart's
+    'with Recap' series equals a plain sum of what was sent before each call."""
+    import random
+    from datetime import UTC, datetime, timedelta
+
+    from core.storage.records import SummaryRec
+    from workers.ui.chart import History, sent_then
+
+    rng = random.Random(seed)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    size = rng.randint(5, 80)
+    roles = ["system"] + [rng.choice(["user", "assistant", "tool"]) for _ in range(size - 1)]
+    branch = [
+        Msg(
+            id=10 + i,
+            parent_id=(9 + i) if i else None,
+            role=role,
+            content="x",
+            tokens=rng.randint(1, 90),
+        )
+        for i, role in enumerate(roles)
+    ]
+    created = {m.id: start + timedelta(minutes=i) for i, m in enumerate(branch)}
+    summaries = [
+        SummaryRec(
+            id=n,
+            cutoff_message_id=branch[cut].id,
+            previous_summary_id=None,
+            text="s",
+            tokens=rng.randint(5, 40),
+            created_at=start + timedelta(minutes=rng.randint(cut, size + 5)),
+        )
+        for n, cut in enumerate(sorted(rng.sample(range(1, size), min(3, size - 1))))
+    ]
+    cleared = rng.sample([m.id for m in branch[1:]], rng.randint(0, size // 2))
+    clearings = {mid: ClearingRec(mid, "idle", rng.randint(0, 10)) for mid in cleared}
+    cleared_at = {mid: created[mid] + timedelta(minutes=rng.randint(0, 30)) for mid in cleared}
+    history = History(branch, created, summaries, clearings, cleared_at, has_root_prompt=True)
+    calls = [i for i, m in enumerate(branch) if m.role == "assistant"]
+    found = sent_then(history, calls)
+    assert found == {i: _sent_reference(history, i) for i in calls}

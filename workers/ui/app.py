@@ -51,6 +51,7 @@ def _percent(value: float | None) -> str:
 def templates() -> Jinja2Templates:
     """The page templates (autoescaped), with the console's filters."""
     pages = Jinja2Templates(directory=str(HERE / "templates"))
+    pages.env.trim_blocks = pages.env.lstrip_blocks = True  # no blank lines where tags were
     pages.env.filters.update(number=_number, when=_when, percent=_percent)
     return pages
 

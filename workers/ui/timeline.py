@@ -26,39 +26,73 @@ from core.storage.records import ClearingRec, Msg, SummaryRec
 
 FULL, CLEARED, SUMMARIZED, OMITTED = "full", "cleared", "summarized", "omitted"
 PREVIEW_CHARS = 240  # the line a timeline entry shows
-DETAIL_CHARS = 20_000  # what an opened entry shows of a long message
+# Entries shown of one summary's span, and of one run of omitted messages (the newest of them):
+# a page stays a few hundred kilobytes however long the conversation; `recap export` has the rest.
+SHOWN_PER_RUN = 200
+DETAIL_CHARS = 4_000  # what an opened entry shows of a long message (the rest: recap export)
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One message of the branch as the timeline shows it."""
+    """One message of the branch as the timeline shows it (its text is made when shown)."""
 
-    id: int
-    role: str
+    message: Msg
     state: str
-    tokens: int  # stored count
     sent_tokens: int  # what the request sends of it (0 when summarized or omitted)
-    preview: str
-    detail: str
-    name: str | None = None
     reason: str | None = None  # the clearing's reason
     created_at: datetime | None = None
 
+    @property
+    def id(self) -> int:
+        return self.message.id
 
-@dataclass(frozen=True, slots=True)
+    @property
+    def role(self) -> str:
+        return self.message.role
+
+    @property
+    def name(self) -> str | None:
+        return self.message.name
+
+    @property
+    def tokens(self) -> int:
+        """The stored count."""
+        return self.message.tokens
+
+    @property
+    def preview(self) -> str:
+        return _clip(" ".join(message_text(self.message).split()), PREVIEW_CHARS)
+
+    @property
+    def detail(self) -> str:
+        return _clip(message_text(self.message), DETAIL_CHARS)
+
+
+@dataclass(slots=True)
 class Band:
     """A summary and the messages it covers on this branch."""
 
     summary: SummaryRec
     entries: list[Entry] = field(default_factory=list)
     in_effect: bool = False  # the summary the next request sends (the others were folded in)
+    first_id: int | None = None  # the first message it covers on this branch
+    covered: int = 0  # messages it covers (``entries`` holds the newest ``SHOWN_PER_RUN``)
 
     @property
-    def first_id(self) -> int | None:
-        return self.entries[0].id if self.entries else None
+    def hidden(self) -> int:
+        return self.covered - len(self.entries)
 
 
-Item = Entry | Band
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Older messages of a run of omitted ones, left off the page."""
+
+    count: int
+    first_id: int
+    last_id: int
+
+
+Item = Entry | Band | Gap
 
 
 def message_text(message: Msg) -> str:
@@ -160,7 +194,36 @@ def timeline(
             band = Band(following[0], in_effect=following[0] is effect) if following else None
     if band is not None:  # a summary past the leaf cannot be on the branch; nothing is left open
         items.append(band)
-    return items
+    return _bounded(items)
+
+
+def _bounded(items: list[Item]) -> list[Item]:
+    """The timeline with each band's entries, and each run of omitted entries, cut to their
+    newest ``SHOWN_PER_RUN``."""
+    out: list[Item] = []
+    run: list[Entry] = []
+
+    def flush() -> None:
+        if len(run) > SHOWN_PER_RUN:
+            cut = len(run) - SHOWN_PER_RUN
+            out.append(Gap(cut, run[0].id, run[cut - 1].id))
+            out.extend(run[cut:])
+        else:
+            out.extend(run)
+        run.clear()
+
+    for item in items:
+        if isinstance(item, Entry) and item.state == OMITTED:
+            run.append(item)
+            continue
+        flush()
+        if isinstance(item, Band):
+            item.first_id = item.entries[0].id if item.entries else None
+            item.covered = len(item.entries)
+            del item.entries[: max(item.covered - SHOWN_PER_RUN, 0)]
+        out.append(item)
+    flush()
+    return out
 
 
 def _entry(
@@ -170,19 +233,7 @@ def _entry(
     created: datetime | None,
 ) -> Entry:
     name, reason = state
-    text = message_text(message)
     clearing = clearings.get(message.id)
     reclaimed = clearing.tokens_reclaimed if clearing is not None else 0
     sent = 0 if name in (SUMMARIZED, OMITTED) else max(message.tokens - reclaimed, 0)
-    return Entry(
-        id=message.id,
-        role=message.role,
-        state=name,
-        tokens=message.tokens,
-        sent_tokens=sent,
-        preview=_clip(" ".join(text.split()), PREVIEW_CHARS),
-        detail=_clip(text, DETAIL_CHARS),
-        name=message.name,
-        reason=reason,
-        created_at=created,
-    )
+    return Entry(message, name, sent, reason, created)

@@ -10,7 +10,6 @@ the stored branch without recording a request profile or a clearing, as ``recap 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,14 +30,14 @@ from core.storage import console, outputs, reads, store
 from core.storage.db import session_scope
 from core.storage.models import utcnow
 from core.storage.profile import Profile, load_profile
-from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.storage.records import Msg, SummaryRec
 from workers.serve.auth import fingerprint
+from workers.ui import chart
 from workers.ui.bar import Bar, token_bar
 from workers.ui.timeline import Item, timeline
 
 LIBRARY_OWNER = "library / CLI"  # conversations created without a serve key
-CHART_POINTS_MAX = 400  # model calls one chart plots; a longer branch is sampled evenly
-REQUEST_JSON_CHARS = 2_000_000  # the request as sent is shown up to this size
+REQUEST_JSON_CHARS = 1_000_000  # the request as sent is shown up to this size
 
 
 @dataclass(frozen=True)
@@ -334,77 +333,21 @@ def preview_request(
     )
 
 
-# --- request tokens per model call ----------------------------------------------------------------
-
-
 def request_series(read: _Read, stats: Stats) -> dict[str, Any]:
-    """Request tokens before each model call of the branch (each assistant message): the whole
-    history (without Recap), and what Recap sent then (the summary and clearings recorded by that
-    time), both with the fixed parts the host last sent and in provider tokens at the current
-    calibration (as ``recap stats`` counts); and the provider's readings."""
-    branch = read.loaded.branch
-    prefix = [0]
-    for message in branch:
-        prefix.append(prefix[-1] + message.tokens)
-    calls = [i for i, m in enumerate(branch) if m.role == "assistant"]
-    if len(calls) > CHART_POINTS_MAX:
-        step = len(calls) / CHART_POINTS_MAX
-        calls = [calls[int(k * step)] for k in range(CHART_POINTS_MAX)]
-    positions = {m.id: i for i, m in enumerate(branch)}
-    summaries = sorted(
-        (s for s in read.summaries if s.cutoff_message_id in positions),
-        key=lambda s: positions[s.cutoff_message_id],
+    """The data of the request-tokens chart (``workers.ui.chart``)."""
+    history = chart.History(
+        branch=read.loaded.branch,
+        created=read.created,
+        summaries=read.summaries,
+        clearings=read.loaded.clearings,
+        cleared_at=read.cleared_at,
+        has_root_prompt=assembly.stored_prompt(read.loaded.branch) is not None,
     )
-    fixed, factor = stats.fixed, stats.calibration  # in provider tokens, as the readings are
-    without, with_recap = [], []
-    for index in calls:
-        at = read.created.get(branch[index].id)
-        sent = _sent_then(branch, index, at, prefix, positions, summaries, read)
-        without.append(math.ceil((fixed + prefix[index]) * factor))
-        with_recap.append(math.ceil((fixed + sent) * factor))
-    measured = [
-        {"x": positions[r.leaf_message_id] + 2, "y": r.prompt_tokens}
-        for r in read.readings
-        if r.leaf_message_id in positions
-    ]
-    return {
-        "x": [i + 1 for i in calls],
-        "without": without,
-        "with": with_recap,
-        "measured": measured,
-        "now": {"x": len(branch) + 1, "y": stats.used},
-        "window": stats.window,
-    }
-
-
-def _sent_then(
-    branch: Sequence[Msg],
-    index: int,
-    at: datetime | None,
-    prefix: Sequence[int],
-    positions: Mapping[int, int],
-    summaries: Sequence[SummaryRec],
-    read: _Read,
-) -> int:
-    """Stored tokens of the history before ``branch[index]`` under the summary and clearings
-    recorded by ``at``."""
-    start = 0
-    head = 0
-    summary = None
-    for candidate in summaries:
-        cut = positions[candidate.cutoff_message_id]
-        written = candidate.created_at
-        if cut < index and at is not None and written is not None and written <= at:
-            summary, start = candidate, cut + 1
-    if summary is not None:
-        root = branch[0]
-        head = summary.tokens + (root.tokens if assembly.stored_prompt(branch) else 0)
-    total = head + prefix[index] - prefix[start]
-    clearings: Mapping[int, ClearingRec] = read.loaded.clearings
-    for mid, clearing in clearings.items():
-        place = positions.get(mid)
-        when = read.cleared_at.get(mid)
-        if place is None or not start <= place < index or at is None or when is None or when > at:
-            continue
-        total -= clearing.tokens_reclaimed
-    return max(total, 0)
+    return chart.request_series(
+        history,
+        fixed=stats.fixed,
+        calibration=stats.calibration,
+        readings=[(r.leaf_message_id, r.prompt_tokens) for r in read.readings],
+        next_request=stats.used,
+        window=stats.window,
+    )
