@@ -415,3 +415,38 @@ def test_the_chart_sums_what_was_sent_as_a_reference_does(seed: int) -> None:
     calls = [i for i, m in enumerate(branch) if m.role == "assistant"]
     found = sent_then(history, calls)
     assert found == {i: _sent_reference(history, i) for i in calls}
+
+
+def test_a_failed_run_shows_masked_and_can_be_retried(
+    console: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run the summarizer failed (a 401 that quotes the key) is in the page's log with the
+    key masked, never in full; the retry button sends it again through compress_later."""
+    from tests.llm_server import LLMServer, Reply
+
+    secret = "sk-console-test-abcdefghijklmnop-wxyz"
+    server = LLMServer().start()
+    try:
+        monkeypatch.setenv("RECAP_SUMMARY_MODEL", "openai/stand-in")
+        monkeypatch.setenv("RECAP_SUMMARY_API_BASE", server.url)
+        monkeypatch.setenv("RECAP_SUMMARY_API_KEY", secret)
+        monkeypatch.setenv("RECAP_MAX_ATTEMPTS", "1")
+        get_settings.cache_clear()
+        lines = (DATA_DIR / "swe_agent.jsonl").read_text(encoding="utf-8").splitlines()
+        record = json.loads(lines[3])
+        service.import_conversations(console, [record], get_settings(), max_input_tokens=WINDOW)
+        server.script(Reply(status=401, error=f"Incorrect API key provided: {secret}."))
+        failed = recap("compress", record["id"], "--force", "--json")
+        assert failed.code == 1 and json.loads(failed.stdout)["action"] == "failed"
+    finally:
+        server.stop()
+    http = client()
+    log_in(http, UI_KEY)
+    page = http.get(conversation_path(record["id"])).text
+    assert 'data-action="failed"' in page and 'data-testid="retry"' in page
+    assert secret not in page and "sk-...wxyz" in page
+    form = {"conversation": record["id"], "csrf": csrf_of(page)}
+    sent = http.post("/ui/actions/retry", data=form, follow_redirects=False)
+    assert sent.status_code == 303 and "enqueued=" in sent.headers["location"]
+    listing = http.get("/ui/?sort=failures").text
+    assert listing.index(record["id"]) < listing.index(CONV)  # the failed one first
