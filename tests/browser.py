@@ -66,3 +66,14 @@ def screenshot(page: Any, name: str, *, full_page: bool = True) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=full_page)
     return path
+
+
+def watch(page: Any, origin: str) -> tuple[list[str], list[str]]:
+    """The errors a page logs (a script that failed, a resource the content-security policy
+    refused) and the URLs it asks for outside ``origin``, collected as it runs."""
+    errors: list[str] = []
+    elsewhere: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("request", lambda r: None if r.url.startswith(origin) else elsewhere.append(r.url))
+    return errors, elsewhere

@@ -24,7 +24,7 @@ from core import service
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.storage.models import CompactionLog, table_of
-from tests.browser import WIDTHS, chromium, missing_browser, screenshot
+from tests.browser import WIDTHS, chromium, missing_browser, screenshot, watch
 from tests.cli_helpers import recap_process
 from tests.conftest import DATA_DIR, need_service
 from tests.llm_server import LLMServer
@@ -187,11 +187,14 @@ def test_log_in_and_list_the_conversations(stack: Stack) -> None:
 
 def test_the_bar_matches_recap_stats(stack: Stack) -> None:
     """The worker-compressed conversation's bar adds up to `recap stats --json` to the token,
-    in the table and in the chart the browser drew."""
+    in the table and in the chart the browser drew (from the console's own copy of Chart.js:
+    no request leaves the host, and the page logs no error, a refused script or style
+    included)."""
     done = recap_process("stats", AGENT, "--json", env=stack.env)
     stats = json.loads(done.stdout)
     for width in WIDTHS:
         page = log_in(stack, UI_KEY, width)
+        errors, elsewhere = watch(page, stack.base.rsplit("/ui", 1)[0])
         page.goto(conversation_url(stack, AGENT))
         table = page.get_by_test_id("bar-table")
         cells = page.locator("[data-segment]").evaluate_all(
@@ -207,6 +210,7 @@ def test_the_bar_matches_recap_stats(stack: Stack) -> None:
             ".data.datasets.map(d => [d.label, d.data[0]])"
         )
         assert dict(drawn) == segments
+        assert errors == [] and elsewhere == []
         page.context.close()
 
 

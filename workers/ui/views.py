@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -22,7 +22,7 @@ from core import service
 from core.counting import budget as budgets
 from core.counting import tokens
 from core.errors import NotFoundError, RecapError
-from core.redact import redact
+from core.redact import known_secrets, redact
 from core.request import assembly
 from core.results import Stats
 from core.settings import Settings
@@ -148,8 +148,7 @@ class ConversationView:
     held_back: int  # tokens of the host's fixed parts the preview leaves room for
     latest_failed: bool
     summary_in_effect: int | None
-    clearings: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    clearings: int = 0  # messages of the branch with a clearing
 
 
 @dataclass(frozen=True)
@@ -227,7 +226,7 @@ def conversation_view(
         dropped=request.dropped_message_ids if request is not None else (),
         created=read.created,
     )
-    secrets = _secrets(settings)
+    secrets = known_secrets(settings)
     runs = [_masked_run(run, secrets) for run in read.runs]
     return ConversationView(
         id=conversation_id,
@@ -251,16 +250,8 @@ def conversation_view(
     )
 
 
-def _secrets(settings: Settings) -> list[str]:
-    from core.redact import known_secrets
-
-    return known_secrets(settings)
-
-
 def _masked_run(run: console.Run, secrets: list[str]) -> console.Run:
     """A log row with its reason and error masked once more (they are stored masked)."""
-    from dataclasses import replace
-
     return replace(
         run,
         reason=redact(run.reason, secrets),
