@@ -30,6 +30,7 @@ BENCHES: tuple[str, ...] = (
     "fidelity",
     "fuzz",
     "scale",
+    "ui",
 )
 
 

@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     serve_max_input_tokens: int | None = Field(default=None, ge=1)  # window for unknown models
     # Threads for database and tokenizer work: a few more than the engine pool's 5 connections.
     serve_threads: int = Field(default=8, ge=1, le=256)
+    # The web console (`recap serve` under /ui, `recap ui`): the operator's keys. A UI key sees
+    # every conversation; a client key of RECAP_SERVE_KEYS sees only those it created.
+    ui_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
 
     @field_validator("protected_tools", mode="before")
     @classmethod
@@ -127,11 +130,19 @@ class Settings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
-    @field_validator("serve_keys", mode="before")
+    @field_validator("serve_keys", "ui_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("ui_keys")
+    @classmethod
+    def _ui_keys_long_enough(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        for key in value:
+            if len(key.get_secret_value()) < MIN_UI_KEY_CHARS:
+                raise ValueError(f"each key must be at least {MIN_UI_KEY_CHARS} characters long")
         return value
 
     @field_validator("model_map", mode="before")
@@ -188,6 +199,16 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _ui_keys_apart(self) -> Settings:
+        clients = {key.get_secret_value() for key in self.serve_keys}
+        if any(key.get_secret_value() in clients for key in self.ui_keys):
+            raise ValueError(
+                "RECAP_UI_KEYS must not repeat a key of RECAP_SERVE_KEYS: a client key would "
+                "see every conversation"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _log_bounds(self) -> Settings:
         if self.log_history_days < self.log_retention_days:
             raise ValueError("RECAP_LOG_HISTORY_DAYS must be at least RECAP_LOG_RETENTION_DAYS")
@@ -217,6 +238,8 @@ class Settings(BaseSettings):
         return 2 * self.task_time_limit + self.retry_backoff_max + LEASE_GRACE_SECONDS
 
 
+# A console key is typed into a login form and guards every conversation: shorter is guessable.
+MIN_UI_KEY_CHARS = 12
 # Largest float setting: 1e8 minutes is 190 years, and a cooldown that doubles from it still
 # fits a datetime; anything larger is a typo that would overflow date arithmetic.
 MAX_FLOAT_SETTING = 1e8

@@ -964,6 +964,19 @@ def serve(
 
 @app.command()
 @handles_errors
+def ui(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65_535)] = 8401,
+) -> None:
+    """Serve the web console at /ui (log in with a key of RECAP_UI_KEYS; docs/console.md)."""
+    from workers.ui.app import serve as run_console
+
+    settings()  # an invalid setting stops here, in one line; a missing console key in run_console
+    run_console(host, port)
+
+
+@app.command()
+@handles_errors
 def recount(
     conversation: Annotated[str, typer.Argument(help="Conversation id.")],
     model: Annotated[

@@ -53,11 +53,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
         log.error("serve_error", path=request.url.path, error=error_text(exc, secrets))
         return ServeError(500, "internal error (logged by recap serve)", type=SERVER).response()
 
+    from workers.ui.app import mounts as console_mounts  # here: the console imports serve.auth
+
     return Starlette(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
+            *console_mounts(settings),  # the web console at /ui, when RECAP_UI_KEYS is set
         ],
         lifespan=lifespan,
         exception_handlers={Exception: unexpected},

@@ -1,0 +1,260 @@
+"""The console's pages and actions (Starlette endpoints over ``workers.ui.views``).
+
+Pages are sync endpoints (Starlette runs them on its thread pool: the database work never
+blocks the event loop); forms are read here with a size cap. Every POST but the login carries the
+session's CSRF token, and a POST whose ``Origin`` names another host is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
+
+import structlog
+from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.templating import Jinja2Templates
+
+from core.errors import NotFoundError
+from core.redact import error_text
+from core.settings import Settings
+from core.storage.console import SORTS
+from workers.ui import views
+from workers.ui.auth import COOKIE, Session, Sessions
+
+log = structlog.get_logger(__name__)
+
+FORM_BYTES_MAX = 8_192  # a login or action form is a few fields
+PAGE_SIZE = 25  # conversations per page by default
+PAGE_SIZES = (10, 25, 50, 100, 200)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; "
+        "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",  # no-referrer would make the browser send Origin: null
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass
+class Console:
+    """What the endpoints share: settings, the engine, the sessions, the templates."""
+
+    settings: Settings
+    engine: Engine
+    sessions: Sessions
+    templates: Jinja2Templates
+    secrets: list[str]
+
+
+def console_of(request: Request) -> Console:
+    value: Console = request.app.state.console
+    return value
+
+
+def base_of(request: Request) -> str:
+    """The path the console is mounted at (``/ui``), with no trailing slash."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def conversation_url(base: str, conversation_id: str, leaf: int | None = None) -> str:
+    url = f"{base}/c/{quote(conversation_id, safe='')}"
+    return f"{url}?leaf={leaf}" if leaf is not None else url
+
+
+def render(
+    request: Request, name: str, context: dict[str, Any], status_code: int = 200
+) -> Response:
+    console = console_of(request)
+    session = current(request)
+    full = {
+        "base": base_of(request),
+        "session": session,
+        "conversation_url": conversation_url,
+        **context,
+    }
+    response = console.templates.TemplateResponse(request, name, full, status_code=status_code)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def current(request: Request) -> Session | None:
+    return console_of(request).sessions.get(request.cookies.get(COOKIE))
+
+
+def to_login(request: Request) -> Response:
+    return RedirectResponse(f"{base_of(request)}/login", status_code=303)
+
+
+def not_found(request: Request, what: str) -> Response:
+    return render(request, "error.html", {"title": "Not found", "message": what}, 404)
+
+
+async def read_form(request: Request) -> dict[str, str] | None:
+    """The url-encoded form, one value per field, or None when it is too large or malformed."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > FORM_BYTES_MAX:
+            return None
+    try:
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return {name: values[-1] for name, values in fields.items()}
+
+
+def same_origin(request: Request) -> bool:
+    """A POST from a page of this host (or from a client that sends no Origin)."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    return urlsplit(origin).netloc == request.headers.get("host", "")  # "null" is no host
+
+
+# --- login ----------------------------------------------------------------------------------------
+
+
+def login_form(request: Request) -> Response:
+    if current(request) is not None:
+        return RedirectResponse(f"{base_of(request)}/", status_code=303)
+    return render(request, "login.html", {"problem": None})
+
+
+async def login(request: Request) -> Response:
+    form = await read_form(request)
+    if form is None or not same_origin(request):
+        return render(request, "login.html", {"problem": "the form could not be read"}, 400)
+    sessions = console_of(request).sessions
+    scope = sessions.scope_of(form.get("key", ""))
+    if scope is None:
+        log.warning("console_login_refused", client=request.client.host if request.client else "")
+        return render(request, "login.html", {"problem": "wrong key"}, 401)
+    token, _ = sessions.open(scope)
+    response = RedirectResponse(f"{base_of(request)}/", status_code=303)
+    response.set_cookie(
+        COOKIE,
+        token,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path=f"{base_of(request)}/",
+    )
+    return response
+
+
+async def logout(request: Request) -> Response:
+    session = current(request)
+    form = await read_form(request)
+    if session is not None and form is not None and session.csrf_matches(form.get("csrf")):
+        console_of(request).sessions.close(request.cookies.get(COOKIE))
+    response = to_login(request)
+    response.delete_cookie(COOKIE, path=f"{base_of(request)}/")
+    return response
+
+
+# --- pages ----------------------------------------------------------------------------------------
+
+
+def _int(value: str | None, default: int, low: int, high: int) -> int:
+    try:
+        number = int(value) if value is not None else default
+    except ValueError:
+        return default
+    return min(max(number, low), high)
+
+
+def conversations(request: Request) -> Response:
+    session = current(request)
+    if session is None:
+        return to_login(request)
+    console = console_of(request)
+    params = request.query_params
+    sort = params.get("sort", "activity")
+    sort = sort if sort in SORTS else "activity"
+    size = _int(params.get("size"), PAGE_SIZE, 1, PAGE_SIZES[-1])
+    view = views.list_view(
+        console.engine,
+        console.settings,
+        session.scope,
+        search=params.get("q", "").strip(),
+        sort=sort,
+        descending=params.get("dir", "desc") != "asc",
+        page=_int(params.get("page"), 1, 1, 10**9),
+        page_size=size,
+    )
+    return render(request, "list.html", {"view": view, "size": size, "sorts": SORTS})
+
+
+def conversation(request: Request) -> Response:
+    session = current(request)
+    if session is None:
+        return to_login(request)
+    console = console_of(request)
+    cid = str(request.path_params["cid"])
+    leaf_text = request.query_params.get("leaf")
+    leaf = _int(leaf_text, 0, 1, 2**63 - 1) if leaf_text else None
+    exists, owner = views.conversation_owner(console.engine, cid)
+    if not exists or not session.scope.may_see(owner):  # another key's: as if it did not exist
+        return not_found(request, f"unknown conversation {cid!r}")
+    try:
+        view = views.conversation_view(console.engine, console.settings, cid, leaf)
+    except NotFoundError as exc:
+        return not_found(request, str(exc))
+    notice = request.query_params.get("enqueued")
+    return render(request, "conversation.html", {"view": view, "enqueued": notice})
+
+
+# --- actions --------------------------------------------------------------------------------------
+
+
+async def compress(request: Request) -> Response:
+    return await _enqueue(request, "compress")
+
+
+async def retry(request: Request) -> Response:
+    return await _enqueue(request, "retry")
+
+
+async def _enqueue(request: Request, action: str) -> Response:
+    """Compress now (the manual button: forced, as ``recap compress --force --enqueue``) or
+    retry a failed run (as ``recap retry``: forced too), through ``compress_later``."""
+    session = current(request)
+    if session is None:
+        return to_login(request)
+    form = await read_form(request)
+    if form is None or not same_origin(request) or not session.csrf_matches(form.get("csrf")):
+        message = "the form's CSRF token is missing or wrong: reload the page and try again"
+        return render(request, "error.html", {"title": "Refused", "message": message}, 403)
+    if not session.scope.operator:
+        message = "actions need a console key (RECAP_UI_KEYS); a client key only reads"
+        return render(request, "error.html", {"title": "Refused", "message": message}, 403)
+    console = console_of(request)
+    cid = form.get("conversation", "")
+    leaf_text = form.get("leaf") or ""
+    leaf = int(leaf_text) if leaf_text.isdigit() and action == "compress" else None
+    exists, _ = await run_in_threadpool(views.conversation_owner, console.engine, cid)
+    if not exists:
+        return not_found(request, f"unknown conversation {cid!r}")
+    try:
+        task_id = await run_in_threadpool(_send, cid, leaf)
+    except Exception as exc:  # the broker is down, say: one masked line, not a traceback
+        message = f"could not enqueue: {error_text(exc, console.secrets)}"
+        log.warning("console_enqueue_failed", conversation_id=cid, error=message)
+        return render(request, "error.html", {"title": "Not enqueued", "message": message}, 503)
+    log.info("console_enqueued", conversation_id=cid, action=action, task_id=task_id)
+    target = conversation_url(base_of(request), cid, leaf)
+    joiner = "&" if "?" in target else "?"
+    return RedirectResponse(f"{target}{joiner}enqueued={quote(task_id)}", status_code=303)
+
+
+def _send(conversation_id: str, leaf: int | None) -> str:
+    from workers.enqueue import compress_later
+
+    return compress_later(conversation_id, leaf, force=True)

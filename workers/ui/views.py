@@ -1,0 +1,344 @@
+"""What the console's pages show, read from the database with the functions the CLI uses.
+
+Reads only: the conversations list (``core.storage.console``, paginated in the database, with
+``core.service.conversation_stats`` for the rows of the page), and one conversation's page (the
+stats, the branch, the request as ``core.request.assembly.assemble`` builds it now, the compaction
+log, the provider readings and the branches). Nothing here writes: the request is assembled from
+the stored branch without recording a request profile or a clearing, as ``recap assemble`` would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from pydantic import SecretStr
+from sqlalchemy import Engine
+
+from core import service
+from core.counting import budget as budgets
+from core.counting import tokens
+from core.errors import NotFoundError, RecapError
+from core.redact import known_secrets, redact
+from core.request import assembly
+from core.results import Stats
+from core.settings import Settings
+from core.storage import console, outputs, reads, store
+from core.storage.db import session_scope
+from core.storage.models import utcnow
+from core.storage.profile import Profile, load_profile
+from core.storage.records import Msg, SummaryRec
+from workers.serve.auth import fingerprint
+from workers.ui import chart
+from workers.ui.bar import Bar, token_bar
+from workers.ui.timeline import Item, timeline
+
+LIBRARY_OWNER = "library / CLI"  # conversations created without a serve key
+REQUEST_JSON_CHARS = 1_000_000  # the request as sent is shown up to this size
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Whose conversations a console session sees: all of them (a UI key, the operator), or
+    those one serve client key created."""
+
+    operator: bool
+    owner: str | None = None  # the client key's fingerprint
+
+    def may_see(self, owner: str | None) -> bool:
+        return self.operator or (owner is not None and owner == self.owner)
+
+
+def owner_labels(keys: Sequence[SecretStr]) -> dict[str, str]:
+    """A label for the fingerprint of each configured client key: its place in
+    RECAP_SERVE_KEYS and the start of its fingerprint (never the key)."""
+    labels = {}
+    for index, key in enumerate(keys, start=1):
+        mark = fingerprint(key.get_secret_value())
+        labels[mark] = f"key {index} · {mark[:8]}"
+    return labels
+
+
+def owner_label(owner: str | None, labels: Mapping[str, str]) -> str:
+    if owner is None:
+        return LIBRARY_OWNER
+    return labels.get(owner, f"other key · {owner[:8]}")
+
+
+# --- the list -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListRow:
+    row: console.ConversationRow
+    owner: str
+    stats: Stats | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class ListView:
+    rows: list[ListRow]
+    total: int
+    page: int
+    pages: int
+    search: str
+    sort: str
+    descending: bool
+
+
+def list_view(
+    engine: Engine,
+    settings: Settings,
+    scope: Scope,
+    *,
+    search: str,
+    sort: str,
+    descending: bool,
+    page: int,
+    page_size: int,
+) -> ListView:
+    """One page of the conversations list, each row with its stats."""
+    with session_scope(engine) as session:
+        found = console.list_conversations(
+            session.connection(),
+            search=search,
+            owner=scope.owner,
+            scoped=not scope.operator,
+            sort=sort,
+            descending=descending,
+            limit=page_size,
+            offset=(page - 1) * page_size,
+        )
+    labels = owner_labels(settings.serve_keys)
+    rows = []
+    for row in found.rows:
+        try:
+            stats: Stats | None = service.conversation_stats(engine, row.id, settings)
+            problem = None
+        except RecapError as exc:  # an unknown model, say: the row still lists
+            stats, problem = None, str(exc)
+        rows.append(ListRow(row, owner_label(row.owner, labels), stats, problem))
+    pages = max(1, -(-found.total // page_size))
+    return ListView(rows, found.total, page, pages, search, sort, descending)
+
+
+# --- one conversation -----------------------------------------------------------------------------
+
+
+@dataclass
+class ConversationView:
+    id: str
+    owner: str
+    model: str
+    leaf: int | None
+    stats: Stats
+    bar: Bar
+    items: list[Item]
+    summaries: list[SummaryRec]
+    runs: list[console.Run]
+    branches: list[tuple[int, datetime | None]]
+    chart: dict[str, Any]
+    request: assembly.AssembledRequest | None
+    request_json: str
+    request_problem: str | None
+    held_back: int  # tokens of the host's fixed parts the preview leaves room for
+    latest_failed: bool
+    summary_in_effect: int | None
+    clearings: int = 0  # messages of the branch with a clearing
+
+
+@dataclass(frozen=True)
+class _Read:
+    model: str
+    window_override: int | None
+    owner: str | None
+    loaded: reads.RequestBranch
+    summaries: list[SummaryRec]
+    profile: Profile | None
+    runs: list[console.Run]
+    readings: list[console.Reading]
+    created: dict[int, datetime]
+    cleared_at: dict[int, datetime]
+    branches: list[tuple[int, datetime | None]]
+
+
+def _read(engine: Engine, conversation_id: str, leaf: int | None) -> _Read:
+    with session_scope(engine) as session:
+        connection = session.connection()
+        exists, owner = console.owner_of(connection, conversation_id)
+        if not exists:
+            raise NotFoundError(f"unknown conversation {conversation_id!r}")
+        model, override = reads.conversation_head(session, conversation_id)
+        loaded = reads.load_whole_branch(session, conversation_id, leaf)
+        return _Read(
+            model=model,
+            window_override=override,
+            owner=owner,
+            loaded=loaded,
+            summaries=store.load_summaries(session, conversation_id),
+            profile=load_profile(connection, conversation_id),
+            runs=console.runs(connection, conversation_id),
+            readings=console.readings(connection, conversation_id),
+            created=console.message_times(connection, conversation_id),
+            cleared_at=console.clearing_times(connection, conversation_id),
+            branches=console.branch_heads(connection, conversation_id),
+        )
+
+
+def conversation_owner(engine: Engine, conversation_id: str) -> tuple[bool, str | None]:
+    """Whether the conversation exists, and its owner's fingerprint."""
+    with session_scope(engine) as session:
+        return console.owner_of(session.connection(), conversation_id)
+
+
+def conversation_view(
+    engine: Engine, settings: Settings, conversation_id: str, leaf: int | None
+) -> ConversationView:
+    """Everything one conversation's page shows, for the branch ending at ``leaf``."""
+    read = _read(engine, conversation_id, leaf)
+    stats = service.conversation_stats(engine, conversation_id, settings, leaf)
+    held_back = _held_back(read.loaded.branch, read.profile)
+    request, problem = None, None
+    try:
+        request = preview_request(read, settings, leaf, held_back)
+    except RecapError as exc:  # the tail does not fit, say: the page still shows the rest
+        problem = str(exc)
+    summary = read.loaded.summary
+    bar = token_bar(
+        stats,
+        parts=read.profile.parts if read.profile is not None else None,
+        summary_tokens=summary.tokens if summary is not None else 0,
+        media_tokens=request.tokens.media if request is not None else 0,
+        reasoning_tokens=request.tokens.reasoning if request is not None else 0,
+        safety_margin=settings.safety_margin,
+        urgent_ratio=settings.urgent_ratio,
+    )
+    in_effect = summary.id if summary is not None else None
+    items = timeline(
+        read.loaded.branch,
+        summaries=read.summaries,
+        summary_in_effect=in_effect,
+        clearings=read.loaded.clearings,
+        dropped=request.dropped_message_ids if request is not None else (),
+        created=read.created,
+    )
+    secrets = known_secrets(settings)
+    runs = [_masked_run(run, secrets) for run in read.runs]
+    return ConversationView(
+        id=conversation_id,
+        owner=owner_label(read.owner, owner_labels(settings.serve_keys)),
+        model=read.model,
+        leaf=read.loaded.branch[-1].id if read.loaded.branch else None,
+        stats=stats,
+        bar=bar,
+        items=items,
+        summaries=read.summaries,
+        runs=runs,
+        branches=read.branches,
+        chart=request_series(read, stats),
+        request=request,
+        request_json=_request_json(request, secrets),
+        request_problem=problem,
+        held_back=held_back,
+        latest_failed=bool(runs) and runs[0].action == console.FAILED,
+        summary_in_effect=in_effect,
+        clearings=sum(1 for m in read.loaded.branch if m.id in read.loaded.clearings),
+    )
+
+
+def _masked_run(run: console.Run, secrets: list[str]) -> console.Run:
+    """A log row with its reason and error masked once more (they are stored masked)."""
+    return replace(
+        run,
+        reason=redact(run.reason, secrets),
+        error=redact(run.error, secrets) if run.error is not None else None,
+    )
+
+
+def _request_json(request: assembly.AssembledRequest | None, secrets: list[str]) -> str:
+    if request is None:
+        return ""
+    text = json.dumps(request.messages, indent=2, ensure_ascii=False)
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    if len(text) > REQUEST_JSON_CHARS:
+        return text[:REQUEST_JSON_CHARS] + "\n… (cut here: the request is longer)"
+    return text
+
+
+def _held_back(branch: Sequence[Msg], profile: Profile | None) -> int:
+    """Tokens of the fixed parts the host last sent that the stored branch cannot show (their
+    text is not stored): its tools, reminder and context files, and its own system prompt when it
+    sent one instead of the stored root prompt."""
+    if profile is None or profile.parts is None:
+        return 0
+    parts = profile.parts
+    root = assembly.stored_prompt(branch)
+    system = 0 if root is not None and parts.system == root.tokens else parts.system
+    return system + parts.tools + parts.reminder + parts.context
+
+
+def preview_request(
+    read: _Read, settings: Settings, leaf: int | None, held_back: int
+) -> assembly.AssembledRequest:
+    """The request ``recap assemble`` would build now from the stored branch, with room held
+    back for the host's own fixed parts; nothing is recorded."""
+    profile = read.profile
+    window = tokens.context_window(read.model, read.window_override)
+    reserve = budgets.output_reserve(
+        tokens.model_info(read.model),
+        window_given=read.window_override is not None,
+        setting=settings.reserve_output_tokens,
+        override=profile.reserve_override if profile is not None else None,
+    )
+    limit = budgets.request_budget(
+        window,
+        safety_margin=settings.safety_margin,
+        output_reserve=reserve,
+        calibration=budgets.calibration_factor(
+            profile.reading if profile is not None else None, leaf_id=leaf, now=utcnow()
+        ),
+    ).request
+    loaded = read.loaded
+    missing = frozenset(
+        m.output_path
+        for m in loaded.branch
+        if m.output_path
+        and m.id in loaded.clearings
+        and not outputs.output_exists(m.output_path, settings.output_dir)
+    )
+    return assembly.assemble(
+        loaded.branch,
+        model=read.model,
+        window=window,
+        safety_margin=settings.safety_margin,
+        summary=loaded.summary,
+        clearings=loaded.clearings,
+        missing_outputs=missing,
+        budget=max(limit - held_back, 1),
+        media_policy=service.media_policy(settings),
+    )
+
+
+def request_series(read: _Read, stats: Stats) -> dict[str, Any]:
+    """The data of the request-tokens chart (``workers.ui.chart``)."""
+    history = chart.History(
+        branch=read.loaded.branch,
+        created=read.created,
+        summaries=read.summaries,
+        clearings=read.loaded.clearings,
+        cleared_at=read.cleared_at,
+        has_root_prompt=assembly.stored_prompt(read.loaded.branch) is not None,
+    )
+    return chart.request_series(
+        history,
+        fixed=stats.fixed,
+        calibration=stats.calibration,
+        readings=[(r.leaf_message_id, r.prompt_tokens) for r in read.readings],
+        next_request=stats.used,
+        window=stats.window,
+    )
