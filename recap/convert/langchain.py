@@ -18,6 +18,7 @@ from typing import Any
 
 from langchain_core.messages import (
     AIMessage,
+    AnyMessage,
     BaseMessage,
     HumanMessage,
     SystemMessage,
@@ -145,7 +146,7 @@ def _arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def from_recap(message: Mapping[str, Any]) -> BaseMessage:
+def from_recap(message: Mapping[str, Any]) -> AnyMessage:
     """One Recap message (as ``assemble`` returns it) as a LangChain message."""
     role = message.get("role")
     content = message.get("content")
@@ -177,7 +178,7 @@ def from_recap(message: Mapping[str, Any]) -> BaseMessage:
     return HumanMessage(content=content if content is not None else "")
 
 
-def from_recap_all(messages: Sequence[Mapping[str, Any]]) -> list[BaseMessage]:
+def from_recap_all(messages: Sequence[Mapping[str, Any]]) -> list[AnyMessage]:
     return [from_recap(message) for message in messages]
 
 
@@ -188,6 +189,4 @@ def message_text(message: BaseMessage | None) -> str | None:
     content = message.content
     if isinstance(content, str):
         return content
-    return "".join(
-        str(b.get("text") or "") if isinstance(b, Mapping) else str(b) for b in content
-    )
+    return "".join(str(b.get("text") or "") if isinstance(b, Mapping) else str(b) for b in content)

@@ -206,7 +206,9 @@ def message_to_items(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     role = message.get("role")
     if role == "tool":
         content = message.get("content")
-        output = content if isinstance(content, str) or content is None else content_to_item(content)
+        output = (
+            content if isinstance(content, str) or content is None else content_to_item(content)
+        )
         return [
             {
                 "type": "function_call_output",

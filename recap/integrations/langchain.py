@@ -18,13 +18,12 @@ one, each run's input messages are the new ones (Recap holds the history), so pa
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NotRequired
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain_core.messages import BaseMessage
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
-from typing_extensions import NotRequired
 
 from core.aio import AsyncRecap
 from core.client import Recap
@@ -129,9 +128,7 @@ class RecapMiddleware(AgentMiddleware[RecapState, Any, Any]):
     def after_agent(self, state: RecapState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         return self._after(state, self._name())
 
-    async def aafter_agent(
-        self, state: RecapState, runtime: Runtime[Any]
-    ) -> dict[str, Any] | None:
+    async def aafter_agent(self, state: RecapState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         return await self._async.run(self._after, state, self._name())
 
     # --- the model call ---------------------------------------------------------------------

@@ -143,7 +143,8 @@ class RecapSession:
         session's branch now ends before it, and the next ``add_items`` branches there."""
         cid = await self.conversation_id()
         async with self._lock:
-            return await self._recap.run(self._pop, cid)  # type: ignore[return-value]
+            popped = await self._recap.run(self._pop, cid)
+        return popped  # type: ignore[return-value]  # the SDK's TypedDicts, built as dicts
 
     def _pop(self, cid: str) -> dict[str, Any] | None:
         stored = self.recap.export(cid, leaf=self._leaf).messages
