@@ -136,6 +136,11 @@ def request_to_recap(request: ModelRequest) -> list[dict[str, Any]]:
     return out
 
 
+def _arguments(part: ToolCallPart) -> str:
+    """The call's arguments as the model wrote them (a string stays as it is)."""
+    return part.args if isinstance(part.args, str) else part.args_as_json_str()
+
+
 def response_to_recap(response: ModelResponse) -> dict[str, Any]:
     """A ``ModelResponse`` as one assistant message."""
     texts: list[str] = []
@@ -150,7 +155,7 @@ def response_to_recap(response: ModelResponse) -> dict[str, Any]:
                 {
                     "id": part.tool_call_id,
                     "type": "function",
-                    "function": {"name": part.tool_name, "arguments": part.args_as_json_str()},
+                    "function": {"name": part.tool_name, "arguments": _arguments(part)},
                 }
             )
         elif isinstance(part, ThinkingPart):
