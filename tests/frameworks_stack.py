@@ -112,8 +112,11 @@ class FrameworkStack:
         wait_for(lambda: self.runs(cid) >= count, RUN_TIMEOUT, f"{count} runs of {cid}", log)
 
 
-def start_stack(folder: Path, **summary_env: str) -> FrameworkStack:
-    server = LLMServer(default=Replies()).start()
+def start_stack(
+    folder: Path, server: LLMServer | None = None, **summary_env: str
+) -> FrameworkStack:
+    """The worker and the model server (default: one answering ``Replies``), started."""
+    server = server or LLMServer(default=Replies()).start()
     stack = FrameworkStack(folder, server, summary_env=dict(summary_env))
     try:
         return stack.start()
