@@ -472,3 +472,74 @@ def test_pydantic_ai_table_through_the_store(recap: Recap) -> None:
     _, messages, _ = pydantic_table()[2]
     assembled = stored_and_assembled(recap, convert.to_recap(messages))
     assert _pai_plain(convert.from_recap(assembled)) == _pai_plain(messages)
+
+
+# --- the Agents SDK session protocol -------------------------------------------------------------
+
+
+def _rows(recap: Recap, cid: str) -> int:
+    from sqlalchemy import func, select
+
+    from core.storage.models import MESSAGES
+
+    with recap.engine.connect() as connection:
+        statement = select(func.count()).where(MESSAGES.c.conversation_id == cid)
+        return int(connection.execute(statement).scalar_one())
+
+
+def test_openai_agents_pop_and_clear_delete_nothing(recap: Recap) -> None:
+    """``pop_item`` moves the session back one item and the next ``add_items`` branches there;
+    ``clear_session`` starts a new conversation, which a new session object finds again; every
+    stored message stays."""
+    import asyncio
+
+    from recap.integrations.openai_agents import RecapSession
+
+    session = RecapSession("s-1", recap=recap, enqueue=False, max_input_tokens=100_000)
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "1"}
+    answer = {"role": "assistant", "content": "b"}
+
+    async def talk() -> None:
+        assert await session.get_items() == []
+        assert await session.pop_item() is None
+        await session.add_items([{"role": "user", "content": "a"}])
+        await session.add_items([answer, call])
+        await session.add_items([output])
+        assert await session.get_items() == [{"role": "user", "content": "a"}, answer, call, output]
+        assert await session.get_items(limit=1) == []  # an output alone is never given
+        assert await session.pop_item() == output
+        assert await session.pop_item() == call  # the answer stays, as a message of its own
+        assert await session.get_items() == [{"role": "user", "content": "a"}, answer]
+        assert await session.pop_item() == answer
+        await session.add_items([{"role": "user", "content": "a2"}])
+        expected = [{"role": "user", "content": "a"}, {"role": "user", "content": "a2"}]
+        assert await session.get_items() == expected
+        assert _rows(recap, "s-1") == 5  # a, b+call, output, b again, a2: nothing deleted
+        await session.clear_session()
+        assert await session.conversation_id() == "s-1~2"
+        assert await session.get_items() == []
+        again = RecapSession("s-1", recap=recap, enqueue=False)
+        assert await again.conversation_id() == "s-1~2"
+        await again.add_items([{"role": "user", "content": "fresh"}])
+        assert await session.get_items() == [{"role": "user", "content": "fresh"}]
+        assert _rows(recap, "s-1") == 5
+
+    asyncio.run(talk())
+
+
+def test_openai_agents_instructions_and_tools_are_counted_not_sent(recap: Recap) -> None:
+    import asyncio
+
+    from recap.integrations.openai_agents import RecapSession
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    session = RecapSession("s-2", recap=recap, enqueue=False, instructions="Be brief.", tools=tools)
+
+    async def talk() -> list[Any]:
+        await session.add_items([{"role": "user", "content": "a"}])
+        return await session.get_items()
+
+    assert asyncio.run(talk()) == [{"role": "user", "content": "a"}]
+    request = recap.assemble("s-2", system="Be brief.", tools=tools)
+    assert request.tokens.system > 0 and request.tokens.tools > 0
