@@ -18,7 +18,7 @@ the session (``<session_id>~2``, ``~3``, ...), keeping the old one with its summ
 
 from __future__ import annotations
 
-import asyncio
+import threading
 from typing import TYPE_CHECKING, Any
 
 from core.aio import AsyncRecap
@@ -70,7 +70,7 @@ class RecapSession:
         self._conversation: str | None = None
         self._generation = 1
         self._leaf: int | None = None  # set by pop_item: the branch ends here, not at the head
-        self._lock = asyncio.Lock()
+        self._lock = threading.Lock()  # the branch's end moves under it (adds, pops)
 
     @property
     def recap(self) -> Recap:
@@ -129,24 +129,29 @@ class RecapSession:
         plain = [dict(item) for item in items]
         messages = convert.items_to_messages(plain)
         cid = await self.conversation_id()
-        async with self._lock:
-            ids = await self._recap.run(
-                _host.add_messages, self.recap, cid, messages, parent_id=self._leaf
-            )
-            if ids:
-                self._leaf = None  # the new messages are the head
+        ids = await self._recap.run(self._add, cid, messages)
         if ids and self.enqueue and any(convert.is_model_output(item) for item in plain):
             await self._recap.run(_host.enqueue, self.recap, cid, None)
+
+    def _add(self, cid: str, messages: list[dict[str, Any]]) -> list[int]:
+        with self._lock:
+            ids = _host.add_messages(self.recap, cid, messages, parent_id=self._leaf)
+            if ids:
+                self._leaf = None  # the new messages are the head
+            return ids
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Take the most recent item off the session and return it. It stays stored: the
         session's branch now ends before it, and the next ``add_items`` branches there."""
         cid = await self.conversation_id()
-        async with self._lock:
-            popped = await self._recap.run(self._pop, cid)
+        popped = await self._recap.run(self._pop, cid)
         return popped  # type: ignore[return-value]  # the SDK's TypedDicts, built as dicts
 
     def _pop(self, cid: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._pop_locked(cid)
+
+    def _pop_locked(self, cid: str) -> dict[str, Any] | None:
         stored = self.recap.export(cid, leaf=self._leaf).messages
         if not stored:
             return None
@@ -161,19 +166,22 @@ class RecapSession:
         elif parent is not None:
             self._leaf = parent
         else:  # the only message: the session starts over in a conversation of its own
-            self._conversation = self._new_generation(cid)
+            self._conversation = self._new_generation()
             self._leaf = None
         return items[-1] if items else None
 
     async def clear_session(self) -> None:
         """Start the session over: a new, empty conversation holds it from now on (the old one
         keeps every message and summary)."""
-        cid = await self.conversation_id()
-        async with self._lock:
-            self._conversation = await self._recap.run(self._new_generation, cid)
+        await self.conversation_id()
+        await self._recap.run(self._clear)
+
+    def _clear(self) -> None:
+        with self._lock:
+            self._conversation = self._new_generation()
             self._leaf = None
 
-    def _new_generation(self, cid: str) -> str:
+    def _new_generation(self) -> str:
         """The session's next conversation (after any another process made meanwhile)."""
         generation = self._generation
         while _host.exists(self.recap, self._generation_id(generation + 1)):
