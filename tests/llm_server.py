@@ -1,5 +1,5 @@
 """A small OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1, in a thread (it also
-answers ``/v1/responses``, the Responses API, unstreamed).
+answers ``/v1/responses``, the Responses API: a message or function calls, streamed or not).
 
 Tests and benchmarks point litellm at it (``openai/<name>`` with ``api_base``) and script what it
 answers: summaries, 429s, 500s, 401s, blank text, slow replies, or a reply held until released.
@@ -231,6 +231,25 @@ def _response_object(text: str, body: dict[str, Any], reply: Reply | None) -> di
     }
 
 
+def _response_events(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """A streamed Responses answer: created, each text delta, completed (what clients read)."""
+    started = {**answer, "status": "in_progress", "output": []}
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": started}]
+    for index, item in enumerate(answer["output"]):
+        for part in item.get("content") or ():
+            delta = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events.append(
+                {
+                    "type": "response.output_text.delta",
+                    **delta,
+                    "delta": part["text"],
+                    "logprobs": [],
+                }
+            )
+    events.append({"type": "response.completed", "response": answer})
+    return [{**event, "sequence_number": n} for n, event in enumerate(events)]
+
+
 def _stream_deltas(text: str, reply: Reply) -> list[dict[str, Any]]:
     """The deltas of a streamed reply: the role, reasoning, text in pieces, each tool call with
     its arguments split in two."""
@@ -313,8 +332,12 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                 error = {"error": {"message": reply.error, "type": "scripted", "code": reply.code}}
                 self._send(reply.status, error)
                 return
-            if self.path.rstrip("/").endswith("/responses"):  # the Responses API, not streamed
-                self._send(200, _response_object(text, body, reply))
+            if self.path.rstrip("/").endswith("/responses"):  # the Responses API
+                answer = _response_object(text, body, reply)
+                if body.get("stream"):
+                    self._stream(_response_events(answer), reply.chunk_delay)
+                else:
+                    self._send(200, answer)
                 return
             if body.get("stream"):
                 self._stream(_stream_events(text, body, reply), reply.chunk_delay)

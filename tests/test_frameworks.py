@@ -5,8 +5,8 @@ Each test talks 24 turns at a 6,000-token window, two of them with a tool call, 
 each turn for the worker's run it enqueued. Then: the store holds every message; the worker has
 summarized; the model's last requests carry the summary and fewer messages than the store holds;
 each tool call went to the model with its result under the same call id. The OpenAI Agents SDK
-runs on a chat-completions model (with ``run_sync``, ``run`` and streamed runs) and on a
-Responses model; LangChain with a checkpointer (sync) and without one (async); Pydantic AI as a
+runs on a chat-completions model and on a Responses model (with ``run_sync``, ``run`` and
+streamed runs); LangChain with a checkpointer (sync) and without one (async); Pydantic AI as a
 capability.
 """
 
@@ -39,7 +39,7 @@ pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installe
 
 WINDOW = 6_000
 TURNS = 24
-TOOL_TURNS = (4, 19)  # turns whose model answer calls the tool first
+TOOL_TURNS = (4, 15)  # turns whose model answer calls the tool first (15 streamed on the SDK)
 SYSTEM = "You are a support agent. Answer briefly."
 
 
@@ -121,8 +121,8 @@ def _agents_models(stack: FrameworkStack, kind: str) -> Any:
 
 @pytest.mark.parametrize("kind", ["chat", "responses"])
 def test_openai_agents_session(stack: FrameworkStack, recap: Recap, kind: str) -> None:
-    """``Runner.run_sync`` for the first turns, then ``Runner.run``, and streamed runs on the
-    chat-completions model (the stand-in streams chat completions only)."""
+    """``Runner.run_sync`` for the first turns, then ``Runner.run``, every fifth turn streamed
+    (``Runner.run_streamed``), one of them with a tool call."""
     from agents import Agent, Runner, function_tool, set_tracing_disabled
 
     from recap.integrations.openai_agents import RecapSession
@@ -155,7 +155,7 @@ def test_openai_agents_session(stack: FrameworkStack, recap: Recap, kind: str) -
         for turn in range(2, TURNS):
             if turn in TOOL_TURNS:
                 stack.server.script(tool_reply(turn))
-            if kind == "chat" and turn % 5 == 0:
+            if turn % 5 == 0:
                 streamed = Runner.run_streamed(agent, user_text(turn), session=session)
                 async for _event in streamed.stream_events():
                     pass
@@ -167,6 +167,7 @@ def test_openai_agents_session(stack: FrameworkStack, recap: Recap, kind: str) -
 
     asyncio.run(talk())
     assert_compressed_and_complete(stack, recap, cid, first)
+    assert any(r.body.get("stream") for r in stack.server.requests[first:])
     items = asyncio.run(session.get_items())
     assert items[0]["content"].startswith("Summary of the earlier")  # type: ignore[typeddict-item]
 
