@@ -543,3 +543,16 @@ def test_openai_agents_instructions_and_tools_are_counted_not_sent(recap: Recap)
     assert asyncio.run(talk()) == [{"role": "user", "content": "a"}]
     request = recap.assemble("s-2", system="Be brief.", tools=tools)
     assert request.tokens.system > 0 and request.tokens.tools > 0
+
+
+def test_langchain_middleware_without_a_thread_says_what_it_needs(recap: Recap) -> None:
+    """No ``thread_id`` and no ``conversation_id``: one clear error before any model call."""
+    from langchain.agents import create_agent
+    from langchain_openai import ChatOpenAI
+
+    from recap.integrations.langchain import RecapMiddleware
+
+    model = ChatOpenAI(model="unused", base_url="http://127.0.0.1:9/v1", api_key="unused")
+    agent = create_agent(model, [], middleware=[RecapMiddleware(recap=recap, enqueue=False)])
+    with pytest.raises(ValueError, match="thread_id"):
+        agent.invoke({"messages": [("user", "hi")]})
