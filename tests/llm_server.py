@@ -1,5 +1,6 @@
 """A small OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1, in a thread (it also
-answers ``/v1/responses``, the Responses API: a message or function calls, streamed or not).
+answers ``/v1/responses``, the Responses API: a message or function calls, streamed or not, and
+``/v1/responses/compact``).
 
 Tests and benchmarks point litellm at it (``openai/<name>`` with ``api_base``) and script what it
 answers: summaries, 429s, 500s, 401s, blank text, slow replies, or a reply held until released.
@@ -231,6 +232,36 @@ def _response_object(text: str, body: dict[str, Any], reply: Reply | None) -> di
     }
 
 
+def _compacted(text: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A ``responses.compact`` answer as OpenAI documents it: every user message of the input,
+    then one compaction item (whose "encrypted" content here is the reply text itself)."""
+    stamp = time.monotonic_ns()
+    output: list[dict[str, Any]] = []
+    for n, item in enumerate(body.get("input") or ()):
+        if isinstance(item, dict) and item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, str):
+                content = [{"type": "input_text", "text": content}]
+            message = {"type": "message", "id": f"msg_{stamp}_{n}", "role": "user"}
+            output.append({**message, "status": "completed", "content": content})
+    output.append({"type": "compaction", "id": f"cmp_{stamp}", "encrypted_content": text})
+    prompt = len(json.dumps(body.get("input", ""))) // 4
+    usage = {
+        "input_tokens": prompt,
+        "output_tokens": len(text) // 4,
+        "total_tokens": prompt + len(text) // 4,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
+    return {
+        "id": f"cmpresp_{stamp}",
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": output,
+        "usage": usage,
+    }
+
+
 def _response_events(answer: dict[str, Any]) -> list[dict[str, Any]]:
     """A streamed Responses answer: created, each text delta, completed (what clients read)."""
     started = {**answer, "status": "in_progress", "output": []}
@@ -331,6 +362,9 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             if reply.status != 200:
                 error = {"error": {"message": reply.error, "type": "scripted", "code": reply.code}}
                 self._send(reply.status, error)
+                return
+            if self.path.rstrip("/").endswith("/responses/compact"):  # responses.compact
+                self._send(200, _compacted(text, body))
                 return
             if self.path.rstrip("/").endswith("/responses"):  # the Responses API
                 answer = _response_object(text, body, reply)
