@@ -236,6 +236,7 @@ def test_langchain_middleware_without_a_checkpointer(stack: FrameworkStack, reca
 
 
 def test_pydantic_ai_capability(stack: FrameworkStack, recap: Recap) -> None:
+    """``agent.run`` and, every sixth turn, ``agent.run_stream``."""
     from pydantic_ai import Agent
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
@@ -260,8 +261,12 @@ def test_pydantic_ai_capability(stack: FrameworkStack, recap: Recap) -> None:
         for turn in range(TURNS):
             if turn in TOOL_TURNS:
                 stack.server.script(tool_reply(turn))
-            result = await agent.run(user_text(turn))
-            assert result.output.startswith("reply")
+            if turn % 6 == 0:  # a streamed run now and then
+                async with agent.run_stream(user_text(turn)) as streamed:
+                    assert (await streamed.get_output()).startswith("reply")
+            else:
+                result = await agent.run(user_text(turn))
+                assert result.output.startswith("reply")
             await asyncio.to_thread(stack.wait_runs, cid, turn + 1)
 
     asyncio.run(talk())
