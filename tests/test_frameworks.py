@@ -213,7 +213,8 @@ def test_langchain_middleware_with_a_checkpointer(stack: FrameworkStack, recap: 
 
 
 def test_langchain_middleware_without_a_checkpointer(stack: FrameworkStack, recap: Recap) -> None:
-    """``ainvoke`` with only the new message each turn: Recap holds the history."""
+    """``ainvoke`` (every fifth turn ``astream``) with only the new message each turn: Recap
+    holds the history."""
     agent = _langchain_agent(stack, recap, None)
     cid = f"lc-async-{uuid.uuid4().hex[:8]}"
     config = {"configurable": {"thread_id": cid}}
@@ -223,7 +224,12 @@ def test_langchain_middleware_without_a_checkpointer(stack: FrameworkStack, reca
         for turn in range(TURNS):
             if turn in TOOL_TURNS:
                 stack.server.script(tool_reply(turn))
-            await agent.ainvoke({"messages": [("user", user_text(turn))]}, config)
+            turn_input = {"messages": [("user", user_text(turn))]}
+            if turn % 5 == 0:  # streamed now and then
+                async for _chunk in agent.astream(turn_input, config, stream_mode="messages"):
+                    pass
+            else:
+                await agent.ainvoke(turn_input, config)
             await asyncio.to_thread(stack.wait_runs, cid, turn + 1)
 
     asyncio.run(talk())
