@@ -31,6 +31,7 @@ BENCHES: tuple[str, ...] = (
     "fuzz",
     "scale",
     "ui",
+    "frameworks",
 )
 
 

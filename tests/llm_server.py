@@ -1,4 +1,6 @@
-"""A small OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1, in a thread.
+"""A small OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1, in a thread (it also
+answers ``/v1/responses``, the Responses API: a message or function calls, streamed or not, and
+``/v1/responses/compact``).
 
 Tests and benchmarks point litellm at it (``openai/<name>`` with ``api_base``) and script what it
 answers: summaries, 429s, 500s, 401s, blank text, slow replies, or a reply held until released.
@@ -50,7 +52,8 @@ class Recorded:
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        return list(self.body.get("messages", []))
+        """The chat messages, or a Responses request's input items."""
+        return list(self.body.get("messages", self.body.get("input", [])))
 
     @property
     def text(self) -> str:
@@ -187,6 +190,97 @@ def _completion(text: str, body: dict[str, Any], reply: Reply | None = None) -> 
     }
 
 
+def _response_object(text: str, body: dict[str, Any], reply: Reply | None) -> dict[str, Any]:
+    """A Responses API answer (``POST /v1/responses``, not streamed): a message, or the scripted
+    tool calls as ``function_call`` items."""
+    stamp = time.monotonic_ns()
+    output: list[dict[str, Any]] = []
+    if reply is not None and reply.tool_calls:
+        for call in reply.tool_calls:
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{stamp}_{call['id']}",
+                    "call_id": call["id"],
+                    "name": call["function"]["name"],
+                    "arguments": call["function"].get("arguments", ""),
+                    "status": "completed",
+                }
+            )
+    else:
+        content = [{"type": "output_text", "text": text, "annotations": []}]
+        message = {"type": "message", "id": f"msg_{stamp}", "role": "assistant"}
+        output.append({**message, "status": "completed", "content": content})
+    prompt = len(json.dumps(body.get("input", ""))) // 4
+    return {
+        "id": f"resp_{stamp}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "model": body.get("model", "stand-in"),
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": prompt,
+            "output_tokens": len(text) // 4,
+            "total_tokens": prompt + len(text) // 4,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
+
+
+def _compacted(text: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A ``responses.compact`` answer as OpenAI documents it: every user message of the input,
+    then one compaction item (whose "encrypted" content here is the reply text itself)."""
+    stamp = time.monotonic_ns()
+    output: list[dict[str, Any]] = []
+    for n, item in enumerate(body.get("input") or ()):
+        if isinstance(item, dict) and item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, str):
+                content = [{"type": "input_text", "text": content}]
+            message = {"type": "message", "id": f"msg_{stamp}_{n}", "role": "user"}
+            output.append({**message, "status": "completed", "content": content})
+    output.append({"type": "compaction", "id": f"cmp_{stamp}", "encrypted_content": text})
+    prompt = len(json.dumps(body.get("input", ""))) // 4
+    usage = {
+        "input_tokens": prompt,
+        "output_tokens": len(text) // 4,
+        "total_tokens": prompt + len(text) // 4,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
+    return {
+        "id": f"cmpresp_{stamp}",
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": output,
+        "usage": usage,
+    }
+
+
+def _response_events(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """A streamed Responses answer: created, each text delta, completed (what clients read)."""
+    started = {**answer, "status": "in_progress", "output": []}
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": started}]
+    for index, item in enumerate(answer["output"]):
+        for part in item.get("content") or ():
+            delta = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events.append(
+                {
+                    "type": "response.output_text.delta",
+                    **delta,
+                    "delta": part["text"],
+                    "logprobs": [],
+                }
+            )
+    events.append({"type": "response.completed", "response": answer})
+    return [{**event, "sequence_number": n} for n, event in enumerate(events)]
+
+
 def _stream_deltas(text: str, reply: Reply) -> list[dict[str, Any]]:
     """The deltas of a streamed reply: the role, reasoning, text in pieces, each tool call with
     its arguments split in two."""
@@ -268,6 +362,16 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             if reply.status != 200:
                 error = {"error": {"message": reply.error, "type": "scripted", "code": reply.code}}
                 self._send(reply.status, error)
+                return
+            if self.path.rstrip("/").endswith("/responses/compact"):  # responses.compact
+                self._send(200, _compacted(text, body))
+                return
+            if self.path.rstrip("/").endswith("/responses"):  # the Responses API
+                answer = _response_object(text, body, reply)
+                if body.get("stream"):
+                    self._stream(_response_events(answer), reply.chunk_delay)
+                else:
+                    self._send(200, answer)
                 return
             if body.get("stream"):
                 self._stream(_stream_events(text, body, reply), reply.chunk_delay)
