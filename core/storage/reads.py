@@ -43,6 +43,9 @@ PARTS = [column.name for column in store.MESSAGE_COLUMNS].index("content_parts")
 # Statements built once, with parameters: building one costs several times what running it does.
 _IN_CONVERSATION = MESSAGES.c.conversation_id == bindparam("conversation_id")
 ID_CHUNK = 500  # ids per IN list: far below every bound-parameter limit
+_RANGE_TOKENS = select(func.count(), func.sum(MESSAGES.c.tokens)).where(  # one index range
+    _IN_CONVERSATION, MESSAGES.c.id.between(bindparam("low"), bindparam("high"))
+)
 _SUM_TOKENS = select(func.sum(MESSAGES.c.tokens)).where(
     _IN_CONVERSATION, MESSAGES.c.id.in_(bindparam("ids", expanding=True))
 )
@@ -143,13 +146,19 @@ def _tokens_of(
     clearings: dict[int, ClearingRec],
 ) -> int:
     """The tokens the messages ``ids`` take as sent (a cleared result at its placeholder size),
-    summed by the database in chunks of ids: what a request reports as left out unread."""
-    total = 0
-    for start in range(0, len(ids), ID_CHUNK):
-        chunk = ids[start : start + ID_CHUNK]
-        total += int(connection.execute(_SUM_TOKENS, {"conversation_id": conversation_id,
-                                                      "ids": chunk}).scalar() or 0)  # fmt: skip
-    return total - sum(clearings[mid].tokens_reclaimed for mid in ids if mid in clearings)
+    summed by the database: what a request reports as left out unread. One range read when the
+    conversation holds no other message between them (a branch that never forked there)."""
+    if not ids:
+        return 0
+    params = {"conversation_id": conversation_id, "low": min(ids), "high": max(ids)}
+    count, total = connection.execute(_RANGE_TOKENS, params).one()
+    if count != len(ids):  # another branch's messages lie in the range: sum the ids themselves
+        total = 0
+        for start in range(0, len(ids), ID_CHUNK):
+            chunk = ids[start : start + ID_CHUNK]
+            total += int(connection.execute(_SUM_TOKENS, {"conversation_id": conversation_id,
+                                                          "ids": chunk}).scalar() or 0)  # fmt: skip
+    return int(total or 0) - sum(clearings[mid].tokens_reclaimed for mid in ids if mid in clearings)
 
 
 def load_whole_branch(
