@@ -5,7 +5,8 @@ constant 0.6-1.6x tiktoken (its reading recorded after a random share of request
 system prompt and tool schemas, and a conversation: one of the shared agent runs replayed step by
 step, or a generated chat with agent steps whose tool outputs reach 3x the window, images,
 reasoning, edits and branches. The host either compresses only when ``assemble`` raises
-``BudgetError`` (the README's loop, in-process) or after every turn as a worker would.
+``BudgetError`` or a truncated request (the README's loop without a worker, in-process) or after
+every turn as a worker would.
 
 What is counted, per request Recap builds:
 
@@ -245,11 +246,13 @@ class Session:
     # --- the loop ------------------------------------------------------------------------------
 
     def request(self) -> None:
-        """Assemble (compressing once on BudgetError as the README's loop does), call the
+        """Assemble (compressing once when the request was cut, as the README's loop does), call the
         provider, maybe record its reading, and check what was sent."""
         plan = self.plan
         try:
             built = self.recap.assemble(self.cid, system=plan.system, tools=plan.tools)
+            if built.truncated and not plan.worker:  # the README's loop without a worker
+                raise BudgetError("compress first")
         except BudgetError:
             self.recap.compress(self.cid)
             self.figures.compressions += 1
