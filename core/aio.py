@@ -155,6 +155,10 @@ class AsyncRecap:
         """``Recap.summaries``: the conversation's summaries, oldest first."""
         return await self.run(self.recap.summaries, conversation_id)
 
+    async def delete(self, conversation_id: str) -> dict[str, Any]:
+        """``Recap.delete``: the conversation and everything derived from it."""
+        return await self.run(self.recap.delete, conversation_id)
+
     def close(self) -> None:
         """Wait for running calls, then stop the pool's threads."""
         self._pool.shutdown(wait=True)

@@ -999,6 +999,9 @@ def prune_log(as_json: JsonFlag = False) -> None:
     emit(payload, as_json, lambda: table("prune-log", list(payload), [list(payload.values())]))
 
 
+from workers import cli_lifecycle as _lifecycle  # noqa: E402,F401  (registers its commands)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

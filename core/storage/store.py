@@ -353,6 +353,21 @@ def _lock_for_append(session: Session, conversation_id: str, parent_id: int | No
     return str(model)
 
 
+def lock_conversation(session: Session, conversation_id: str, *, exclusive: bool = False) -> bool:
+    """Start the session's transaction as a write holding the conversation's lock, as an append
+    does (SQLite: BEGIN IMMEDIATE; PostgreSQL: a row lock, ``FOR UPDATE`` when ``exclusive``, as a
+    delete takes it, else ``FOR KEY SHARE``, as an append takes it); whether the conversation is
+    still there. Call it first on a fresh session: a writer that must not write for a deleted
+    conversation learns it here, and a delete waits for the writers already holding it."""
+    bind = session.get_bind()
+    if isinstance(bind, Engine):
+        _hook(bind)
+    connection = session.connection(execution_options={APPEND_OPTION: True})
+    statement = sa_select(_c.id).where(_c.id == conversation_id)
+    statement = statement.with_for_update(key_share=not exclusive)
+    return connection.execute(statement).first() is not None
+
+
 def _open_calls(
     session: Session, conversation_id: str, leaf: int | None, needed: Mapping[str, int]
 ) -> tuple[int | None, dict[str, int]]:

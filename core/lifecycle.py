@@ -1,0 +1,116 @@
+"""A conversation's lifecycle for hosts and the CLI: erasure, retention and the listing.
+
+``delete`` removes a conversation and everything derived from it (``core.storage.erase``);
+``expire`` applies ``RECAP_CONVERSATION_RETENTION_DAYS``; ``conversations`` lists one page of
+conversations with their size, last activity and context pressure (``core.service``'s stats).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine
+
+from core.errors import InputError, NotFoundError
+from core.service import conversation_stats
+from core.settings import Settings
+from core.storage import erase
+from core.storage.models import utcnow
+
+EXPIRE_BATCH = 100  # conversations one retention run deletes before it re-enqueues itself
+MAX_PAGE = 1_000  # the largest page ``conversations`` returns
+
+
+def delete(engine: Engine, conversation_id: str, settings: Settings) -> erase.Deleted:
+    """Delete the conversation: every row and its own saved files (``NotFoundError`` if none)."""
+    done = erase.delete_conversation(engine, conversation_id, settings.output_dir)
+    assert done is not None  # only a retention delete (idle_before) can leave it
+    return done
+
+
+def expire(
+    engine: Engine,
+    settings: Settings,
+    *,
+    now: datetime | None = None,
+    retention_days: float | None = None,
+    limit: int | None = None,
+) -> erase.Expired:
+    """Delete up to ``limit`` (default ``EXPIRE_BATCH``) conversations idle longer than the
+    retention (the setting unless given); nothing when no retention is set."""
+    days = settings.conversation_retention_days if retention_days is None else retention_days
+    if days is None:
+        return erase.Expired()
+    if days <= 0:
+        raise InputError(f"the retention must be a positive number of days, got {days:g}")
+    idle_before = (now or utcnow()) - timedelta(days=days)
+    batch = EXPIRE_BATCH if limit is None else limit
+    return erase.expire_idle(engine, settings.output_dir, idle_before=idle_before, limit=batch)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationInfo:
+    """One conversation as ``recap conversations`` lists it."""
+
+    id: str
+    model: str
+    messages: int
+    tokens: int  # stored tokens of all its messages (every branch)
+    created_at: str
+    last_activity_at: str
+    pressure: float | None  # the branch head's history over its room (``recap stats``)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "model": self.model,
+            "messages": self.messages,
+            "tokens": self.tokens,
+            "created_at": self.created_at,
+            "last_activity_at": self.last_activity_at,
+            "pressure": self.pressure,
+        }
+
+
+def conversations(
+    engine: Engine,
+    settings: Settings,
+    *,
+    idle_days: float | None = None,
+    after: str | None = None,
+    limit: int = 50,
+    now: datetime | None = None,
+) -> tuple[list[ConversationInfo], str | None]:
+    """One page of conversations (id order, after the cursor ``after``), idle longer than
+    ``idle_days`` when given; the cursor of the next page (None on the last)."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InputError(f"--limit must be between 1 and {MAX_PAGE}, got {limit}")
+    if idle_days is not None and idle_days < 0:
+        raise InputError(f"--idle-days must not be negative, got {idle_days:g}")
+    idle_before = None
+    if idle_days is not None:
+        idle_before = (now or utcnow()) - timedelta(days=idle_days)
+    rows, following = erase.list_conversations(
+        engine, after=after, limit=limit, idle_before=idle_before
+    )
+    return [_info(engine, settings, row) for row in rows], following
+
+
+def _info(engine: Engine, settings: Settings, row: erase.ConversationRow) -> ConversationInfo:
+    pressure: float | None = None
+    if row.messages:
+        try:
+            pressure = conversation_stats(engine, row.id, settings).pressure
+        except NotFoundError:  # deleted since the page was read
+            pressure = None
+    return ConversationInfo(
+        id=row.id,
+        model=row.model,
+        messages=row.messages,
+        tokens=row.tokens,
+        created_at=row.created_at.isoformat() if row.created_at else "",
+        last_activity_at=row.last_activity_at.isoformat() if row.last_activity_at else "",
+        pressure=pressure,
+    )

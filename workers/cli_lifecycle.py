@@ -1,0 +1,115 @@
+"""The lifecycle commands of ``recap``: ``delete``, ``conversations`` and ``expire``.
+
+They register on ``workers.cli.app`` when ``workers.cli`` imports this module (at its end), and
+use its helpers: one clear line on stderr for bad input, ``--json`` for one JSON object.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from workers.cli import (
+    MAX_DAYS,
+    JsonFlag,
+    app,
+    emit,
+    engine,
+    fail,
+    finite,
+    handles_errors,
+    settings,
+    table,
+)
+
+IdleDays = Annotated[
+    float | None,
+    typer.Option(
+        "--idle-days",
+        help="Only conversations idle longer than this many days.",
+        parser=finite(0, MAX_DAYS, open_low=False),
+    ),
+]
+
+
+@app.command()
+@handles_errors
+def delete(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: this cannot be undone.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete a conversation and everything derived from it (rows and saved files)."""
+    if not yes:
+        fail(f"recap delete removes conversation {conversation!r} for good; add --yes to confirm")
+    from core import lifecycle
+
+    payload = lifecycle.delete(engine(), conversation, settings()).as_dict()
+    rows = payload.pop("rows")
+    emit(
+        {**payload, "rows": rows},
+        as_json,
+        lambda: typer.echo(
+            f"deleted {conversation}: {payload['messages']} messages, "
+            f"{sum(rows.values())} rows, {payload['files']} files ({payload['bytes']} bytes)"
+        ),
+    )
+
+
+@app.command()
+@handles_errors
+def conversations(
+    idle_days: IdleDays = None,
+    after: Annotated[
+        str | None, typer.Option(help="Start after this conversation id (the previous `next`).")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Conversations per page.", min=1, max=1_000)] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """List conversations (id order, one page): messages, tokens, last activity, pressure."""
+    from core import lifecycle
+
+    rows, following = lifecycle.conversations(
+        engine(), settings(), idle_days=idle_days, after=after, limit=limit
+    )
+    listed = [row.as_dict() for row in rows]
+    columns = ["id", "messages", "tokens", "last_activity_at", "pressure"]
+
+    def human() -> None:
+        table("conversations", columns, [[r[c] for c in columns] for r in listed])
+        if following is not None:
+            typer.echo(f"more: recap conversations --after {following}")
+
+    emit({"conversations": listed, "next": following}, as_json, human)
+
+
+@app.command()
+@handles_errors
+def expire(
+    retention_days: Annotated[
+        float | None,
+        typer.Option(
+            help="Days of idleness (default: RECAP_CONVERSATION_RETENTION_DAYS).",
+            parser=finite(0, MAX_DAYS, open_low=True),
+        ),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: this cannot be undone.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete the conversations idle longer than the retention now (the beat task's work)."""
+    from core import lifecycle
+
+    current = settings()
+    if retention_days is None and current.conversation_retention_days is None:
+        fail("no retention: set RECAP_CONVERSATION_RETENTION_DAYS or give --retention-days")
+    if not yes:
+        fail("recap expire deletes idle conversations for good; add --yes to confirm")
+    total = {"deleted": 0, "messages": 0, "files": 0, "bytes": 0}
+    while True:
+        done = lifecycle.expire(engine(), current, retention_days=retention_days)
+        for key in total:
+            total[key] += done.as_dict()[key]
+        if not done.more or not done.conversations:
+            break
+    emit(total, as_json, lambda: table("expire", list(total), [list(total.values())]))
