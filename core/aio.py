@@ -22,6 +22,7 @@ import asyncio
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -106,6 +107,7 @@ class AsyncRecap:
         cache_breakpoints: bool = False,
         model: str | None = None,
         max_input_tokens: int | None = None,
+        as_of: datetime | None = None,
     ) -> assembly.AssembledRequest:
         """``Recap.assemble``: the request to send now."""
         return await self.run(
@@ -120,6 +122,7 @@ class AsyncRecap:
             cache_breakpoints=cache_breakpoints,
             model=model,
             max_input_tokens=max_input_tokens,
+            as_of=as_of,
         )
 
     async def record_usage(

@@ -9,6 +9,7 @@ is a Celery call the host makes itself (see the README), so this module never im
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine
@@ -96,11 +97,14 @@ class Recap:
         cache_breakpoints: bool = False,
         model: str | None = None,
         max_input_tokens: int | None = None,
+        as_of: datetime | None = None,
     ) -> assembly.AssembledRequest:
         """The request to send now: ``.messages`` for the model, ``.tokens`` for accounting.
 
         ``model`` previews the request for another model (its window and tokenizer) without
-        changing the conversation's; ``max_input_tokens`` overrides the window for this request."""
+        changing the conversation's; ``max_input_tokens`` overrides the window for this request.
+        ``as_of`` builds the request as it was at that time (only the summaries and clearings
+        recorded by then), writing nothing."""
         return service.assemble(
             self.engine,
             conversation_id,
@@ -114,6 +118,7 @@ class Recap:
             cache_breakpoints=cache_breakpoints,
             model=model,
             max_input_tokens=max_input_tokens,
+            as_of=as_of,
         )
 
     def record_usage(

@@ -7,7 +7,8 @@ import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +297,9 @@ def assemble(
     max_input_tokens: int | None = None,
     text_only: bool = False,
     cache_breakpoints: bool = False,
+    as_of: datetime | None = None,
+    record: bool = True,
+    reserve_tokens: int = 0,
 ) -> assembly.AssembledRequest:
     """The request the host should send now for the branch ending at ``leaf``.
 
@@ -303,10 +307,20 @@ def assemble(
     ``core.request.assembly.assemble``. The window is ``max_input_tokens`` when given, else the
     conversation's override (unless another ``model`` is named), else the model's window from
     litellm's map.
+
+    ``as_of`` builds the request as it would have been then: the branch head at that time
+    (unless ``leaf`` is given), and only the summaries and clearings recorded by then. Such a
+    request, and any with ``record=False``, writes nothing (no profile, ageing or recount).
+    ``reserve_tokens`` keeps that much more of the budget free (the timeline's stand-in for the
+    host parts it was not given). The files and media of a summarized span are listed in
+    ``forgotten_files`` after any context file left out (``core.lifecycle.span_forgotten``).
     """
     if max_input_tokens is not None and max_input_tokens <= 0:
         raise InputError(f"--max-input-tokens must be positive, got {max_input_tokens}")
     now = utcnow()
+    if as_of is not None:
+        as_of = _as_utc(as_of)
+        record = False
     try:
         with session_scope(engine) as session:
             stored_model, stored_window = reads.conversation_head(session, conversation_id)
@@ -315,10 +329,14 @@ def assemble(
             given = max_input_tokens or override
             window = tokens.context_window(target, given)
             profile = profiles.load_profile(session.connection(), conversation_id)
+            if as_of is not None and leaf is None:
+                leaf = reads.leaf_at(session, conversation_id, as_of)
             limit = _request_limit(settings, target, window, given is not None, profile, leaf, now)
+            limit -= max(reserve_tokens, 0)
             budget = None if text_only else limit
-            loaded = reads.load_request_branch(session, conversation_id, leaf, budget)
+            loaded = reads.load_request_branch(session, conversation_id, leaf, budget, as_of)
             loaded, recounted = recount.refreshed(loaded, target)
+            forgotten = _span_forgotten(session, conversation_id, loaded, leaf, settings)
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
         raise
@@ -339,13 +357,41 @@ def assemble(
             loaded, settings, target, window, limit, given_parts, text_only, cache_breakpoints
         )
     finally:  # a request that does not fit still tells the decision what the host sends
-        _record_profile(engine, conversation_id, parts, profile, given_parts, now)
+        if record:
+            _record_profile(engine, conversation_id, parts, profile, given_parts, now)
+    if forgotten:
+        request = replace(request, forgotten_files=[*request.forgotten_files, *forgotten])
+    if not record:
+        return request
     _record_media(engine, conversation_id, request)
     if recount.current_bases(target) == recount.current_bases(stored_model):  # not a preview
         recount.record(engine, conversation_id, recounted, request.reasoning_dropped)
     if request.truncated:
         _log_truncation(conversation_id, request)
     return request
+
+
+def _as_utc(moment: datetime) -> datetime:
+    """A moment in UTC (a naive one is taken as UTC), as every stored time is."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def _span_forgotten(
+    session: Any,
+    conversation_id: str,
+    loaded: reads.RequestBranch,
+    leaf: int | None,
+    settings: Settings,
+) -> list[str]:
+    """The files and media of the span the applicable summary covers, for ``forgotten_files``
+    (``core.lifecycle.span_forgotten``); none without a summary."""
+    if loaded.summary is None:
+        return []
+    from core.lifecycle import span_forgotten
+
+    return span_forgotten(session, conversation_id, loaded.summary, leaf, settings.output_dir)
 
 
 def _assembled(

@@ -1,4 +1,4 @@
-"""The lifecycle commands of ``recap``: ``delete``, ``conversations`` and ``expire``.
+"""The lifecycle commands of ``recap``: ``delete``, ``conversations``, ``expire``, ``timeline``.
 
 They register on ``workers.cli.app`` when ``workers.cli`` imports this module (at its end), and
 use its helpers: one clear line on stderr for bad input, ``--json`` for one JSON object.
@@ -12,7 +12,9 @@ import typer
 
 from workers.cli import (
     MAX_DAYS,
+    AsOfOption,
     JsonFlag,
+    LeafOption,
     app,
     emit,
     engine,
@@ -113,3 +115,30 @@ def expire(
         if not done.more or not done.conversations:
             break
     emit(total, as_json, lambda: table("expire", list(total), [list(total.values())]))
+
+
+@app.command()
+@handles_errors
+def timeline(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    leaf: LeafOption = None,
+    as_of: AsOfOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Each message of the branch with its state in the request now, and each summary's span."""
+    from core import lifecycle
+
+    view = lifecycle.timeline(engine(), conversation, settings(), leaf=leaf, as_of=as_of)
+    payload = view.as_dict()
+    columns = ["id", "role", "state", "tokens", "sent_tokens", "ref"]
+
+    def human() -> None:
+        rows = [[m.get(c, "") for c in columns] for m in payload["messages"]]
+        table(f"timeline of {conversation}", columns, rows)
+        for s in payload["summaries"]:
+            typer.echo(
+                f"summary {s['id']}: messages {s['first_message_id']}..{s['cutoff_message_id']} "
+                f"({s['messages']} messages, {s['tokens']} tokens){' [sent]' if s['sent'] else ''}"
+            )
+
+    emit(payload, as_json, human, verbatim=True)

@@ -448,9 +448,15 @@ _CLEARINGS_OF = sa_select(
 ).where(CLEARINGS.c.conversation_id == bindparam("conversation_id"))
 
 
-def load_summaries(session: Session, conversation_id: str) -> list[SummaryRec]:
-    """The conversation's summaries, oldest first."""
-    rows = session.connection().execute(_SUMMARIES_OF, {"conversation_id": conversation_id})
+def load_summaries(
+    session: Session, conversation_id: str, before: datetime | None = None
+) -> list[SummaryRec]:
+    """The conversation's summaries, oldest first (only those recorded at or before ``before``
+    when given: the request as it was then)."""
+    statement = _SUMMARIES_OF
+    if before is not None:
+        statement = statement.where(SUMMARIES.c.created_at <= before)
+    rows = session.connection().execute(statement, {"conversation_id": conversation_id})
     return [
         SummaryRec(
             id=int(row[0]),
@@ -466,9 +472,15 @@ def load_summaries(session: Session, conversation_id: str) -> list[SummaryRec]:
     ]
 
 
-def load_clearings(session: Session, conversation_id: str) -> dict[int, ClearingRec]:
-    """The cleared tool results of the conversation, by message id."""
-    rows = session.connection().execute(_CLEARINGS_OF, {"conversation_id": conversation_id})
+def load_clearings(
+    session: Session, conversation_id: str, before: datetime | None = None
+) -> dict[int, ClearingRec]:
+    """The cleared tool results of the conversation, by message id (only those recorded at or
+    before ``before`` when given)."""
+    statement = _CLEARINGS_OF
+    if before is not None:
+        statement = statement.where(CLEARINGS.c.created_at <= before)
+    rows = session.connection().execute(statement, {"conversation_id": conversation_id})
     return {int(row[0]): ClearingRec(int(row[0]), row[1], int(row[2])) for row in rows}
 
 
