@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from core.client import Recap
+from core.recall import Recalled
 from core.request import assembly
 from core.results import CompressResult, ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from core.settings import Settings
@@ -157,6 +158,14 @@ class AsyncRecap:
     async def summaries(self, conversation_id: str) -> list[SummaryInfo]:
         """``Recap.summaries``: the conversation's summaries, oldest first."""
         return await self.run(self.recap.summaries, conversation_id)
+
+    async def recall(
+        self, conversation_id: str, ref: str, *, offset: int = 0, max_chars: int | None = None
+    ) -> Recalled:
+        """``Recap.recall``: the original a ``ref=REF`` names, one page of it."""
+        return await self.run(
+            self.recap.recall, conversation_id, ref, offset=offset, max_chars=max_chars
+        )
 
     async def delete(self, conversation_id: str) -> dict[str, Any]:
         """``Recap.delete``: the conversation and everything derived from it."""

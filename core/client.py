@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
@@ -20,6 +20,9 @@ from core.results import CompressResult, ExportedConversation, Stats, SummaryInf
 from core.settings import Settings, get_settings
 from core.storage.db import get_engine, require_schema
 from core.storage.outputs import Ingest
+
+if TYPE_CHECKING:
+    from core.recall import Recalled
 
 
 class Recap:
@@ -173,6 +176,19 @@ class Recap:
     def summaries(self, conversation_id: str) -> list[SummaryInfo]:
         """The conversation's summaries, oldest first."""
         return service.list_summaries(self.engine, conversation_id)
+
+    def recall(
+        self, conversation_id: str, ref: str, *, offset: int = 0, max_chars: int | None = None
+    ) -> Recalled:
+        """The original a placeholder's or summary's ``ref=REF`` names (a cleared tool output,
+        the messages a summary covers, a media part), at most ``max_chars`` (default
+        ``RECAP_RECALL_MAX_CHARS``) from ``offset`` on; ``.next_offset`` reads on. The model can
+        ask for it through the ``recap_recall`` tool (``core.recall.tool_schema()``)."""
+        from core import recall
+
+        return recall.recall(
+            self.engine, conversation_id, ref, self.settings, offset=offset, max_chars=max_chars
+        )
 
     def delete(self, conversation_id: str) -> dict[str, Any]:
         """Delete the conversation and everything derived from it: its messages, summaries,

@@ -22,6 +22,7 @@ from core.counting import media
 from core.errors import InputError, NotFoundError
 from core.request import timeline as timelines
 from core.request.assembly import stored_prompt
+from core.request.refs import message_ref, span_ref
 from core.service import conversation_stats
 from core.settings import Settings
 from core.storage import erase, reads, store
@@ -208,7 +209,14 @@ def timeline(
         record=False,
         reserve_tokens=reserve,
     )
-    return timelines.derive(whole.branch, request, summaries=summaries, clearings=clearings)
+    return timelines.derive(
+        whole.branch,
+        request,
+        summaries=summaries,
+        clearings=clearings,
+        refs={m.id: message_ref(m.id) for m in whole.branch},
+        summary_refs={s.id: span_ref(s.cutoff_message_id) for s in summaries},
+    )
 
 
 def _utc(moment: datetime) -> datetime:

@@ -1,4 +1,5 @@
-"""The lifecycle commands of ``recap``: ``delete``, ``conversations``, ``expire``, ``timeline``.
+"""The lifecycle commands of ``recap``: ``delete``, ``conversations``, ``expire``, ``timeline``,
+``recall``.
 
 They register on ``workers.cli.app`` when ``workers.cli`` imports this module (at its end), and
 use its helpers: one clear line on stderr for bad input, ``--json`` for one JSON object.
@@ -140,5 +141,27 @@ def timeline(
                 f"summary {s['id']}: messages {s['first_message_id']}..{s['cutoff_message_id']} "
                 f"({s['messages']} messages, {s['tokens']} tokens){' [sent]' if s['sent'] else ''}"
             )
+
+    emit(payload, as_json, human, verbatim=True)
+
+
+@app.command()
+@handles_errors
+def recall(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    ref: Annotated[str, typer.Argument(help="The reference a placeholder or summary names.")],
+    offset: Annotated[int, typer.Option(help="Characters to skip.", min=0)] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print the original a placeholder or summary names (ref=m42, ref=s17, ref=m42.1)."""
+    from core import recall as recalls
+
+    found = recalls.recall(engine(), conversation, ref, settings(), offset=offset)
+    payload = found.as_dict()
+
+    def human() -> None:
+        typer.echo(found.text)
+        if found.next_offset is not None:
+            typer.echo(f"[truncated: --offset {found.next_offset} reads on]")
 
     emit(payload, as_json, human, verbatim=True)

@@ -35,6 +35,7 @@ from core.decision import policy
 from core.decision.toolresults import ClearingPlan
 from core.errors import ConversationGone, NotFoundError
 from core.redact import known_secrets, redact
+from core.request.refs import summary_note
 from core.settings import Settings
 from core.storage import lease, store, sweep
 from core.storage import snapshot as snapshots
@@ -254,9 +255,8 @@ def _validated(
 ) -> PassResult:
     clearings = snapshot.clearings
     encoding = tokens.encoding_name_for(snapshot.model)
-    summary_tokens = tokens.count_message(
-        {"role": "user", "content": SUMMARY_MESSAGE_PREFIX + result.text}, encoding
-    )
+    sent = SUMMARY_MESSAGE_PREFIX + result.text + summary_note(split.cutoff_message_id)
+    summary_tokens = tokens.count_message({"role": "user", "content": sent}, encoding)
     replaced = (snapshot.summary.tokens if snapshot.summary else 0) + sum(
         planning.message_tokens(m, clearings) for m in split.older
     )
