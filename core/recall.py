@@ -252,10 +252,16 @@ def _span(
 
 
 def answer(
-    engine: Engine, conversation_id: str, arguments: str | dict[str, Any], settings: Settings
+    engine: Engine,
+    conversation_id: str,
+    arguments: str | dict[str, Any],
+    settings: Settings,
+    *,
+    max_chars: int | None = None,
 ) -> str:
-    """The text of a ``recap_recall`` call's result: the recalled page with its paging note, or
-    one line saying why nothing came back (the model sees an answer either way)."""
+    """The text of a ``recap_recall`` call's result: the recalled page (at most ``max_chars``,
+    default ``RECAP_RECALL_MAX_CHARS``) with its paging note, or one line saying why nothing came
+    back (the model sees an answer either way)."""
     try:
         args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
         if not isinstance(args, dict) or not isinstance(args.get("ref"), str):
@@ -263,7 +269,9 @@ def answer(
         offset = args.get("offset", 0)
         if not isinstance(offset, int) or isinstance(offset, bool):
             raise InputError("the offset must be a whole number of characters")
-        found = recall(engine, conversation_id, args["ref"], settings, offset=offset)
+        found = recall(
+            engine, conversation_id, args["ref"], settings, offset=offset, max_chars=max_chars
+        )
     except (RecapError, ValueError) as exc:
         return f"[recap_recall: {exc}]"
     note = ""
