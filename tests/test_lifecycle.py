@@ -91,6 +91,15 @@ def remaining_rows(engine: Engine, conversation_id: str) -> dict[str, int]:
     return found
 
 
+def _output_names(engine: Engine) -> set[str]:
+    """The file names of every saved output (not media) the messages name."""
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT output_path FROM messages WHERE output_path IS NOT NULL")
+        )
+        return {Path(row[0]).name for row in rows}
+
+
 def files_under(root: Path) -> set[str]:
     return {p.name for p in root.rglob("*") if p.is_file()}
 
@@ -125,15 +134,18 @@ def test_delete_leaves_no_row_and_no_file_of_its_own(engine: Engine, settings: A
     left; the output it shared with another conversation stays, and that one is untouched."""
     root = get_settings().output_dir
     shared = big_output("shared")
-    client = fill(engine, "gone", rich_conversation(shared, big_output("own")))
+    messages = rich_conversation(shared, big_output("own"))
+    seen = messages[1:3]  # the same screenshot, in another conversation
+    client = fill(engine, "gone", messages)
     service.import_conversations(
         engine,
-        [{"id": "kept", "messages": tool_turn("c9", shared)}],
+        [{"id": "kept", "messages": tool_turn("c9", shared)}, {"id": "seen", "messages": seen}],
         client.settings,
         prepare=client._ingest,
     )
     before_files = files_under(root)
     assert len(before_files) == 3  # the screenshot, the shared output, its own output
+    (screenshot,) = [n for n in before_files if n not in _output_names(engine)]
     assert set(remaining_rows(engine, "gone")) >= {
         "conversations",
         "messages",
@@ -146,10 +158,11 @@ def test_delete_leaves_no_row_and_no_file_of_its_own(engine: Engine, settings: A
     kept_before = service.export_conversation(engine, "kept", full=True)
 
     done = client.delete("gone")
-    assert done["deleted"] == "gone" and done["files"] == 2 and done["kept_shared_files"] == 1
+    assert done["deleted"] == "gone" and done["files"] == 1 and done["kept_shared_files"] == 2
     assert remaining_rows(engine, "gone") == {}
     left = files_under(root)
-    assert len(left) == 1 and left < before_files
+    assert len(left) == 2 and screenshot in left  # the output and the screenshot "seen" shares
+    assert client.delete("seen")["files"] == 1 and screenshot not in files_under(root)
     assert service.export_conversation(engine, "kept", full=True) == kept_before
     assert kept_before["messages"][2]["content"] == shared  # its file is still read back
     with pytest.raises(NotFoundError):

@@ -30,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Table, Text, cast, delete, func, or_, select
+from sqlalchemy import Engine, Table, Text, cast, delete, func, select
 from sqlmodel import SQLModel
 
 from core.counting import media
@@ -40,7 +40,7 @@ from core.storage.db import session_scope
 from core.storage.models import CONVERSATIONS, MESSAGES
 from core.storage.outputs import saved_name, saved_path
 
-CHUNK = 200  # file names checked per query (each a LIKE for media): well under any bound
+CHUNK = 500  # file names checked per query: well under any bound-parameter limit
 MEDIA_NAME_RE = re.compile(re.escape(media.REF_SCHEME) + r"([0-9a-f]{32})")
 _c, _m = CONVERSATIONS.c, MESSAGES.c
 
@@ -137,7 +137,9 @@ def _own_files(connection: Any, conversation_id: str, root: Path) -> set[str]:
 
 def shared_files(engine: Engine, names: Iterable[str], root: Path) -> set[str]:
     """Those of ``names`` that a stored message still names (as its saved output, or as a media
-    part): files another conversation shares."""
+    part): files another conversation shares. One read of the saved outputs by path per chunk
+    of names, and one of the messages that hold stored media at all (a JSON column holds the
+    text ``null`` on most rows, so the media test is on the text)."""
     wanted = sorted(names)
     shared: set[str] = set()
     if not wanted:
@@ -150,12 +152,9 @@ def shared_files(engine: Engine, names: Iterable[str], root: Path) -> set[str]:
             by_path = {str(saved_path(root, name)): name for name in chunk}
             found = select(_m.output_path).where(_m.output_path.in_(list(by_path))).distinct()
             shared.update(by_path[row[0]] for row in connection.execute(found))
-            left = [name for name in chunk if name not in shared]
-            if not left:
-                continue
-            likes = or_(*(parts_text.like(f"%{media.REF_SCHEME}{name}%") for name in left))
-            statement = select(parts_text).where(_m.content_parts.is_not(None), likes)
-            for (value,) in connection.execute(statement):
+        if len(shared) < len(wanted):
+            stored_media = select(parts_text).where(parts_text.like(f"%{media.REF_SCHEME}%"))
+            for (value,) in connection.execute(stored_media):
                 shared.update(MEDIA_NAME_RE.findall(str(value or "")))
     return shared & set(wanted)
 
