@@ -28,6 +28,7 @@ BENCHES: tuple[str, ...] = (
     "large",
     "fidelity",
     "scale",
+    "lifecycle",
 )
 
 
