@@ -32,6 +32,7 @@ BENCHES: tuple[str, ...] = (
     "scale",
     "ui",
     "frameworks",
+    "lifecycle",
 )
 
 

@@ -22,10 +22,12 @@ import asyncio
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from core.client import Recap
+from core.recall import Recalled
 from core.request import assembly
 from core.results import CompressResult, ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from core.settings import Settings
@@ -106,6 +108,7 @@ class AsyncRecap:
         cache_breakpoints: bool | None = None,
         model: str | None = None,
         max_input_tokens: int | None = None,
+        as_of: datetime | None = None,
     ) -> assembly.AssembledRequest:
         """``Recap.assemble``: the request to send now."""
         return await self.run(
@@ -120,6 +123,7 @@ class AsyncRecap:
             cache_breakpoints=cache_breakpoints,
             model=model,
             max_input_tokens=max_input_tokens,
+            as_of=as_of,
         )
 
     async def record_usage(
@@ -154,6 +158,18 @@ class AsyncRecap:
     async def summaries(self, conversation_id: str) -> list[SummaryInfo]:
         """``Recap.summaries``: the conversation's summaries, oldest first."""
         return await self.run(self.recap.summaries, conversation_id)
+
+    async def recall(
+        self, conversation_id: str, ref: str, *, offset: int = 0, max_chars: int | None = None
+    ) -> Recalled:
+        """``Recap.recall``: the original a ``ref=REF`` names, one page of it."""
+        return await self.run(
+            self.recap.recall, conversation_id, ref, offset=offset, max_chars=max_chars
+        )
+
+    async def delete(self, conversation_id: str) -> dict[str, Any]:
+        """``Recap.delete``: the conversation and everything derived from it."""
+        return await self.run(self.recap.delete, conversation_id)
 
     def close(self) -> None:
         """Wait for running calls, then stop the pool's threads."""

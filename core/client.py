@@ -9,7 +9,8 @@ is a Celery call the host makes itself (see the README), so this module never im
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
@@ -19,6 +20,9 @@ from core.results import CompressResult, ExportedConversation, Stats, SummaryInf
 from core.settings import Settings, get_settings
 from core.storage.db import get_engine, require_schema
 from core.storage.outputs import Ingest
+
+if TYPE_CHECKING:
+    from core.recall import Recalled
 
 
 class Recap:
@@ -96,11 +100,14 @@ class Recap:
         cache_breakpoints: bool | None = None,
         model: str | None = None,
         max_input_tokens: int | None = None,
+        as_of: datetime | None = None,
     ) -> assembly.AssembledRequest:
         """The request to send now: ``.messages`` for the model, ``.tokens`` for accounting.
 
         ``model`` previews the request for another model (its window and tokenizer) without
-        changing the conversation's; ``max_input_tokens`` overrides the window for this request."""
+        changing the conversation's; ``max_input_tokens`` overrides the window for this request.
+        ``as_of`` builds the request as it was at that time (only the summaries and clearings
+        recorded by then), writing nothing."""
         return service.assemble(
             self.engine,
             conversation_id,
@@ -114,6 +121,7 @@ class Recap:
             cache_breakpoints=cache_breakpoints,
             model=model,
             max_input_tokens=max_input_tokens,
+            as_of=as_of,
         )
 
     def record_usage(
@@ -168,3 +176,25 @@ class Recap:
     def summaries(self, conversation_id: str) -> list[SummaryInfo]:
         """The conversation's summaries, oldest first."""
         return service.list_summaries(self.engine, conversation_id)
+
+    def recall(
+        self, conversation_id: str, ref: str, *, offset: int = 0, max_chars: int | None = None
+    ) -> Recalled:
+        """The original a placeholder's or summary's ``ref=REF`` names (a cleared tool output,
+        the messages a summary covers, a media part), at most ``max_chars`` (default
+        ``RECAP_RECALL_MAX_CHARS``) from ``offset`` on; ``.next_offset`` reads on. The model can
+        ask for it through the ``recap_recall`` tool (``core.recall.tool_schema()``)."""
+        from core import recall
+
+        return recall.recall(
+            self.engine, conversation_id, ref, self.settings, offset=offset, max_chars=max_chars
+        )
+
+    def delete(self, conversation_id: str) -> dict[str, Any]:
+        """Delete the conversation and everything derived from it: its messages, summaries,
+        clearings, compaction log, usage, request profile and lease, and the files saved for it
+        under ``RECAP_OUTPUT_DIR`` (a file another conversation also uses stays). A compression
+        running on it ends as skipped, writing nothing. ``NotFoundError`` for an unknown id."""
+        from core import lifecycle
+
+        return lifecycle.delete(self.engine, conversation_id, self.settings).as_dict()

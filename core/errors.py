@@ -15,6 +15,10 @@ class NotFoundError(RecapError, LookupError):
     """An unknown conversation or message."""
 
 
+class ConversationGone(NotFoundError):
+    """The conversation was deleted while a run was working on it: the run writes nothing."""
+
+
 class BudgetError(RecapError, ValueError):
     """The part of a request that must be sent does not fit the window."""
 

@@ -8,7 +8,7 @@ import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -329,6 +329,9 @@ def assemble(
     max_input_tokens: int | None = None,
     text_only: bool = False,
     cache_breakpoints: bool | None = None,
+    as_of: datetime | None = None,
+    record: bool = True,
+    reserve_tokens: int = 0,
 ) -> assembly.AssembledRequest:
     """The request the host should send now for the branch ending at ``leaf``.
 
@@ -336,10 +339,20 @@ def assemble(
     ``core.request.assembly.assemble``. The window is ``max_input_tokens`` when given, else the
     conversation's override (unless another ``model`` is named), else the model's window from
     litellm's map.
+
+    ``as_of`` builds the request as it would have been then: the branch head at that time
+    (unless ``leaf`` is given), and only the summaries and clearings recorded by then. Such a
+    request, and any with ``record=False``, writes nothing (no profile, ageing or recount).
+    ``reserve_tokens`` keeps that much more of the budget free (the timeline's stand-in for the
+    host parts it was not given). The files and media of a summarized span are listed in
+    ``forgotten_files`` after any context file left out (``core.lifecycle.span_forgotten``).
     """
     if max_input_tokens is not None and max_input_tokens <= 0:
         raise InputError(f"--max-input-tokens must be positive, got {max_input_tokens}")
     now = utcnow()
+    if as_of is not None:
+        as_of = _as_utc(as_of)
+        record = False
     try:
         with session_scope(engine) as session:
             stored_model, stored_window = reads.conversation_head(session, conversation_id)
@@ -348,9 +361,11 @@ def assemble(
             given = max_input_tokens or override
             window = tokens.context_window(target, given)
             profile = profiles.load_profile(session.connection(), conversation_id)
+            if as_of is not None and leaf is None:
+                leaf = reads.leaf_at(session, conversation_id, as_of)
 
             def limit_at(leaf_id: int | None) -> int:
-                return budget_at(leaf_id).request
+                return budget_at(leaf_id).request - max(reserve_tokens, 0)
 
             def budget_at(leaf_id: int | None) -> budgets.Budget:
                 return _request_budget(
@@ -358,11 +373,12 @@ def assemble(
                 )
 
             loaded = reads.load_request_branch(
-                session, conversation_id, leaf, None if text_only else limit_at
+                session, conversation_id, leaf, None if text_only else limit_at, as_of
             )
             plan = budget_at(loaded.branch[-1].id if loaded.branch else leaf)
-            limit = plan.request
+            limit = limit_at(loaded.branch[-1].id if loaded.branch else leaf)
             loaded, recounted = recount.refreshed(loaded, target)
+            forgotten = _span_forgotten(session, conversation_id, loaded, leaf, settings)
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
         raise
@@ -383,22 +399,25 @@ def assemble(
     )
     if request.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
         with session_scope(engine) as session:
-            loaded = reads.load_request_branch(session, conversation_id, leaf, None)
+            loaded = reads.load_request_branch(session, conversation_id, leaf, None, as_of)
         loaded, recounted = recount.refreshed(loaded, target)
         request = _assembled(
             loaded, settings, target, window, limit, given_parts, text_only, cache_breakpoints
         )
+    request = dataclasses.replace(
+        request,
+        max_output_tokens=_reply_room(target, window, request, plan.calibration),
+        truncated_tokens=request.truncated_tokens + loaded.omitted_tokens,
+        forgotten_files=[*request.forgotten_files, *forgotten],
+    )
+    if not record:
+        return request
     _record_profile(
         engine, conversation_id, parts, profile, given_parts, now, (target, loaded, request)
     )
     _record_media(engine, conversation_id, request)
     if recount.current_bases(target) == recount.current_bases(stored_model):  # not a preview
         recount.record(engine, conversation_id, recounted, request.reasoning_dropped)
-    request = dataclasses.replace(
-        request,
-        max_output_tokens=_reply_room(target, window, request, plan.calibration),
-        truncated_tokens=request.truncated_tokens + loaded.omitted_tokens,
-    )
     if request.truncated:
         _log_truncation(conversation_id, request)
     return request
@@ -414,6 +433,29 @@ def _reply_room(
     if isinstance(most, int | float) and most > 0:
         room = min(room, int(most))
     return room
+
+
+def _as_utc(moment: datetime) -> datetime:
+    """A moment in UTC (a naive one is taken as UTC), as every stored time is."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def _span_forgotten(
+    session: Any,
+    conversation_id: str,
+    loaded: reads.RequestBranch,
+    leaf: int | None,
+    settings: Settings,
+) -> list[str]:
+    """The files and media of the span the applicable summary covers, for ``forgotten_files``
+    (``core.lifecycle.span_forgotten``); none without a summary."""
+    if loaded.summary is None:
+        return []
+    from core.lifecycle import span_forgotten
+
+    return span_forgotten(session, conversation_id, loaded.summary, leaf, settings.output_dir)
 
 
 def _assembled(

@@ -91,6 +91,16 @@ class Settings(BaseSettings):
     sweep_seconds: int = Field(default=300, ge=1)
     cleanup_seconds: int = Field(default=3_600, ge=1)
     log_prune_seconds: int = Field(default=3_600, ge=1)  # how often beat prunes the log
+    # Lifecycle (docs/lifecycle.md): conversations idle longer than this many days are deleted by
+    # beat (`recap.expire_conversations`, every expire_seconds), rows and files; unset keeps them.
+    conversation_retention_days: float | None = Field(default=None, gt=0)
+    expire_seconds: int = Field(default=3_600, ge=1)
+    # Recall (core.recall): the most characters one recall returns (a page; offset reads on).
+    recall_max_chars: int = Field(default=20_000, ge=100)
+    # `recap serve` adds the recap_recall tool upstream and answers its calls itself, at most
+    # serve_recall_max_calls rounds a turn (workers/serve/recall.py).
+    serve_recall: bool = False
+    serve_recall_max_calls: int = Field(default=3, ge=1, le=20)
     llm_timeout: float = Field(default=60, gt=0)
     max_attempts: int = Field(default=5, ge=1, le=20)
     retry_backoff_max: int = Field(default=60, ge=1)

@@ -394,6 +394,7 @@ def test_cleared_result_placeholder(
         tokens=500,
         output_path=output_path,
         file_exists=output_path not in missing,
+        ref="m3",
     )
     assert request.messages[2]["content"] == expected
     assert fragment in expected

@@ -18,6 +18,7 @@ from core.counting import tokens
 from core.errors import BudgetError
 from core.request.assembly import AssembledRequest, assemble
 from core.request.placeholders import cleared_placeholder
+from core.request.refs import message_ref, summary_note
 from core.storage.records import ClearingRec, Msg, SummaryRec
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.test_assembly import check_request
@@ -84,7 +85,7 @@ def random_case(seed: int) -> dict[str, Any]:
     if rng.random() < 0.3 and len(branch) > 2:
         cutoff = rng.choice(branch[:-1]).id
         summary = SummaryRec(7, cutoff, None, _text(rng, "summary"), 0)
-        summary = SummaryRec(7, cutoff, None, summary.text, _count_summary(summary.text))
+        summary = SummaryRec(7, cutoff, None, summary.text, _count_summary(summary.text, cutoff))
     return {
         "branch": branch,
         "clearings": clearings,
@@ -112,7 +113,7 @@ def _msg(mid: int, parent: int | None, message: dict[str, Any]) -> Msg:
 def _placeholder(message: Msg) -> dict[str, Any]:
     text = cleared_placeholder(
         tool_name=message.name, call_id=message.tool_call_id or "", tokens=message.tokens,
-        output_path=None, file_exists=True,
+        output_path=None, file_exists=True, ref=message_ref(message.id),
     )  # fmt: skip
     return {**message.to_openai(), "content": text}
 
@@ -123,8 +124,8 @@ def _clearing(message: Msg) -> ClearingRec:
     return ClearingRec(message.id, "idle", reclaimed)
 
 
-def _count_summary(text: str) -> int:
-    message = {"role": "user", "content": SUMMARY_MESSAGE_PREFIX + text}
+def _count_summary(text: str, cutoff: int) -> int:
+    message = {"role": "user", "content": SUMMARY_MESSAGE_PREFIX + text + summary_note(cutoff)}
     return tokens.count_message(message, ENCODING)
 
 

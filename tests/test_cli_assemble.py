@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
+from core.request.refs import summary_note
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.cli_helpers import assert_one_line_error, recap, recap_process
 
@@ -78,7 +79,7 @@ def test_stored_system_prompt_and_summary(imported: Engine) -> None:
     payload = recap("assemble", "c", "--max-input-tokens", "4000", "--json").json()
     contents = [m["content"] for m in payload["messages"]]
     assert contents[0] == "You are a coding agent."
-    assert contents[1] == SUMMARY_MESSAGE_PREFIX + "Listed the files."
+    assert contents[1] == SUMMARY_MESSAGE_PREFIX + "Listed the files." + summary_note(4)
     assert contents[2:] == ["Two files: a.py and b.py.", "Thanks. Now read a.py."]
     assert payload["summary_id"] == 1
 

@@ -412,10 +412,14 @@ def test_repeated_failures_rest_the_summarizer_until_forced(harness: Harness) ->
     assert [a for a, _ in harness.log(cid)] == ["failed"] * streak + ["skipped", "summarized"]
 
 
-def test_unknown_conversation_fails_without_a_model_call(harness: Harness) -> None:
-    """A task for a conversation that does not exist ends failed, naming it."""
+def test_unknown_conversation_skips_without_a_model_call(harness: Harness) -> None:
+    """A task for a conversation that is not stored (deleted, or never stored) ends skipped,
+    naming it; an unknown leaf of a stored one still fails."""
     done = harness.compress("no-such-conversation")
-    assert done["action"] == "failed" and "no-such-conversation" in done["reason"]
+    assert done["action"] == "skipped" and "no-such-conversation" in done["reason"]
+    cid = harness.new(turns=2)
+    leaf = harness.compress(cid, leaf_message_id=999_999)
+    assert leaf["action"] == "failed" and "999999" in leaf["reason"]
     assert harness.server.requests == []
 
 

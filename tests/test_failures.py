@@ -225,12 +225,13 @@ def test_skipped_and_busy_runs_stay_success(harness: Harness) -> None:
     assert done["reason"].startswith("under the trigger")
 
 
-def test_unknown_conversation_is_a_failure_naming_it(harness: Harness) -> None:
-    """A task for a conversation that does not exist ends FAILURE, naming it."""
+def test_unknown_conversation_is_skipped_naming_it(harness: Harness) -> None:
+    """A task for a conversation that is not stored (deleted since it was enqueued, or never
+    stored) ends as skipped, naming it, and writes nothing."""
     result = _send("no-such-conversation")
-    error = result.get(timeout=RESULT_TIMEOUT, propagate=False)
-    assert result.state == "FAILURE" and isinstance(error, CompressionFailed)
-    assert "no-such-conversation" in str(error)
+    done = result.get(timeout=RESULT_TIMEOUT)
+    assert result.state == "SUCCESS" and done["action"] == "skipped"
+    assert "no-such-conversation" in done["reason"]
 
 
 def test_reconcile_still_picks_up_a_failed_conversation(harness: Harness) -> None:

@@ -25,6 +25,7 @@ from core.decision.toolresults import (
     trim_arguments,
 )
 from core.request.placeholders import cleared_placeholder
+from core.request.refs import message_ref
 from core.storage.records import ClearingRec, Msg
 from tests.conftest import DATA_FILES, load_data
 
@@ -298,6 +299,7 @@ def test_placeholder_bound_never_understates_the_placeholder() -> None:
                 if message["role"] != "tool":
                     continue
                 size = len(message["content"] or "") + 7
+                ref = message_ref(10 ** (size % 19) + size)  # the recall reference, any size
                 for saved, exists in ((None, True), (path, True), (path, False)):
                     text = cleared_placeholder(
                         tool_name=message.get("name"),
@@ -305,6 +307,7 @@ def test_placeholder_bound_never_understates_the_placeholder() -> None:
                         tokens=size,
                         output_path=saved,
                         file_exists=exists,
+                        ref=ref,
                     )
                     rendered = {**message, "content": text}
                     bound = placeholder_tokens_bound(

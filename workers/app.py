@@ -52,6 +52,7 @@ TASK_ROUTES = {
     "recap.reconcile": {"queue": MAINTENANCE_QUEUE},
     "recap.prune_compaction_log": {"queue": MAINTENANCE_QUEUE},
     "recap.recount_tokens": {"queue": MAINTENANCE_QUEUE},
+    "recap.expire_conversations": {"queue": MAINTENANCE_QUEUE},
 }
 
 
@@ -161,6 +162,7 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
         "cleanup-truncated-outputs": ("recap.cleanup_truncated_outputs", settings.cleanup_seconds),
         "reconcile": ("recap.reconcile", settings.reconcile_seconds),
         "prune-compaction-log": ("recap.prune_compaction_log", settings.log_prune_seconds),
+        "expire-conversations": ("recap.expire_conversations", settings.expire_seconds),
     }
     return {
         key: {"task": task, "schedule": float(every), "options": {"expires": float(every)}}
@@ -218,7 +220,7 @@ def create_app(settings: Settings | None = None) -> Celery:
     patches.apply()
     celery = Celery("recap", task_cls=RecapTask)
     celery.conf.update(celery_config(settings or get_settings()))
-    celery.conf.imports = ("workers.tasks", "workers.maintenance")
+    celery.conf.imports = ("workers.tasks", "workers.maintenance", "workers.lifecycle")
     return celery
 
 

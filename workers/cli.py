@@ -9,7 +9,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -18,6 +18,7 @@ from typer.core import TyperGroup
 
 from core.errors import RecapError
 from core.storage.limits import INT32_MAX, MESSAGE_ID_MAX, TOKENS_MAX
+from workers import moments
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -111,6 +112,14 @@ LeafOption = Annotated[
 ]
 WindowOption = Annotated[int | None, typer.Option(help="Window override (tokens).", **WINDOW)]
 MAX_DAYS = 36_500  # a hundred years: any longer retention or idle time is a typo
+AsOfOption = Annotated[
+    datetime | None,
+    typer.Option(
+        "--as-of",
+        help="As of this ISO 8601 time: only summaries and clearings recorded by then.",
+        parser=moments.parse_moment,
+    ),
+]
 
 
 def finite(low: float, high: float, *, open_low: bool) -> Callable[[str], float]:
@@ -537,9 +546,10 @@ def assemble(
             "default: on for Anthropic models.",
         ),
     ] = None,
+    as_of: AsOfOption = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Print the request the host would send now."""
+    """Print the request the host would send now (or would have sent at --as-of TIME)."""
     from core.request.assembly import ContextFile
 
     files = [ContextFile(str(path), _read_text(path)) for path in context_file or ()]
@@ -556,6 +566,7 @@ def assemble(
         max_input_tokens=max_input_tokens,
         text_only=text_only,
         cache_breakpoints=cache,
+        as_of=as_of,
     )
     payload = request.as_dict()
     rows = [
@@ -1015,6 +1026,9 @@ def prune_log(as_json: JsonFlag = False) -> None:
     )
     payload = result.as_dict()
     emit(payload, as_json, lambda: table("prune-log", list(payload), [list(payload.values())]))
+
+
+from workers import cli_lifecycle as _lifecycle  # noqa: E402,F401  (registers its commands)
 
 
 def main() -> None:

@@ -33,9 +33,11 @@ from sqlalchemy.exc import DBAPIError
 from core.counting import tokens
 from core.decision import policy
 from core.decision.toolresults import ClearingPlan
+from core.errors import ConversationGone, NotFoundError
 from core.redact import known_secrets, redact
+from core.request.refs import summary_note
 from core.settings import Settings
-from core.storage import lease, sweep
+from core.storage import lease, store, sweep
 from core.storage import snapshot as snapshots
 from core.storage.db import session_scope
 from core.storage.models import CompactionLog, table_of, utcnow
@@ -176,6 +178,8 @@ def with_text(engine: Engine, conversation_id: str, split: Split) -> Split:
     ids = [m.id for m in (*split.older, *split.recent)]
     with session_scope(engine) as session:
         rows = snapshots.load_contents(session, conversation_id, ids)
+    if len(rows) < len(set(ids)):  # deleted since the snapshot was read
+        raise ConversationGone(f"conversation {conversation_id!r} was deleted")
     return Split(
         tuple(rows[m.id] for m in split.older),
         tuple(rows[m.id] for m in split.recent),
@@ -190,6 +194,8 @@ def clearing_step(
     if not plan:
         return 0, 0
     with session_scope(engine) as session:
+        if not store.lock_conversation(session, conversation_id):
+            raise ConversationGone(f"conversation {conversation_id!r} was deleted")
         applied = sweep.apply_clearings(session, conversation_id, plan, now=now)
     return applied.cleared, applied.tokens_reclaimed
 
@@ -249,9 +255,8 @@ def _validated(
 ) -> PassResult:
     clearings = snapshot.clearings
     encoding = tokens.encoding_name_for(snapshot.model)
-    summary_tokens = tokens.count_message(
-        {"role": "user", "content": SUMMARY_MESSAGE_PREFIX + result.text}, encoding
-    )
+    sent = SUMMARY_MESSAGE_PREFIX + result.text + summary_note(split.cutoff_message_id)
+    summary_tokens = tokens.count_message({"role": "user", "content": sent}, encoding)
     replaced = (snapshot.summary.tokens if snapshot.summary else 0) + sum(
         planning.message_tokens(m, clearings) for m in split.older
     )
@@ -464,7 +469,7 @@ def compress_session(
     if held is None:
         return _busy(run, started)
     try:
-        outcome = _passes(run, held, started)
+        outcome = _passes_unless_deleted(run, held, started)
     except BaseException as exc:
         _release_after_failure(run, held, exc)
         later = _db_retry(run, exc) if isinstance(exc, DBAPIError) else exc
@@ -505,6 +510,29 @@ def _passes(run: Run, held: lease.Lease, started: float) -> Outcome:
     return first
 
 
+DELETED_REASON = "the conversation was deleted during the run; nothing was written"
+
+
+def _passes_unless_deleted(run: Run, held: lease.Lease, started: float) -> Outcome:
+    """``_passes``, ending as skipped with nothing written when the conversation is deleted
+    while the run works on it (``recap delete``, the retention policy): its lease went with
+    its row, and its write transaction finds it gone (``ConversationGone``)."""
+    from core.storage.erase import conversation_exists
+
+    try:
+        return _passes(run, held, started)
+    except NotFoundError:
+        if conversation_exists(run.engine, run.conversation_id):
+            raise
+    events.log.info(
+        "compression_conversation_deleted",
+        conversation_id=run.conversation_id,
+        task_id=run.task_id,
+        duration_ms=_ms(started),
+    )
+    return Outcome("skipped", DELETED_REASON, 0, 0)
+
+
 def _merge(first: Outcome | None, later: Outcome) -> Outcome:
     """The run's result: the first pass that acted, with the latest token count."""
     if first is None:
@@ -542,6 +570,8 @@ def _log_retry_if_possible(run: Run, exc: RetryLater, started: float) -> None:
     still is)."""
     try:
         _log_retry(run, exc, started)
+    except NotFoundError:  # deleted meanwhile: no row to write, the retry will skip
+        return
     except DBAPIError as error:
         if not database_unavailable(error):
             raise

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from core.counting.tokens import UnknownModelError
-from core.errors import RecapError
+from core.errors import NotFoundError, RecapError
 from core.redact import error_text, known_secrets, redact
 from core.settings import Settings, get_settings
 from core.storage.db import dispose_engines, get_engine, size_pool
@@ -118,6 +118,8 @@ def _run(
         )
     except compress.RetryLater as exc:
         return exc
+    except NotFoundError as exc:
+        payload = _unknown(settings, conversation_id, exc)
     except (RecapError, UnknownModelError) as exc:
         reason = redact(str(exc), secrets)
         events.log.warning(
@@ -129,6 +131,22 @@ def _run(
         events.log.exception("compress_session_error", conversation_id=conversation_id)
         payload = compress.Outcome("failed", reason, 0, 0).as_dict()
     return {k: redact(v, secrets) if isinstance(v, str) else v for k, v in payload.items()}
+
+
+def _unknown(settings: Settings, conversation_id: str, exc: NotFoundError) -> dict[str, Any]:
+    """A queued run whose conversation is not stored (deleted since it was enqueued, by
+    ``recap delete`` or the retention policy) ends as skipped, writing nothing; an unknown leaf
+    of a stored conversation is still a failure."""
+    from core.storage.erase import conversation_exists
+
+    reason = redact(str(exc), known_secrets(settings))
+    if conversation_exists(engine(), conversation_id):
+        events.log.warning(
+            "compress_session_rejected", conversation_id=conversation_id, error=reason
+        )
+        return compress.Outcome("failed", reason, 0, 0).as_dict()
+    events.log.info("compress_session_unknown_conversation", conversation_id=conversation_id)
+    return compress.Outcome("skipped", f"{reason}: deleted, or never stored", 0, 0).as_dict()
 
 
 @task_received.connect

@@ -28,6 +28,7 @@ from core.counting import tokens
 from core.decision.policy import Knobs, Snapshot, decide, idle_clearing
 from core.decision.toolresults import IDLE, plan_clearings, reclaimable, tool_names
 from core.request.placeholders import cleared_placeholder
+from core.request.refs import message_ref
 from core.storage.records import ClearingRec, Msg
 
 UNCACHED_PRICE = 1.25  # writing the prompt cache costs a quarter more than plain input
@@ -142,6 +143,7 @@ class _Renderer:
                     call_id=message.tool_call_id or "",
                     tokens=message.tokens,
                     output_path=message.output_path,
+                    ref=message_ref(message.id),
                 )
             text = json.dumps(body, sort_keys=True, ensure_ascii=False)
             count = message.tokens if not cleared else tokens.count_message(body, self.encoding)

@@ -22,6 +22,7 @@ from typing import Any
 from core.counting import tokens
 from core.counting.tokens import TOKENS_PER_NAME
 from core.request.placeholders import DEFAULT_TOOL_NAME, placeholder_frames
+from core.request.refs import REF_VALUE_TOKENS
 from core.storage.records import ClearingRec, Msg
 
 # --- truncation --------------------------------------------------------------------------------
@@ -343,8 +344,9 @@ def placeholder_base_tokens(has_path: bool) -> int:
     without_path, with_path = _frame_tokens()
     frame = with_path if has_path else without_path
     role = max(tokens.count_short("tool", e) for e in (tokens.O200K, tokens.CL100K))
-    # four variable parts (tool, call id, size, path), each allowed to shift one boundary
-    return tokens.TOKENS_PER_MESSAGE + role + frame + 4 * VALUE_SLACK
+    # four variable parts (tool, call id, size, path), each allowed to shift one boundary, and
+    # the recall reference's value (core.request.refs), bounded whatever the message id
+    return tokens.TOKENS_PER_MESSAGE + role + frame + 4 * VALUE_SLACK + REF_VALUE_TOKENS
 
 
 DIGIT_RUN_BOUNDS = (10**3, 10**6, 10**9)  # tiktoken splits digits into runs of three

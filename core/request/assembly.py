@@ -39,7 +39,7 @@ from typing import Any
 
 from core.counting import media, reasoning, tokens
 from core.errors import BudgetError, InputError
-from core.request import render, shorten
+from core.request import refs, render, shorten
 from core.request.placeholders import cleared_placeholder
 from core.storage.records import ClearingRec, Msg, SummaryRec
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
@@ -496,7 +496,7 @@ def _after_cutoff(
 def _summary_part(summary: SummaryRec | None, encoding: str) -> tuple[dict[str, Any] | None, int]:
     if summary is None:
         return None, 0
-    text = SUMMARY_MESSAGE_PREFIX + summary.text
+    text = SUMMARY_MESSAGE_PREFIX + summary.text + refs.summary_note(summary.cutoff_message_id)
     return {"role": ADDED_ROLE, "content": text}, _count(ADDED_ROLE, text, encoding)
 
 
@@ -706,6 +706,7 @@ def _render(
             tokens=item.tokens,
             output_path=item.output_path,
             file_exists=item.output_path not in missing_outputs,
+            ref=refs.message_ref(item.id),
         )
     return out
 

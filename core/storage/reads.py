@@ -13,6 +13,7 @@ import json
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Select, Text, and_, bindparam, func, or_, select, type_coerce
@@ -104,17 +105,20 @@ def load_request_branch(
     conversation_id: str,
     leaf: int | None,
     budget: int | Callable[[int], int] | None,
+    as_of: datetime | None = None,
 ) -> RequestBranch:
     """The branch ending at ``leaf`` (default: the latest message), without the oldest messages
     after the cutoff that no request within ``budget`` tokens can hold (None: read them all).
     ``budget`` may be a function of the branch's leaf id (the calibration is weighted by how far
-    the branch moved past its reading), asked once the leaf is known."""
+    the branch moved past its reading), asked once the leaf is known. With ``as_of``, only the
+    summaries and clearings recorded by then apply."""
     connection = session.connection()
     path = branch_path(connection, conversation_id, leaf)
     if callable(budget):
         budget = budget(path[-1]) if path else None
-    summary = applicable_summary(store.load_summaries(session, conversation_id), set(path))
-    clearings = store.load_clearings(session, conversation_id)
+    summaries = store.load_summaries(session, conversation_id, as_of)
+    summary = applicable_summary(summaries, set(path))
+    clearings = store.load_clearings(session, conversation_id, as_of)
     rows = _Rows(connection, conversation_id)
     if not path:
         return RequestBranch(branch=[], summary=summary, clearings=clearings, omitted=[])
@@ -179,6 +183,42 @@ def load_whole_branch(
         omitted=[],
         bases={mid: rows.by_id[mid][BASIS] for mid in path},
     )
+
+
+def leaf_at(session: Session, conversation_id: str, moment: datetime) -> int:
+    """The newest message of the conversation stored at or before ``moment`` (the branch head
+    then), or a ``NotFoundError``."""
+    conversation_head(session, conversation_id)
+    m = MESSAGES.c
+    statement = select(func.max(m.id)).where(
+        m.conversation_id == conversation_id, m.created_at <= moment
+    )
+    leaf = session.connection().execute(statement).scalar()
+    if leaf is None:
+        raise NotFoundError(
+            f"conversation {conversation_id!r} has no message at or before {moment.isoformat()}"
+        )
+    return int(leaf)
+
+
+def span_files(
+    session: Session, conversation_id: str, path: list[int], cutoff: int
+) -> list[tuple[int, str | None, Any]]:
+    """The messages of the branch ``path`` up to ``cutoff`` that name a saved file or hold
+    media: (id, output path, content parts). One range read of those rows' file columns."""
+    m = MESSAGES.c
+    statement = select(m.id, m.output_path, type_coerce(m.content_parts, Text)).where(
+        m.conversation_id == conversation_id,
+        m.id <= cutoff,
+        or_(m.output_path.is_not(None), m.content_parts.is_not(None)),
+    )
+    on_path = set(path)
+    rows = session.connection().execute(statement)
+    return [
+        (int(row[0]), row[1], _json_value(row[2]))
+        for row in rows
+        if row[0] in on_path and (row[1] is not None or _holds_media(row[2]))
+    ]
 
 
 def branch_path(connection: Connection, conversation_id: str, leaf: int | None) -> list[int]:

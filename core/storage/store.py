@@ -353,6 +353,21 @@ def _lock_for_append(session: Session, conversation_id: str, parent_id: int | No
     return str(model)
 
 
+def lock_conversation(session: Session, conversation_id: str, *, exclusive: bool = False) -> bool:
+    """Start the session's transaction as a write holding the conversation's lock, as an append
+    does (SQLite: BEGIN IMMEDIATE; PostgreSQL: a row lock, ``FOR UPDATE`` when ``exclusive``, as a
+    delete takes it, else ``FOR KEY SHARE``, as an append takes it); whether the conversation is
+    still there. Call it first on a fresh session: a writer that must not write for a deleted
+    conversation learns it here, and a delete waits for the writers already holding it."""
+    bind = session.get_bind()
+    if isinstance(bind, Engine):
+        _hook(bind)
+    connection = session.connection(execution_options={APPEND_OPTION: True})
+    statement = sa_select(_c.id).where(_c.id == conversation_id)
+    statement = statement.with_for_update(key_share=not exclusive)
+    return connection.execute(statement).first() is not None
+
+
 def _open_calls(
     session: Session, conversation_id: str, leaf: int | None, needed: Mapping[str, int]
 ) -> tuple[int | None, dict[str, int]]:
@@ -433,9 +448,15 @@ _CLEARINGS_OF = sa_select(
 ).where(CLEARINGS.c.conversation_id == bindparam("conversation_id"))
 
 
-def load_summaries(session: Session, conversation_id: str) -> list[SummaryRec]:
-    """The conversation's summaries, oldest first."""
-    rows = session.connection().execute(_SUMMARIES_OF, {"conversation_id": conversation_id})
+def load_summaries(
+    session: Session, conversation_id: str, before: datetime | None = None
+) -> list[SummaryRec]:
+    """The conversation's summaries, oldest first (only those recorded at or before ``before``
+    when given: the request as it was then)."""
+    statement = _SUMMARIES_OF
+    if before is not None:
+        statement = statement.where(SUMMARIES.c.created_at <= before)
+    rows = session.connection().execute(statement, {"conversation_id": conversation_id})
     return [
         SummaryRec(
             id=int(row[0]),
@@ -451,9 +472,15 @@ def load_summaries(session: Session, conversation_id: str) -> list[SummaryRec]:
     ]
 
 
-def load_clearings(session: Session, conversation_id: str) -> dict[int, ClearingRec]:
-    """The cleared tool results of the conversation, by message id."""
-    rows = session.connection().execute(_CLEARINGS_OF, {"conversation_id": conversation_id})
+def load_clearings(
+    session: Session, conversation_id: str, before: datetime | None = None
+) -> dict[int, ClearingRec]:
+    """The cleared tool results of the conversation, by message id (only those recorded at or
+    before ``before`` when given)."""
+    statement = _CLEARINGS_OF
+    if before is not None:
+        statement = statement.where(CLEARINGS.c.created_at <= before)
+    rows = session.connection().execute(statement, {"conversation_id": conversation_id})
     return {int(row[0]): ClearingRec(int(row[0]), row[1], int(row[2])) for row in rows}
 
 

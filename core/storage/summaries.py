@@ -19,7 +19,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from core.decision.toolresults import ClearingPlan
-from core.storage import compaction_log, sweep
+from core.errors import ConversationGone
+from core.storage import compaction_log, store, sweep
 from core.storage.db import session_scope
 from core.storage.lease import Lease, release_on
 from core.storage.models import SUMMARIES
@@ -84,9 +85,12 @@ def write_run(
     means another run wrote it), then, when it is new, the ``clear_after`` plan, the log row
     ``log_row`` makes of what was written (``compaction_log.record_run``), and the lease let go
     with ``last_compacted_at`` set (or kept when the conversation turned dirty: see
-    ``lease.release_on``; ``force_release`` lets go anyway)."""
+    ``lease.release_on``; ``force_release`` lets go anyway). Raises ``ConversationGone``,
+    having written nothing, when the conversation was deleted meanwhile."""
     written = Written()
     with session_scope(engine) as session:
+        if not store.lock_conversation(session, conversation_id):
+            raise ConversationGone(f"conversation {conversation_id!r} was deleted")
         connection = session.connection()
         if summary is not None:
             new_id = insert_summary(connection, summary)

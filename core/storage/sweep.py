@@ -30,6 +30,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session
 
@@ -303,16 +304,22 @@ def sweep_idle(
     knobs = Knobs.from_settings(settings)  # the decision's own knobs (``policy.idle_clearing``)
     seen: set[str] = set()
     while max_batches is None or result.batches < max_batches:
-        with session_scope(engine) as session:
-            batch = sweep_batch(
-                session,
-                now=now,
-                idle_minutes=knobs.idle_minutes if idle_minutes is None else idle_minutes,
-                keep_last=knobs.idle_keep_tool_results,
-                protected=knobs.protected_tools,
-                batch_size=settings.sweep_batch_size,
-                after_id=result.last_message_id,
-            )
+        for attempt in range(2):  # a conversation deleted under the batch fails its insert once
+            try:
+                with session_scope(engine) as session:
+                    batch = sweep_batch(
+                        session,
+                        now=now,
+                        idle_minutes=knobs.idle_minutes if idle_minutes is None else idle_minutes,
+                        keep_last=knobs.idle_keep_tool_results,
+                        protected=knobs.protected_tools,
+                        batch_size=settings.sweep_batch_size,
+                        after_id=result.last_message_id,
+                    )
+                break
+            except IntegrityError:
+                if attempt:
+                    raise
         result.batches += 1
         result.cleared += batch.cleared
         result.tokens_reclaimed += batch.tokens_reclaimed

@@ -22,7 +22,7 @@ from core.errors import BudgetError
 from core.redact import error_text, known_secrets, redact
 from core.settings import Settings
 from core.storage.outputs import Ingest
-from workers.serve import history, upstream
+from workers.serve import history, recall, upstream
 from workers.serve.errors import ServeError, context_too_long
 
 log = structlog.get_logger(__name__)
@@ -70,6 +70,8 @@ class Turn:
     params: dict[str, Any]
     leaf_id: int | None = None
     sent: list[dict[str, Any]] = field(default_factory=list)
+    room: int = 0  # tokens the assembled request leaves of its budget (workers.serve.recall)
+    usage_response: Any = None  # the reply whose usage is recorded, when not the final one
 
 
 class Turns:
@@ -103,11 +105,15 @@ class Turns:
         turn.leaf_id = mapped.leaf_id
         try:
             assembled = self.recap.recap.assemble(
-                turn.conversation_id, leaf=turn.leaf_id, system=turn.system, tools=turn.tools
+                turn.conversation_id, leaf=turn.leaf_id, system=turn.system, tools=self._tools(turn)
             )
         except BudgetError:
             return mapped, None
+        turn.room = assembled.budget - assembled.tokens.total
         return mapped, assembled.messages
+
+    def _tools(self, turn: Turn) -> list[dict[str, Any]] | None:
+        return recall.tools_for(turn.tools, self.settings)
 
     async def assemble(self, turn: Turn) -> list[dict[str, Any]]:
         """Recap's request for the branch, compressing once if it does not fit."""
@@ -129,12 +135,20 @@ class Turns:
 
     async def _assemble(self, turn: Turn) -> list[dict[str, Any]]:
         assembled = await self.recap.assemble(
-            turn.conversation_id, leaf=turn.leaf_id, system=turn.system, tools=turn.tools
+            turn.conversation_id, leaf=turn.leaf_id, system=turn.system, tools=self._tools(turn)
         )
+        turn.room = assembled.budget - assembled.tokens.total
         return assembled.messages
 
     async def call(self, turn: Turn, *, stream: bool) -> Any:
         """The upstream reply (or stream); a context overflow compresses once and retries."""
+        if recall.enabled(self.settings, stream):
+            return await recall.call_with_recall(self, turn)
+        return await self.call_once(turn, stream=stream)
+
+    async def call_once(self, turn: Turn, *, stream: bool) -> Any:
+        """One upstream reply (or stream) for ``turn.sent``; a context overflow compresses once
+        and retries."""
         try:
             return await self.upstream.complete(turn.model, turn.sent, turn.params, stream=stream)
         except Exception as exc:
@@ -192,7 +206,7 @@ class Turns:
         )
 
     def _record_usage(self, turn: Turn, response: Any) -> None:
-        usage = upstream.usage_of(response)
+        usage = upstream.usage_of(turn.usage_response or response)
         if usage is not None:
             prompt, completion, cached = usage
             self.recap.recap.record_usage(

@@ -1,0 +1,233 @@
+"""A conversation's lifecycle for hosts and the CLI: erasure, retention and the listing.
+
+``delete`` removes a conversation and everything derived from it (``core.storage.erase``);
+``expire`` applies ``RECAP_CONVERSATION_RETENTION_DAYS``; ``conversations`` lists one page of
+conversations with their size, last activity and context pressure (``core.service``'s stats).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from core import service
+from core.counting import media
+from core.errors import InputError, NotFoundError
+from core.request import timeline as timelines
+from core.request.assembly import stored_prompt
+from core.request.refs import message_ref, span_ref
+from core.service import conversation_stats
+from core.settings import Settings
+from core.storage import erase, reads, store
+from core.storage import profile as profiles
+from core.storage.db import session_scope
+from core.storage.models import utcnow
+from core.storage.records import Msg, SummaryRec
+
+EXPIRE_BATCH = 100  # conversations one retention run deletes before it re-enqueues itself
+MAX_PAGE = 1_000  # the largest page ``conversations`` returns
+
+
+def delete(engine: Engine, conversation_id: str, settings: Settings) -> erase.Deleted:
+    """Delete the conversation: every row and its own saved files (``NotFoundError`` if none)."""
+    done = erase.delete_conversation(engine, conversation_id, settings.output_dir)
+    assert done is not None  # only a retention delete (idle_before) can leave it
+    return done
+
+
+def expire(
+    engine: Engine,
+    settings: Settings,
+    *,
+    now: datetime | None = None,
+    retention_days: float | None = None,
+    limit: int | None = None,
+) -> erase.Expired:
+    """Delete up to ``limit`` (default ``EXPIRE_BATCH``) conversations idle longer than the
+    retention (the setting unless given); nothing when no retention is set."""
+    days = settings.conversation_retention_days if retention_days is None else retention_days
+    if days is None:
+        return erase.Expired()
+    if days <= 0:
+        raise InputError(f"the retention must be a positive number of days, got {days:g}")
+    idle_before = (now or utcnow()) - timedelta(days=days)
+    batch = EXPIRE_BATCH if limit is None else limit
+    return erase.expire_idle(engine, settings.output_dir, idle_before=idle_before, limit=batch)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationInfo:
+    """One conversation as ``recap conversations`` lists it."""
+
+    id: str
+    model: str
+    messages: int
+    tokens: int  # stored tokens of all its messages (every branch)
+    created_at: str
+    last_activity_at: str
+    pressure: float | None  # the branch head's history over its room (``recap stats``)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "model": self.model,
+            "messages": self.messages,
+            "tokens": self.tokens,
+            "created_at": self.created_at,
+            "last_activity_at": self.last_activity_at,
+            "pressure": self.pressure,
+        }
+
+
+def conversations(
+    engine: Engine,
+    settings: Settings,
+    *,
+    idle_days: float | None = None,
+    after: str | None = None,
+    limit: int = 50,
+    now: datetime | None = None,
+) -> tuple[list[ConversationInfo], str | None]:
+    """One page of conversations (id order, after the cursor ``after``), idle longer than
+    ``idle_days`` when given; the cursor of the next page (None on the last)."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InputError(f"--limit must be between 1 and {MAX_PAGE}, got {limit}")
+    if idle_days is not None and idle_days < 0:
+        raise InputError(f"--idle-days must not be negative, got {idle_days:g}")
+    idle_before = None
+    if idle_days is not None:
+        idle_before = (now or utcnow()) - timedelta(days=idle_days)
+    rows, following = erase.list_conversations(
+        engine, after=after, limit=limit, idle_before=idle_before
+    )
+    return [_info(engine, settings, row) for row in rows], following
+
+
+def _info(engine: Engine, settings: Settings, row: erase.ConversationRow) -> ConversationInfo:
+    pressure: float | None = None
+    if row.messages:
+        try:
+            pressure = conversation_stats(engine, row.id, settings).pressure
+        except NotFoundError:  # deleted since the page was read
+            pressure = None
+    return ConversationInfo(
+        id=row.id,
+        model=row.model,
+        messages=row.messages,
+        tokens=row.tokens,
+        created_at=row.created_at.isoformat() if row.created_at else "",
+        last_activity_at=row.last_activity_at.isoformat() if row.last_activity_at else "",
+        pressure=pressure,
+    )
+
+
+# --- the files of a summarized span --------------------------------------------------------------
+
+SPAN_CACHE_SIZE = 1_024  # summaries whose span's files are kept listed in this process
+_span_cache: OrderedDict[tuple[str, str, int, int, str], tuple[tuple[str, ...], ...]] = (
+    OrderedDict()
+)
+_span_lock = threading.Lock()
+
+
+def span_forgotten(
+    session: Session,
+    conversation_id: str,
+    summary: SummaryRec,
+    leaf: int | None,
+    root: Path,
+) -> list[str]:
+    """What the model can no longer see of the span ``summary`` covers: the saved files of its
+    cut tool outputs and arguments (as recorded: one may have expired since) and the names of
+    its media.
+
+    The span (root to cutoff) never changes, so it is read once per summary and process (one
+    read of the span's rows that name a file or hold media), and a request pays a lookup."""
+    del leaf, root  # the span is the path to the cutoff, whatever branch continues it
+    key = (
+        str(session.connection().engine.url),
+        conversation_id,
+        summary.id,
+        summary.cutoff_message_id,
+        summary.created_at.isoformat() if summary.created_at else "",
+    )
+    with _span_lock:
+        listed = _span_cache.get(key)
+    if listed is None:
+        path = reads.branch_path(session.connection(), conversation_id, summary.cutoff_message_id)
+        rows = reads.span_files(session, conversation_id, path, summary.cutoff_message_id)
+        files = tuple(str(p) for _, p, _ in rows if p)
+        names = tuple(n for _, _, parts in rows if parts for n in media.names(parts))
+        listed = (files, names)
+        with _span_lock:
+            _span_cache[key] = listed
+            while len(_span_cache) > SPAN_CACHE_SIZE:
+                _span_cache.popitem(last=False)
+    files, names = listed
+    return [*dict.fromkeys(files), *dict.fromkeys(names)]
+
+
+# --- the timeline --------------------------------------------------------------------------------
+
+
+def timeline(
+    engine: Engine,
+    conversation_id: str,
+    settings: Settings,
+    *,
+    leaf: int | None = None,
+    as_of: datetime | None = None,
+) -> timelines.Timeline:
+    """Each message of the branch ending at ``leaf`` with its state in the request now (or as
+    of ``as_of``), and each summary with its span (``core.request.timeline``).
+
+    The request is ``assemble``'s own, writing nothing, with as much of the budget kept free as
+    the host's last request spent beside the stored system prompt (tools, reminder, context
+    files, its own system prompt): the timeline is not given those parts, only their sizes."""
+    with session_scope(engine) as session:
+        if as_of is not None and leaf is None:
+            leaf = reads.leaf_at(session, conversation_id, _utc(as_of))
+        whole = reads.load_whole_branch(session, conversation_id, leaf)
+        moment = _utc(as_of) if as_of is not None else None
+        summaries = store.load_summaries(session, conversation_id, moment)
+        clearings = store.load_clearings(session, conversation_id, moment)
+        profile = profiles.load_profile(session.connection(), conversation_id)
+    reserve = _host_parts(profile, whole.branch)
+    request = service.assemble(
+        engine,
+        conversation_id,
+        settings,
+        leaf=leaf,
+        as_of=as_of,
+        record=False,
+        reserve_tokens=reserve,
+    )
+    return timelines.derive(
+        whole.branch,
+        request,
+        summaries=summaries,
+        clearings=clearings,
+        refs={m.id: message_ref(m.id) for m in whole.branch},
+        summary_refs={s.id: span_ref(s.cutoff_message_id) for s in summaries},
+    )
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _host_parts(profile: profiles.Profile | None, branch: list[Msg]) -> int:
+    """Tokens the host's last request spent beside the stored history and prompt."""
+    if profile is None or profile.parts is None:
+        return 0
+    parts = profile.parts
+    root = stored_prompt(branch)
+    own_system = max(parts.system - (root.tokens if root is not None else 0), 0)
+    return parts.tools + parts.reminder + parts.context + own_system

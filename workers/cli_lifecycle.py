@@ -1,0 +1,167 @@
+"""The lifecycle commands of ``recap``: ``delete``, ``conversations``, ``expire``, ``timeline``,
+``recall``.
+
+They register on ``workers.cli.app`` when ``workers.cli`` imports this module (at its end), and
+use its helpers: one clear line on stderr for bad input, ``--json`` for one JSON object.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from workers.cli import (
+    MAX_DAYS,
+    AsOfOption,
+    JsonFlag,
+    LeafOption,
+    app,
+    emit,
+    engine,
+    fail,
+    finite,
+    handles_errors,
+    settings,
+    table,
+)
+
+IdleDays = Annotated[
+    float | None,
+    typer.Option(
+        "--idle-days",
+        help="Only conversations idle longer than this many days.",
+        parser=finite(0, MAX_DAYS, open_low=False),
+    ),
+]
+
+
+@app.command()
+@handles_errors
+def delete(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: this cannot be undone.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete a conversation and everything derived from it (rows and saved files)."""
+    if not yes:
+        fail(f"recap delete removes conversation {conversation!r} for good; add --yes to confirm")
+    from core import lifecycle
+
+    payload = lifecycle.delete(engine(), conversation, settings()).as_dict()
+    rows = payload.pop("rows")
+    emit(
+        {**payload, "rows": rows},
+        as_json,
+        lambda: typer.echo(
+            f"deleted {conversation}: {payload['messages']} messages, "
+            f"{sum(rows.values())} rows, {payload['files']} files ({payload['bytes']} bytes)"
+        ),
+    )
+
+
+@app.command()
+@handles_errors
+def conversations(
+    idle_days: IdleDays = None,
+    after: Annotated[
+        str | None, typer.Option(help="Start after this conversation id (the previous `next`).")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Conversations per page.", min=1, max=1_000)] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """List conversations (id order, one page): messages, tokens, last activity, pressure."""
+    from core import lifecycle
+
+    rows, following = lifecycle.conversations(
+        engine(), settings(), idle_days=idle_days, after=after, limit=limit
+    )
+    listed = [row.as_dict() for row in rows]
+    columns = ["id", "messages", "tokens", "last_activity_at", "pressure"]
+
+    def human() -> None:
+        table("conversations", columns, [[r[c] for c in columns] for r in listed])
+        if following is not None:
+            typer.echo(f"more: recap conversations --after {following}")
+
+    emit({"conversations": listed, "next": following}, as_json, human)
+
+
+@app.command()
+@handles_errors
+def expire(
+    retention_days: Annotated[
+        float | None,
+        typer.Option(
+            help="Days of idleness (default: RECAP_CONVERSATION_RETENTION_DAYS).",
+            parser=finite(0, MAX_DAYS, open_low=True),
+        ),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: this cannot be undone.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete the conversations idle longer than the retention now (the beat task's work)."""
+    from core import lifecycle
+
+    current = settings()
+    if retention_days is None and current.conversation_retention_days is None:
+        fail("no retention: set RECAP_CONVERSATION_RETENTION_DAYS or give --retention-days")
+    if not yes:
+        fail("recap expire deletes idle conversations for good; add --yes to confirm")
+    total = {"deleted": 0, "messages": 0, "files": 0, "bytes": 0}
+    while True:
+        done = lifecycle.expire(engine(), current, retention_days=retention_days)
+        for key in total:
+            total[key] += done.as_dict()[key]
+        if not done.more or not done.conversations:
+            break
+    emit(total, as_json, lambda: table("expire", list(total), [list(total.values())]))
+
+
+@app.command()
+@handles_errors
+def timeline(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    leaf: LeafOption = None,
+    as_of: AsOfOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Each message of the branch with its state in the request now, and each summary's span."""
+    from core import lifecycle
+
+    view = lifecycle.timeline(engine(), conversation, settings(), leaf=leaf, as_of=as_of)
+    payload = view.as_dict()
+    columns = ["id", "role", "state", "tokens", "sent_tokens", "ref"]
+
+    def human() -> None:
+        rows = [[m.get(c, "") for c in columns] for m in payload["messages"]]
+        table(f"timeline of {conversation}", columns, rows)
+        for s in payload["summaries"]:
+            typer.echo(
+                f"summary {s['id']}: messages {s['first_message_id']}..{s['cutoff_message_id']} "
+                f"({s['messages']} messages, {s['tokens']} tokens){' [sent]' if s['sent'] else ''}"
+            )
+
+    emit(payload, as_json, human, verbatim=True)
+
+
+@app.command()
+@handles_errors
+def recall(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    ref: Annotated[str, typer.Argument(help="The reference a placeholder or summary names.")],
+    offset: Annotated[int, typer.Option(help="Characters to skip.", min=0)] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print the original a placeholder or summary names (ref=m42, ref=s17, ref=m42.1)."""
+    from core import recall as recalls
+
+    found = recalls.recall(engine(), conversation, ref, settings(), offset=offset)
+    payload = found.as_dict()
+
+    def human() -> None:
+        typer.echo(found.text)
+        if found.next_offset is not None:
+            typer.echo(f"[truncated: --offset {found.next_offset} reads on]")
+
+    emit(payload, as_json, human, verbatim=True)
