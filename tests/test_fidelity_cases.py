@@ -203,3 +203,22 @@ def test_a_context_error_from_the_summarizer_sends_smaller_chunks(tmp_path: Path
         assert len(second.text) < len(first.text)
     finally:
         server.stop()
+
+
+def test_a_run_reports_the_figures_stats_shows(recap: Recap) -> None:
+    """A summary under a calibration of 0.5: the run's tokens before and after are provider
+    tokens, as stats shows them (before the fix, raw estimates were taken off calibrated ones
+    and tokens_after went negative)."""
+    cid = recap.new(model="gpt-4o", max_input_tokens=20_000)
+    for turn in range(30):
+        recap.add(cid, {"role": "user", "content": f"question {turn} " + _words(200)})
+        recap.add(cid, {"role": "assistant", "content": f"answer {turn} " + _words(200)})
+    sent = recap.assemble(cid)
+    recap.record_usage(cid, prompt_tokens=sent.tokens.total // 2)
+    before = recap.stats(cid)
+    result = recap.compress(cid, force=True)
+    assert result["action"] == "summarized", result
+    after = recap.stats(cid)
+    assert abs(result["tokens_before"] - before["history"]) <= 2
+    assert 0 < result["tokens_after"] < result["tokens_before"]
+    assert abs(result["tokens_after"] - after["history"]) <= 2

@@ -19,6 +19,7 @@ database away is retried in place (``workers.dbretry``).
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -88,6 +89,7 @@ class Outcome:
     cost: float = 0.0
     error: str | None = None
     leaf_message_id: int | None = None
+    calibration: float = 1.0  # provider tokens per estimated token: tokens_* are provider tokens
 
     def as_dict(self) -> dict[str, Any]:
         """The object ``recap compress --json`` prints and the task returns."""
@@ -273,9 +275,11 @@ def _validated(
     if problem is not None:
         reason = f"summary rejected: {problem}"
         return PassResult(replace(base, action="failed", reason=reason, error=reason))
-    after = base.tokens_after - replaced + summary_tokens
+    factor = policy.budget_of(snapshot, policy.Knobs.from_settings(run.settings)).calibration
+    after = base.tokens_after - math.ceil(replaced * factor) + math.ceil(summary_tokens * factor)
     outcome = replace(
         base,
+        calibration=factor,
         action="summarized",
         reason=f"summarized {len(split.older)} messages in {max(result.calls, 1)} call(s)",
         cutoff_message_id=split.cutoff_message_id,
@@ -352,7 +356,8 @@ def _written(outcome: Outcome, written: Written, row: Mapping[str, Any] | None) 
     return replace(
         outcome,
         reason=f"{outcome.reason}, then cleared {written.cleared} old tool results",
-        tokens_after=outcome.tokens_after - written.tokens_reclaimed,
+        tokens_after=outcome.tokens_after
+        - math.ceil(written.tokens_reclaimed * outcome.calibration),
     )
 
 
