@@ -27,7 +27,7 @@ from bench.data import load_all
 from core.counting import tokens
 from core.request import render
 from core.request.assembly import assemble
-from core.storage.records import Msg
+from core.values.records import Msg
 
 MODEL = "claude-3-5-sonnet-20241022"
 WINDOW = 1_000_000  # the whole run fits: the figure is about marks, not truncation

@@ -29,7 +29,7 @@ from core.storage import erase, reads, store
 from core.storage import profile as profiles
 from core.storage.db import session_scope
 from core.storage.models import utcnow
-from core.storage.records import Msg, SummaryRec
+from core.values.records import Msg, SummaryRec
 
 EXPIRE_BATCH = 100  # conversations one retention run deletes before it re-enqueues itself
 MAX_PAGE = 1_000  # the largest page ``conversations`` returns

@@ -33,7 +33,7 @@ from core.request.assembly import stored_prompt
 from core.settings import Settings
 from core.storage import outputs, reads, snapshot, store
 from core.storage.db import session_scope
-from core.storage.records import Msg
+from core.values.records import Msg
 
 RECALL_TOOL_NAME = "recap_recall"
 SPAN_BATCH = 100  # messages of a span read per query

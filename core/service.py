@@ -28,7 +28,7 @@ from core.storage import profile as profiles
 from core.storage import snapshot as snapshots
 from core.storage.db import is_schema_missing, session_scope
 from core.storage.models import utcnow
-from core.storage.records import ClearingRec, Msg
+from core.values.records import ClearingRec, Msg
 
 Prepare = store.Preparer  # the ingest step (core.storage.outputs.Ingest)
 log = logging.getLogger("recap.assemble")

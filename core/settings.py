@@ -11,8 +11,8 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.errors import RecapError
-from core.storage.limits import INT32_MAX
 from core.summaries.prompts import DEFAULT_SUMMARY_PROMPT, PREVIOUS_SUMMARY_PLACEHOLDER
+from core.values.limits import INT32_MAX
 
 DEFAULT_BROKER_URL = "filesystem://"  # kombu's file transport: works across processes, no server
 DEFAULT_PROTECTED_TOOLS = ("todo_write", "todowrite", "todo", "update_plan", "plan", "think")

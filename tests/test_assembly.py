@@ -15,8 +15,8 @@ from core.request.assembly import GAP_NOTE, AssembledRequest, ContextFile, assem
 from core.request.branch import applicable_summary, branch_ids
 from core.request.placeholders import cleared_placeholder
 from core.request.render import NO_RESULT_TEXT
-from core.storage.records import ClearingRec, Msg, SummaryRec
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from core.values.records import ClearingRec, Msg, SummaryRec
 
 MODEL = "gpt-4o-mini"
 ENCODING = tokens.encoding_name_for(MODEL)

@@ -19,8 +19,8 @@ from core.errors import BudgetError
 from core.request.assembly import AssembledRequest, assemble
 from core.request.placeholders import cleared_placeholder
 from core.request.refs import message_ref, summary_note
-from core.storage.records import ClearingRec, Msg, SummaryRec
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from core.values.records import ClearingRec, Msg, SummaryRec
 from tests.test_assembly import check_request
 
 MODEL = "gpt-4o-mini"

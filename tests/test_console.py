@@ -20,7 +20,7 @@ from core.settings import SettingsError, get_settings, load_settings
 from core.storage.console import list_conversations
 from core.storage.db import session_scope
 from core.storage.models import CONVERSATIONS
-from core.storage.records import ClearingRec, Msg
+from core.values.records import ClearingRec, Msg
 from tests.cli_helpers import assert_one_line_error, recap, recap_process
 from tests.conftest import DATA_DIR
 from tests.processes import free_port, stop_group, wait_for
@@ -379,7 +379,7 @@ def test_the_chart_sums_what_was_sent_as_a_reference_does(seed: int) -> None:
     import random
     from datetime import UTC, datetime, timedelta
 
-    from core.storage.records import SummaryRec
+    from core.values.records import SummaryRec
     from workers.ui.chart import History, sent_then
 
     rng = random.Random(seed)

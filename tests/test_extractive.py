@@ -7,10 +7,10 @@ import json
 import pytest
 
 from core.counting import tokens
-from core.storage.records import Msg
 from core.summaries.extractive import extractive_summary, parse_sections
 from core.summaries.identifiers import identifiers_of_span, retention
 from core.summaries.prompts import EXTRACTIVE_NOTE, SUMMARY_SECTIONS
+from core.values.records import Msg
 from tests.conftest import DATA_FILES, load_data
 
 

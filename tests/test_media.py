@@ -30,10 +30,10 @@ from core.request.assembly import assemble
 from core.settings import Settings, get_settings
 from core.storage.models import CLEARINGS, MESSAGES
 from core.storage.outputs import Ingest
-from core.storage.records import Msg
 from core.summaries.extractive import extractive_summary
 from core.summaries.identifiers import identifiers_of_message
 from core.summaries.planning import render_message
+from core.values.records import Msg
 from tests.cli_helpers import assert_one_line_error, recap
 
 SCREEN = (1280, 800)  # a laptop screenshot

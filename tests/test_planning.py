@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from core.counting import tokens
-from core.storage.records import ClearingRec, Msg, SummaryRec
 from core.summaries import planning
 from core.summaries.planning import (
     build_summary_messages,
@@ -20,6 +19,7 @@ from core.summaries.planning import (
     render_message,
 )
 from core.summaries.prompts import CUTOFF_MARKER, DEFAULT_SUMMARY_PROMPT, NO_PREVIOUS_SUMMARY
+from core.values.records import ClearingRec, Msg, SummaryRec
 
 KNOBS: dict[str, Any] = dict(
     safety_margin=0.05,

@@ -21,9 +21,9 @@ from core.request.assembly import REASONING_CLEARING, assemble
 from core.settings import Settings
 from core.storage.db import session_scope
 from core.storage.models import CLEARINGS, MESSAGES
-from core.storage.records import Msg
 from core.storage.snapshot import read_snapshot
 from core.summaries.planning import request_history_tokens
+from core.values.records import Msg
 from tests.token_check import assert_counts_cover, plain_count
 
 WORDS = 500  # the block: 500 words of reasoning per assistant turn

@@ -24,8 +24,8 @@ from core.request.timeline import STATES, derive
 from core.settings import get_settings
 from core.storage.db import session_scope
 from core.storage.models import REQUEST_PROFILES
-from core.storage.records import ClearingRec, Msg, SummaryRec
 from core.storage.sweep import apply_clearings
+from core.values.records import ClearingRec, Msg, SummaryRec
 from tests.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat
 from tests.test_lifecycle import big_output, rich_conversation, tool_turn

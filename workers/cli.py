@@ -17,7 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from core.errors import RecapError
-from core.storage.limits import INT32_MAX, MESSAGE_ID_MAX, TOKENS_MAX
+from core.values.limits import INT32_MAX, MESSAGE_ID_MAX, TOKENS_MAX
 from workers import moments
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ USER_ERRORS = (RecapError,)  # settings, model and input errors all derive from 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 # Every integer option is bounded by the column it ends up in, on SQLite and PostgreSQL alike
-# (core.storage.limits): message ids are 64-bit, token counts and windows 32-bit.
+# (core.values.limits): message ids are 64-bit, token counts and windows 32-bit.
 MESSAGE_ID = {"min": 1, "max": MESSAGE_ID_MAX}
 WINDOW = {"min": 1, "max": TOKENS_MAX}
 TOKEN_COUNT = {"min": 0, "max": INT32_MAX}
@@ -429,7 +429,7 @@ def add(
 def _fields_object(text: str) -> dict[str, Any]:
     """The ``--fields`` JSON object."""
     from core.errors import InputError
-    from core.storage.limits import loads
+    from core.values.limits import loads
 
     value = loads(text, "--fields")
     if not isinstance(value, dict):
@@ -453,7 +453,7 @@ def _message_from_options(
         content = _read_text(content_file)
     message: dict[str, Any] = {"role": role, "content": content}
     if tool_calls is not None:
-        from core.storage.limits import loads
+        from core.values.limits import loads
 
         message["tool_calls"] = loads(tool_calls, "--tool-calls")
     if tool_call_id is not None:
@@ -598,7 +598,7 @@ def _read_text(path: Path) -> str:
 def _read_tools(path: Path) -> list[dict[str, Any]]:
     """Tool schemas from a JSON file: a list of objects, or an object with a ``tools`` list."""
     from core.errors import InputError
-    from core.storage.limits import loads
+    from core.values.limits import loads
 
     data = loads(_read_text(path), str(path))
     if isinstance(data, dict):

@@ -42,12 +42,12 @@ from core.storage import lease, store, sweep
 from core.storage import snapshot as snapshots
 from core.storage.db import session_scope
 from core.storage.models import CompactionLog, table_of, utcnow
-from core.storage.records import ClearingRec, Msg
 from core.storage.summaries import Written
 from core.storage.summaries import write_run as write_transaction
 from core.summaries import planning
 from core.summaries.planning import Split
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from core.values.records import ClearingRec, Msg
 from workers import events
 from workers.dbretry import DB_RETRY_MAX_SECONDS, database_unavailable, durably, first_line
 from workers.dbretry import retry_window as _window

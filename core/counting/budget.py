@@ -34,6 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.counting.tokens import CALIBRATION_MAX, CALIBRATION_MIN
+from core.values.profile import Reading
 
 # A reading older than this starts to lose weight; at the stale age it is ignored.
 CALIBRATION_FRESH = timedelta(hours=24)
@@ -109,18 +110,6 @@ def output_reserve(
         return 0
     most = model_entry.get("max_output_tokens")
     return min(setting, int(most)) if isinstance(most, int | float) and most > 0 else setting
-
-
-@dataclass(frozen=True, slots=True)
-class Reading:
-    """The latest provider reading of a conversation: Recap's count of the request it measured
-    (the one last assembled for that leaf) and the prompt tokens reported for it."""
-
-    estimated: int
-    measured: int
-    leaf_id: int | None
-    at: datetime | None
-    state: str | None = None  # the key of the request measured (``core.storage.profile.state_key``)
 
 
 def calibration_factor(reading: Reading | None, *, leaf_id: int | None, now: datetime) -> float:

@@ -29,7 +29,7 @@ from core.decision.policy import Knobs, Snapshot, decide, idle_clearing
 from core.decision.toolresults import IDLE, plan_clearings, reclaimable, tool_names
 from core.request.placeholders import cleared_placeholder
 from core.request.refs import message_ref
-from core.storage.records import ClearingRec, Msg
+from core.values.records import ClearingRec, Msg
 
 UNCACHED_PRICE = 1.25  # writing the prompt cache costs a quarter more than plain input
 CACHED_PRICE = 0.1  # reading it costs a tenth

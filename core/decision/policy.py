@@ -47,8 +47,6 @@ from core.decision.toolresults import (
     plan_clearings,
 )
 from core.request.branch import effective_history_tokens
-from core.storage.profile import Profile
-from core.storage.records import ClearingRec, Msg, SummaryRec
 from core.summaries.planning import (
     REJECTED_NOT_SMALLER,
     Split,
@@ -58,6 +56,8 @@ from core.summaries.planning import (
     plan_split,
     split_root,
 )
+from core.values.profile import Profile
+from core.values.records import ClearingRec, Msg, SummaryRec
 
 SKIP = "skip"
 REST = "rest"

@@ -23,7 +23,7 @@ from core.counting import tokens
 from core.counting.tokens import TOKENS_PER_NAME
 from core.request.placeholders import DEFAULT_TOOL_NAME, placeholder_frames
 from core.request.refs import REF_VALUE_TOKENS
-from core.storage.records import ClearingRec, Msg
+from core.values.records import ClearingRec, Msg
 
 # --- truncation --------------------------------------------------------------------------------
 

@@ -41,8 +41,8 @@ from core.counting import media, reasoning, tokens
 from core.errors import BudgetError, InputError
 from core.request import refs, render, shorten
 from core.request.placeholders import cleared_placeholder
-from core.storage.records import ClearingRec, Msg, SummaryRec
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from core.values.records import ClearingRec, Msg, SummaryRec
 
 SYSTEM_ROLES = ("system", "developer")
 # The summary, context files, forgotten-file note and reminder are user messages: every provider

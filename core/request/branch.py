@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.values.records import ClearingRec, Msg, SummaryRec
 
 
 class UnknownMessageError(LookupError):

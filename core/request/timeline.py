@@ -23,7 +23,7 @@ from typing import Any
 
 from core.counting import media
 from core.request.assembly import REASONING_CLEARING, AssembledRequest, stored_prompt
-from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.values.records import ClearingRec, Msg, SummaryRec
 
 FULL, AGED, CLEARED, SUMMARIZED, PINNED, OMITTED = (
     "full",

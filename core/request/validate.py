@@ -8,8 +8,8 @@ from typing import Any, NamedTuple
 
 from core.counting import media
 from core.errors import InputError
-from core.storage import limits
-from core.storage.records import ROLES
+from core.values import limits
+from core.values.records import ROLES
 
 KNOWN_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name", "id"}
 # Keys starting with this are Recap's own (file paths, sizes): refused in input, never stored.

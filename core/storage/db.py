@@ -166,7 +166,7 @@ def session_scope(engine: Engine) -> Iterator[Session]:
     """A short session: committed on success, rolled back on error, always closed.
 
     A value the database refuses (a number beyond its column, text it cannot hold) is an
-    ``InputError`` after the rollback, for the input checks of ``core.storage.limits`` to have
+    ``InputError`` after the rollback, for the input checks of ``core.values.limits`` to have
     missed.
     """
     session = Session(engine, expire_on_commit=False)

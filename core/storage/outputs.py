@@ -32,8 +32,8 @@ from core.decision.toolresults import (
 )
 from core.errors import InputError
 from core.settings import Settings
-from core.storage.records import Msg
 from core.storage.store import Prepared
+from core.values.records import Msg
 
 DIGEST_CHARS = 32  # 128 bits of SHA-256: collisions are out of reach, and names stay short
 SUFFIX = ".txt"

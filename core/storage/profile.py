@@ -12,20 +12,22 @@ turn pays one small read per request and no write.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from core.counting.budget import Reading
 from core.storage.models import REQUEST_PROFILES
 from core.storage.store import as_utc
-
-HASH_BYTES = 16  # 128 bits: a collision between two versions of one host's parts is not a risk
+from core.values.profile import HASH_BYTES as HASH_BYTES
+from core.values.profile import FixedParts as FixedParts
+from core.values.profile import Profile as Profile
+from core.values.profile import Reading as Reading
+from core.values.profile import Sent as Sent
+from core.values.profile import fingerprint as fingerprint
+from core.values.profile import state_key as state_key
 
 EMPTY_PARTS = {"system_tokens": 0, "tools_tokens": 0, "reminder_tokens": 0, "context_tokens": 0}
 
@@ -47,75 +49,6 @@ _ROW = select(
     P.sent_leaf_message_id,
     P.sent_state,
 ).where(P.conversation_id == bindparam("conversation_id"))
-
-
-@dataclass(frozen=True, slots=True)
-class FixedParts:
-    """Token counts of what one ``assemble`` call was given beside the history."""
-
-    system: int = 0
-    tools: int = 0
-    reminder: int = 0
-    context: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.system + self.tools + self.reminder + self.context
-
-
-@dataclass(frozen=True, slots=True)
-class Sent:
-    """The request ``assemble`` last built: Recap's count of it, its leaf and its state key."""
-
-    tokens: int
-    leaf_id: int | None
-    state: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Profile:
-    """One conversation's stored profile as plain values."""
-
-    parts: FixedParts | None  # None until the first assemble
-    content_hash: str | None
-    reserve_override: int | None
-    reading: Reading | None
-    sent: Sent | None = None
-
-
-def state_key(
-    *,
-    model: str,
-    leaf_id: int | None,
-    summary_id: int | None,
-    clearings: Collection[int],
-    content_hash: str | None,
-) -> str:
-    """A key of what a request is built from: another model, leaf, summary, a new clearing or
-    other fixed parts give another key, so a reading of one request is not taken for another.
-
-    Clearings are one-way (a message is cleared once), so their number and newest message id
-    change with every new one."""
-    newest = max(clearings) if clearings else 0
-    text = f"{model}|{leaf_id}|{summary_id}|{len(clearings)}|{newest}|{content_hash or ''}"
-    return hashlib.blake2b(
-        text.encode("utf-8", "surrogatepass"), digest_size=HASH_BYTES
-    ).hexdigest()
-
-
-def fingerprint(
-    system: str | None, tools_text: str, reminder: str | None, files: tuple[Any, ...]
-) -> str:
-    """A hash of the fixed parts' text (the tools as canonical JSON), to tell a change."""
-    digest = hashlib.blake2b(digest_size=HASH_BYTES)
-    for part in (system or "", tools_text, reminder or ""):
-        digest.update(len(part).to_bytes(8, "little"))
-        digest.update(part.encode("utf-8", "surrogatepass"))
-    for file in files:
-        for part in (file.name, file.text):
-            digest.update(len(part).to_bytes(8, "little"))
-            digest.update(part.encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()
 
 
 def load_profile(connection: Connection, conversation_id: str) -> Profile | None:

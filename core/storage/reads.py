@@ -26,7 +26,7 @@ from core.request import assembly
 from core.request.branch import applicable_summary, branch_ids
 from core.storage import store
 from core.storage.models import CONVERSATIONS, MESSAGES
-from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.values.records import ClearingRec, Msg, SummaryRec
 
 FIRST_BATCH = 256  # rows in the newest batch, and the fewest in any later one
 BATCH_SLACK = 1.1  # later batches: the rows the rest of the budget should need, plus a tenth

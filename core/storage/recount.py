@@ -37,7 +37,7 @@ from core.storage import store
 from core.storage.db import session_scope
 from core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES
 from core.storage.reads import RequestBranch
-from core.storage.records import Msg
+from core.values.records import Msg
 
 RECOUNT_BATCH = 500  # rows per transaction: a few ms of counting, a short write lock on SQLite
 

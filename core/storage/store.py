@@ -28,7 +28,6 @@ from core.request.validate import (
     check_tool_pairing,
     open_calls_from_tail,
 )
-from core.storage import limits
 from core.storage.hashing import message_hash
 from core.storage.models import (
     CLEARINGS,
@@ -39,7 +38,8 @@ from core.storage.models import (
     Usage,
     utcnow,
 )
-from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.values import limits
+from core.values.records import ClearingRec, Msg, SummaryRec
 
 MESSAGE_COLUMNS = tuple(
     MESSAGES.c[name]

@@ -13,10 +13,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from core.counting import media
-from core.storage.records import ClearingRec, Msg
 from core.summaries.identifiers import ERROR_RE, identifiers_of_span
 from core.summaries.planning import describe_calls, tool_names, trim_text
 from core.summaries.prompts import EXTRACTIVE_NOTE
+from core.values.records import ClearingRec, Msg
 
 QUOTE_CHARS = 240  # one quoted sentence or request
 GOAL_CHARS = 400  # the goal is the first request, cut here

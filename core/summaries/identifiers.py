@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from core.counting import media
-from core.storage.records import Msg
+from core.values.records import Msg
 
 MAX_COMMAND_CHARS = 120  # a longer command is kept by its first line, cut here
 UUID_DASHES = 4  # a text with fewer dashes holds no UUID

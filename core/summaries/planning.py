@@ -16,7 +16,6 @@ from typing import Any
 
 from core.counting import media
 from core.request.branch import effective_history_tokens, messages_after_cutoff
-from core.storage.records import ClearingRec, Msg, SummaryRec
 from core.summaries.prompts import (
     CUTOFF_MARKER,
     NO_PREVIOUS_SUMMARY,
@@ -24,6 +23,7 @@ from core.summaries.prompts import (
     RETENTION_REMINDER,
     SUMMARY_REMINDER,
 )
+from core.values.records import ClearingRec, Msg, SummaryRec
 
 Counter = Callable[[Mapping[str, Any]], int]
 Rendered = dict[str, str]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.aio import AsyncRecap
 from core.client import Recap
-from core.storage.limits import NAME_MAX_CHARS
+from core.values.limits import NAME_MAX_CHARS
 from recap.convert import openai_agents as convert
 from recap.integrations import _host
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from core.storage.records import ClearingRec, Msg, SummaryRec
+from core.values.records import ClearingRec, Msg, SummaryRec
 
 FULL, CLEARED, SUMMARIZED, OMITTED = "full", "cleared", "summarized", "omitted"
 PREVIEW_CHARS = 240  # the line a timeline entry shows

@@ -30,7 +30,7 @@ from core.storage import console, outputs, reads, store
 from core.storage.db import session_scope
 from core.storage.models import utcnow
 from core.storage.profile import Profile, load_profile
-from core.storage.records import Msg, SummaryRec
+from core.values.records import Msg, SummaryRec
 from workers.serve.auth import fingerprint
 from workers.ui import chart
 from workers.ui.bar import Bar, token_bar
