@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from core import inputs
 from core.counting import budget as budgets
 from core.counting import media, tokens
 from core.decision import policy
@@ -55,12 +56,10 @@ def _undone_on_error(prepare: Prepare | None) -> Iterator[Prepare | None]:
         raise
 
 
-def read_import_file(path: Path) -> list[dict[str, Any]]:
-    """Every record of an import file (JSON lines), or an ``InputError`` naming the bad line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
+def read_import_file(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """Every record of an import file (JSON lines), or an ``InputError`` naming the bad line;
+    a file over ``limit`` bytes (default ``RECAP_MAX_INPUT_BYTES``) is refused unread."""
+    text = inputs.read_text(path, get_settings().max_input_bytes if limit is None else limit)
     records = [
         parse_json_line(line, f"{path.name} line {number}")
         for number, line in enumerate(text.splitlines(), start=1)
@@ -334,12 +333,11 @@ def assemble(
         )
     )
     given_parts = (system, tools, reminder, files)
-    try:
-        request = _assembled(
-            loaded, settings, target, window, limit, given_parts, text_only, cache_breakpoints
-        )
-    finally:  # a request that does not fit still tells the decision what the host sends
-        _record_profile(engine, conversation_id, parts, profile, given_parts, now)
+    request = _assembled(
+        loaded, settings, target, window, limit, given_parts, text_only, cache_breakpoints
+    )
+    # Recorded only with a request that was assembled: a failing call changes nothing.
+    _record_profile(engine, conversation_id, parts, profile, given_parts, now)
     _record_media(engine, conversation_id, request)
     if recount.current_bases(target) == recount.current_bases(stored_model):  # not a preview
         recount.record(engine, conversation_id, recounted, request.reasoning_dropped)

@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     serve_max_input_tokens: int | None = Field(default=None, ge=1)  # window for unknown models
     # Threads for database and tokenizer work: a few more than the engine pool's 5 connections.
     serve_threads: int = Field(default=8, ge=1, le=256)
+    # Largest file or stream a command reads whole (an import, --content-file, --tools, a context
+    # file): 64 MiB is twenty times the largest test-data file and a bound on a command's memory
+    # (the parsed messages take several times their bytes).
+    max_input_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
 
     @field_validator("protected_tools", mode="before")
     @classmethod
@@ -164,6 +168,14 @@ class Settings(BaseSettings):
         from core.storage.db import url_problem
 
         problem = url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("broker_url")
+    @classmethod
+    def _known_broker(cls, value: str) -> str:
+        problem = broker_url_problem(value)
         if problem is not None:
             raise ValueError(problem)
         return value
@@ -224,6 +236,34 @@ LEASE_GRACE_SECONDS = 30  # room for the worker to notice its time limit and let
 # Seconds between a run's own deadline (the soft limit) and the hard kill; a fifth of the limit
 # when that is less, so a short limit (tests, a fast model) still leaves the run most of it.
 SOFT_LIMIT_MARGIN = 10
+
+
+# Broker schemes Recap is tested on (and ``memory://``, in-process), told apart without importing
+# kombu: a command that sends nothing stays free of it. Any other scheme is looked up in kombu's
+# own table of transports.
+BROKER_SCHEMES = frozenset(
+    {"filesystem", "memory", "redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp"}
+)
+
+
+def broker_url_problem(url: str) -> str | None:
+    """Why ``url`` names no broker kombu can use, or None when it does. Celery takes several
+    URLs separated by ``;`` (failover): each is checked."""
+    example = "expected for example filesystem://, redis://host:6379/0 or amqp://user@host//"
+    for part in (piece.strip() for piece in url.split(";")):
+        scheme, separator, _ = part.partition("://")
+        if not separator or not scheme:
+            return f"not a broker URL (no scheme://); {example}"  # the value may hold a password
+        transport = scheme.split("+", 1)[0].lower()  # redis+socket://, sqla+postgresql://
+        if transport not in BROKER_SCHEMES and not _kombu_knows(transport):
+            return f"no broker transport is called {scheme!r}; {example}"
+    return None
+
+
+def _kombu_knows(transport: str) -> bool:
+    from kombu.transport import TRANSPORT_ALIASES
+
+    return transport in TRANSPORT_ALIASES
 
 
 def load_settings(**overrides: object) -> Settings:
