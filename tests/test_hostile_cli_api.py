@@ -26,7 +26,7 @@ from core.client import Recap
 from core.errors import BudgetError, InputError
 from core.inputs import read_bytes, read_text
 from core.request import shape
-from core.settings import SettingsError, broker_url_problem, load_settings
+from core.settings import BROKER_SCHEMES, SettingsError, broker_url_problem, load_settings
 from core.storage.records import ROLES
 from tests.cli_helpers import recap, recap_process
 from tests.test_hostile_cli import snapshot
@@ -201,7 +201,7 @@ def test_check_numbers_bounds_the_depth() -> None:
         ("sentinel://host:26379", None),
         ("amqp://guest@localhost//", None),
         ("pyamqp://guest@localhost//", None),
-        ("sqs://", None),  # a kombu transport Recap does not test: still kombu's to refuse
+        ("sqs://", None),  # a kombu transport Recap does not test: kombu's to make work
         ("redis://a:6379/0;redis://b:6379/0", None),
         ("bogus://x", "'bogus'"),
         ("redis://a;nope://b", "'nope'"),
@@ -220,6 +220,13 @@ def test_broker_url_problem(url: str, problem: str | None) -> None:
     else:
         assert found is not None and problem in found
         assert "secret" not in found
+
+
+def test_every_broker_scheme_is_a_kombu_transport() -> None:
+    """The schemes core accepts (listed there: core never imports kombu) are all kombu's."""
+    from kombu.transport import TRANSPORT_ALIASES
+
+    assert {name.lower() for name in TRANSPORT_ALIASES} >= BROKER_SCHEMES
 
 
 @pytest.mark.parametrize(
