@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from core import inputs
 from core.counting import budget as budgets
 from core.counting import media, tokens
 from core.decision import policy
@@ -56,12 +57,10 @@ def _undone_on_error(prepare: Prepare | None) -> Iterator[Prepare | None]:
         raise
 
 
-def read_import_file(path: Path) -> list[dict[str, Any]]:
-    """Every record of an import file (JSON lines), or an ``InputError`` naming the bad line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
+def read_import_file(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """Every record of an import file (JSON lines), or an ``InputError`` naming the bad line;
+    a file over ``limit`` bytes (default ``RECAP_MAX_INPUT_BYTES``) is refused unread."""
+    text = inputs.read_text(path, get_settings().max_input_bytes if limit is None else limit)
     records = [
         parse_json_line(line, f"{path.name} line {number}")
         for number, line in enumerate(text.splitlines(), start=1)

@@ -132,6 +132,10 @@ class Settings(BaseSettings):
     # The web console (`recap serve` under /ui, `recap ui`): the operator's keys. A UI key sees
     # every conversation; a client key of RECAP_SERVE_KEYS sees only those it created.
     ui_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+    # Largest file or stream a command reads whole (an import, --content-file, --tools, a context
+    # file): 64 MiB is twenty times the largest test-data file and a bound on a command's memory
+    # (the parsed messages take several times their bytes).
+    max_input_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
 
     @field_validator("protected_tools", mode="before")
     @classmethod
@@ -185,6 +189,14 @@ class Settings(BaseSettings):
         from core.storage.db import url_problem
 
         problem = url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("broker_url")
+    @classmethod
+    def _known_broker(cls, value: str) -> str:
+        problem = broker_url_problem(value)
         if problem is not None:
             raise ValueError(problem)
         return value
@@ -257,6 +269,33 @@ LEASE_GRACE_SECONDS = 30  # room for the worker to notice its time limit and let
 # Seconds between a run's own deadline (the soft limit) and the hard kill; a fifth of the limit
 # when that is less, so a short limit (tests, a fast model) still leaves the run most of it.
 SOFT_LIMIT_MARGIN = 10
+
+
+# Broker schemes: the transports kombu 5 ships (``kombu.transport.TRANSPORT_ALIASES``, a test
+# keeps this a subset of it), listed here because core never imports kombu. Recap is tested on
+# filesystem, memory, redis and amqp; the rest are kombu's to make work.
+BROKER_SCHEMES = frozenset(
+    {
+        *("filesystem", "memory", "redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp"),
+        *("librabbitmq", "sqs", "slmq", "sqla", "sqlalchemy", "mongodb", "zookeeper", "etcd"),
+        *("consul", "qpid", "pyro", "azureservicebus", "azurestoragequeues", "gcpubsub"),
+        *("confluentkafka", "kafka", "pgmq"),
+    }
+)
+
+
+def broker_url_problem(url: str) -> str | None:
+    """Why ``url`` names no broker kombu can use, or None when it does. Celery takes several
+    URLs separated by ``;`` (failover): each is checked."""
+    example = "expected for example filesystem://, redis://host:6379/0 or amqp://user@host//"
+    for part in (piece.strip() for piece in url.split(";")):
+        scheme, separator, _ = part.partition("://")
+        if not separator or not scheme:
+            return f"not a broker URL (no scheme://); {example}"  # the value may hold a password
+        transport = scheme.split("+", 1)[0].lower()  # redis+socket://, sqla+postgresql://
+        if transport not in BROKER_SCHEMES:
+            return f"no broker transport is called {scheme!r}; {example}"
+    return None
 
 
 def load_settings(**overrides: object) -> Settings:

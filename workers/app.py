@@ -31,7 +31,8 @@ from kombu.entity import Exchange, Queue
 
 from core.redact import known_secrets, redact
 from core.settings import Settings, get_settings
-from workers import patches
+from core.storage import private
+from workers import filebroker, patches
 from workers.celery_types import (
     TaskHandle,
     celeryd_init,
@@ -90,7 +91,8 @@ def transport_options(settings: Settings) -> dict[str, Any]:
         folder = Path(settings.broker_folder).resolve()
         queue, control = folder / "queue", folder / "control"
         for path in (queue, control):
-            path.mkdir(parents=True, exist_ok=True)
+            private.make_folder(path)  # 0700, and .recap/ above them
+        filebroker.private_messages()
         return {
             "data_folder_in": str(queue),
             "data_folder_out": str(queue),

@@ -587,12 +587,10 @@ def assemble(
 
 
 def _read_text(path: Path) -> str:
-    from core.errors import InputError
+    """A file the command was given, within ``RECAP_MAX_INPUT_BYTES``."""
+    from core.inputs import read_text
 
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
+    return read_text(path, settings().max_input_bytes)
 
 
 def _read_tools(path: Path) -> list[dict[str, Any]]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.storage.private import make_folder
+
 DEMO_FILE = Path(__file__).parent / "data" / "demo.jsonl"
 DEMO_DIR = Path(".recap") / "demo"
 DEMO_WINDOW = 6_000  # small enough that this 62-message conversation must be compressed
@@ -84,7 +86,7 @@ def run(window: int = DEMO_WINDOW, folder: Path = DEMO_DIR, progress: Any = None
     """Replay the bundled conversation through the pipeline; one row per turn."""
     if folder.exists():
         shutil.rmtree(folder)
-    (folder / "results").mkdir(parents=True)
+    make_folder(folder / "results")
     os.environ.update(demo_environment(folder))
 
     from core import service
@@ -180,7 +182,7 @@ def write_chart(rows: list[TurnRow], window: int, path: Path) -> bool:
     axes.set_title("Request size per turn (tau-bench airline conversation)")
     axes.legend()
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     figure.savefig(path)
     plt.close(figure)
     return True

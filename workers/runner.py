@@ -109,9 +109,10 @@ def run_queues(queues: Sequence[str], *, beat: bool, extra: Sequence[str]) -> in
     become the supervisor: this process is replaced by ``python -m workers.runner``, which
     imports only what supervising needs (see ``become_supervisor``)."""
     from core.settings import get_settings
+    from core.storage.private import make_folder
 
     if beat:
-        os.makedirs(".recap", exist_ok=True)
+        make_folder(".recap")  # beat's schedule file; 0700 like every folder Recap makes
     beat_queue = MAINTENANCE_QUEUE if MAINTENANCE_QUEUE in queues else queues[0]
     commands = {
         queue: child_command(queue, beat=beat and queue == beat_queue, extra=extra)

@@ -8,8 +8,8 @@ from typing import Any, NamedTuple
 
 from core.counting import media
 from core.errors import InputError
+from core.request import shape
 from core.values import limits
-from core.values.records import ROLES
 
 KNOWN_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name", "id"}
 # Keys starting with this are Recap's own (file paths, sizes): refused in input, never stored.
@@ -17,16 +17,15 @@ DERIVED_PREFIX = "_"
 
 
 def check_message(message: Any, where: str) -> dict[str, Any]:
-    """One message's shape: a role, string/list/None content, well-formed tool calls."""
+    """One message: storable on both databases, shaped as providers accept it
+    (``core.request.shape``), its media parts and tool calls well-formed."""
     if not isinstance(message, Mapping):
         raise InputError(f"{where}: a message must be a JSON object")
     _refuse_derived(message, where)
+    _check_storable(message, where)  # first: it bounds the nesting the walks below follow
+    shape.check_shape(message, where)
     role = message.get("role")
-    if role not in ROLES:
-        raise InputError(f"{where}: unknown role {role!r} (expected one of {', '.join(ROLES)})")
     content = message.get("content")
-    if content is not None and not isinstance(content, str | list):
-        raise InputError(f"{where}: content must be a string, a list of parts, or null")
     if isinstance(content, list):
         media.check_parts(content, where)
     calls = message.get("tool_calls")
@@ -41,7 +40,6 @@ def check_message(message: Any, where: str) -> dict[str, Any]:
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
             raise InputError(f"{where}: a tool message needs a tool_call_id")
-    _check_storable(message, where)
     return dict(message)
 
 
@@ -167,6 +165,5 @@ def parse_json_line(line: str, where: str) -> dict[str, Any]:
     record = limits.loads(line, where)
     if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
         raise InputError(f"{where}: expected an object with a 'messages' list")
-    if "id" in record and not isinstance(record["id"], str | int):
-        raise InputError(f"{where}: 'id' must be a string")
+    shape.check_conversation_id(record.get("id"), f"{where}: 'id'")
     return record

@@ -23,6 +23,7 @@ from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, NoSuchModuleErr
 from sqlmodel import Session
 
 from core.errors import DatabaseUrlError, InputError, SchemaMissingError
+from core.storage import private
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # writers wait for each other instead of failing at once
 URL_SETTING = "RECAP_DATABASE_URL"
@@ -90,7 +91,7 @@ def make_engine(url: str | URL, *, create: bool = True, **kwargs: Any) -> Engine
         return create_engine(parsed, **kwargs)
     path = sqlite_file(parsed)
     if path is not None and create:
-        _make_folder(path.parent)
+        _make_private(path)
     elif path is not None:
         if not path.is_file():
             raise SchemaMissingError(f"the database {path} does not exist; {INIT_HINT}")
@@ -104,13 +105,21 @@ def make_engine(url: str | URL, *, create: bool = True, **kwargs: Any) -> Engine
     return engine
 
 
-def _make_folder(folder: Path) -> None:
+def _make_private(path: Path) -> None:
+    """The SQLite file's folders and the file itself, private to the user (0700 and 0600; SQLite
+    gives its ``-wal`` and ``-shm`` files the database file's mode) when Recap creates them."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        private.make_folder(path.parent)
     except OSError as exc:
         raise DatabaseUrlError(
-            f"{URL_SETTING}: cannot create the folder {folder} for the SQLite database "
+            f"{URL_SETTING}: cannot create the folder {path.parent} for the SQLite database "
             f"({exc.strerror or exc})"
+        ) from None
+    try:
+        private.create_file(path)
+    except OSError as exc:
+        raise DatabaseUrlError(
+            f"{URL_SETTING}: cannot create the SQLite database {path} ({exc.strerror or exc})"
         ) from None
 
 

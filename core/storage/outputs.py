@@ -32,14 +32,13 @@ from core.decision.toolresults import (
 )
 from core.errors import InputError
 from core.settings import Settings
+from core.storage import private
 from core.storage.store import Prepared
 from core.values.records import Msg
 
 DIGEST_CHARS = 32  # 128 bits of SHA-256: collisions are out of reach, and names stay short
 SUFFIX = ".txt"
 TEMP_PREFIX = ".tmp-"
-FOLDER_MODE = 0o700
-FILE_MODE = 0o600
 MEDIA_INLINE_BYTES = 32_768  # the settings' default: a thumbnail stays in the row, a screenshot not
 NAME_RE = re.compile(f"[0-9a-f]{{{DIGEST_CHARS}}}")  # the only file names Recap builds
 READ_CHUNK = 1 << 20  # bytes per read of a saved file
@@ -58,8 +57,7 @@ def digest_of(data: bytes) -> str:
 
 def _private_folder(folder: Path) -> None:
     if not folder.is_dir():
-        folder.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
-        os.chmod(folder, FOLDER_MODE)
+        private.make_folder(folder)  # the folders above it too (``.recap/``)
 
 
 @dataclass

@@ -1,0 +1,296 @@
+"""Hostile input on the command line: one stderr line, a non-zero exit, nothing changed.
+
+One row per input an unlucky operator or a hostile file gives a command: endless files
+(``/dev/zero``), files over ``RECAP_MAX_INPUT_BYTES``, an assemble that does not fit, a broker URL
+no transport knows, messages no provider accepts. Each runs against a seeded database (one
+conversation, one saved tool output, a recorded request profile) and the test compares every
+table's rows and every file under the test's folder before and after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, MetaData, select
+
+from core.settings import get_settings
+from core.storage.db import make_engine
+from tests.cli_helpers import Result, recap, recap_process
+
+FAILED = 1  # Recap's exit code for bad input it checked itself
+DB = "recap.db"
+CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+SEED = {
+    "id": "c",
+    "messages": [
+        {"role": "user", "content": "List the files. " * 40},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "saved output line\n" * 4_000},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "Now read the README, please. " * 20},
+    ],
+}
+SMALL_LIMIT = "2048"  # RECAP_MAX_INPUT_BYTES for the rows with a file just over it
+BOGUS_BROKER = {"RECAP_BROKER_URL": "bogus://x"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One bad input: the arguments, a fragment of the one stderr line, the environment."""
+
+    name: str
+    args: tuple[str, ...]
+    fragment: str
+    env: dict[str, str] = field(default_factory=dict)
+    process: bool = False  # run as a child process (the Celery app reads its broker at import)
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record) + "\n"
+
+
+def _record(*messages: dict[str, Any], cid: str = "n", **extra: Any) -> str:
+    return _line({"id": cid, "messages": list(messages), **extra})
+
+
+USER = {"role": "user", "content": "hi"}
+
+
+def _inputs(folder: Path) -> dict[str, str]:
+    """The input files the rows name, written under ``folder``; placeholders to their paths."""
+    contents = {
+        "big_text": "x" * (int(SMALL_LIMIT) + 1),
+        "big_import": _record({"role": "user", "content": "x" * int(SMALL_LIMIT)}),
+        "id_true": _line({"id": True, "messages": [USER]}),
+        "id_number": _line({"id": 5, "messages": [USER]}),
+        "id_float": _line({"id": 1.5, "messages": [USER]}),
+        "message_id_true": _record({**USER, "id": True}),
+        "message_id_list": _record({**USER, "id": ["x"]}),
+        "user_null": _record({"role": "user", "content": None}),
+        "user_missing": _record({"role": "user"}),
+        "system_null": _record({"role": "system", "content": None}),
+        "assistant_null": _record(USER, {"role": "assistant", "content": None}),
+        "assistant_empty_calls": _record(
+            USER, {"role": "assistant", "content": None, "tool_calls": []}
+        ),
+        "tool_null": _record(
+            USER,
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": None},
+        ),
+        "parts_numbers": _record({"role": "user", "content": [1, 2]}),
+        "part_unknown": _record({"role": "user", "content": [{"type": "zzz"}]}),
+        "part_no_type": _record({"role": "user", "content": [{"text": "x"}]}),
+        "part_text_missing": _record({"role": "user", "content": [{"type": "text"}]}),
+        "part_text_number": _record({"role": "user", "content": [{"type": "text", "text": 5}]}),
+        "content_object": _record({"role": "user", "content": {"weird": 1}}),
+        "big_number": _record(USER, temperature=1.5).replace("1.5", "1e999"),  # parses as inf
+        "good_then_unknown_part": _record(USER, cid="g")
+        + _record({"role": "user", "content": [{"type": "zzz"}]}),
+        "tools": json.dumps([{"type": "function", "function": {"name": "t", "parameters": {}}}]),
+    }
+    paths = {"zero": "/dev/zero"}
+    for key, text in contents.items():
+        path = folder / f"{key}.input"
+        path.write_text(text, encoding="utf-8")
+        paths[key] = str(path)
+    return paths
+
+
+def _file_rows() -> list[Row]:
+    """Endless and oversized files: one line naming the limit, read no further than it."""
+    small = {"RECAP_MAX_INPUT_BYTES": SMALL_LIMIT}
+    add_file = ("add", "c", "--role", "user", "--content-file")
+    return [
+        Row("import-dev-zero", ("import", "{zero}"), "RECAP_MAX_INPUT_BYTES"),
+        Row("content-file-dev-zero", (*add_file, "{zero}"), "RECAP_MAX_INPUT_BYTES"),
+        Row("tools-dev-zero", ("assemble", "c", "--tools", "{zero}"), "RECAP_MAX_INPUT_BYTES"),
+        Row(
+            "context-file-dev-zero",
+            ("assemble", "c", "--context-file", "{zero}"),
+            "RECAP_MAX_INPUT_BYTES",
+        ),
+        Row("replay-dev-zero", ("replay", "{zero}"), "RECAP_MAX_INPUT_BYTES"),
+        Row("import-over-limit", ("import", "{big_import}"), "RECAP_MAX_INPUT_BYTES", small),
+        Row("content-file-over-limit", (*add_file, "{big_text}"), "RECAP_MAX_INPUT_BYTES", small),
+        Row(
+            "context-file-over-limit",
+            ("assemble", "c", "--context-file", "{big_text}"),
+            "RECAP_MAX_INPUT_BYTES",
+            small,
+        ),
+    ]
+
+
+def _setting_rows() -> list[Row]:
+    """The size limit and the broker URL are checked when a command starts."""
+
+    def setting(name: str, value: str, *args: str, process: bool = False) -> Row:
+        return Row(f"{name.lower()}-{value}", args, name, {name: value}, process)
+
+    return [
+        setting("RECAP_MAX_INPUT_BYTES", "0", "import", "{big_import}"),
+        setting("RECAP_MAX_INPUT_BYTES", "-5", "add", "c", "--role", "user", "--content", "x"),
+        setting("RECAP_MAX_INPUT_BYTES", "lots", "import", "{big_import}"),
+        setting("RECAP_MAX_INPUT_BYTES", "1e3", "import", "{big_import}"),
+        setting("RECAP_BROKER_URL", "bogus://x", "compress", "c", "--enqueue", process=True),
+        setting("RECAP_BROKER_URL", "bogus://x", "reconcile", process=True),
+        setting("RECAP_BROKER_URL", "bogus://x", "retry", "c", process=True),
+        setting("RECAP_BROKER_URL", "bogus://x", "worker", "--queues", "compress", process=True),
+        setting("RECAP_BROKER_URL", "bogus://x", "worker", process=True),
+        setting("RECAP_BROKER_URL", "redis", "compress", "c", "--enqueue", process=True),
+        setting("RECAP_BROKER_URL", "", "compress", "c", "--enqueue", process=True),
+        setting("RECAP_BROKER_URL", "redis://a;nope://b", "reconcile", process=True),
+    ]
+
+
+def _assemble_rows() -> list[Row]:
+    """An assemble that fails records no request profile (the seed recorded one already)."""
+    return [
+        Row(
+            "assemble-window-below-last-turn",
+            ("assemble", "c", "--max-input-tokens", "50"),
+            "budget",
+        ),
+        Row(
+            "assemble-new-parts-do-not-fit",
+            ("assemble", "c", "--max-input-tokens", "400", "--system", "Be brief. " * 400),
+            "budget",
+        ),
+        Row(
+            "assemble-new-window-below-last-turn",
+            ("assemble", "c", "--max-input-tokens", "60", "--system", "Other."),
+            "budget",
+        ),
+    ]
+
+
+def _message_rows() -> list[Row]:
+    """Messages no provider accepts, through ``add`` and ``import``: refused, nothing stored."""
+    add = ("add", "c", "--role")
+    fields = (*add, "user", "--fields")
+    imports = [
+        ("id_true", "'id' must be a string"),
+        ("id_number", "'id' must be a string"),
+        ("id_float", "'id' must be a string"),
+        ("message_id_true", "id must be a string"),
+        ("message_id_list", "id must be a string"),
+        ("user_null", "content"),
+        ("user_missing", "content"),
+        ("system_null", "content"),
+        ("assistant_null", "content"),
+        ("assistant_empty_calls", "content"),
+        ("tool_null", "content"),
+        ("parts_numbers", "part 0"),
+        ("part_unknown", "zzz"),
+        ("part_no_type", "type"),
+        ("part_text_missing", "text"),
+        ("part_text_number", "text"),
+        ("content_object", "content"),
+        ("good_then_unknown_part", "zzz"),
+    ]
+    return [
+        Row("add-user-no-content", (*add, "user"), "content"),
+        Row("add-system-no-content", (*add, "system"), "content"),
+        Row("add-assistant-no-content", (*add, "assistant"), "content"),
+        Row("add-tool-no-content", (*add, "tool", "--tool-call-id", "call_1"), "content"),
+        Row("add-parts-numbers", (*fields, '{"content": [1, 2]}'), "part 0"),
+        Row("add-part-unknown", (*fields, '{"content": [{"type": "zzz"}]}'), "zzz"),
+        Row("add-part-not-object", (*fields, '{"content": ["x"]}'), "part 0"),
+        Row("add-part-text-missing", (*fields, '{"content": [{"type": "text"}]}'), "text"),
+        Row("add-content-number", (*fields, '{"content": 5}'), "content"),
+        Row("add-content-object", (*fields, '{"content": {"weird": 1}}'), "content"),
+        Row("add-content-true", (*fields, '{"content": true}'), "content"),
+        Row("add-id-true", (*add, "user", "--content", "x", "--fields", '{"id": true}'), "id"),
+        Row("add-id-object", (*add, "user", "--content", "x", "--fields", '{"id": {}}'), "id"),
+        Row(
+            "add-assistant-empty-calls",
+            (*add, "assistant", "--tool-calls", "[]"),
+            "content",
+        ),
+        Row("add-number-nan", (*add, "user", "--content", "x", "--fields", '{"t": NaN}'), "NaN"),
+        *(Row(f"import-{key}", ("import", f"{{{key}}}"), fragment) for key, fragment in imports),
+        Row("import-number-huge", ("import", "{big_number}"), "finite"),
+    ]
+
+
+ROWS = [*_file_rows(), *_setting_rows(), *_assemble_rows(), *_message_rows()]
+
+
+def snapshot(engine: Engine, tmp: Path) -> dict[str, Any]:
+    """Every row of every table, and every file under ``tmp`` with its content hash and time
+    (the SQLite database's own files aside: a checkpoint rewrites them without changing a row)."""
+    metadata = MetaData()
+    metadata.reflect(engine)
+    with engine.connect() as connection:
+        tables = {
+            name: sorted(map(repr, connection.execute(select(table))))
+            for name, table in metadata.tables.items()
+        }
+    files = {
+        str(path.relative_to(tmp)): (
+            hashlib.sha256(path.read_bytes()).hexdigest(),
+            path.stat().st_mtime_ns,
+        )
+        for path in sorted(tmp.rglob("*"))
+        if path.is_file() and not path.name.startswith(DB)
+    }
+    return {"tables": tables, "files": files}
+
+
+@pytest.fixture
+def seeded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sqlite_url: str) -> Any:
+    """Conversation ``c`` with one saved tool output and a recorded request profile, and the
+    input files the rows name."""
+    monkeypatch.setenv("RECAP_DATABASE_URL", sqlite_url)
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    paths = _inputs(inputs)
+    seed = inputs / "seed.jsonl"
+    seed.write_text(_line(SEED))
+    assert recap("init").code == 0
+    assert recap("import", str(seed)).code == 0, "the seed import failed"
+    assert recap("assemble", "c", "--system", "Be brief.").code == 0, "the seed assemble failed"
+    assert list((tmp_path / "outputs").rglob("*.txt")), "the seed wrote no tool output"
+    return make_engine(sqlite_url), paths
+
+
+def _resolve(value: str, paths: dict[str, str]) -> str:
+    for key, path in paths.items():
+        value = value.replace("{" + key + "}", path)
+    return value
+
+
+def _run(row: Row, paths: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Result:
+    args = [_resolve(arg, paths) for arg in row.args]
+    env = {name: _resolve(value, paths) for name, value in row.env.items()}
+    if row.process:
+        return recap_process(*args, env={**os.environ, **env}, timeout=60)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return recap(*args)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
+def test_hostile_input_is_one_line_and_changes_nothing(
+    row: Row, seeded: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A non-zero exit, exactly one stderr line naming the problem, no traceback, and the same
+    rows and files afterwards."""
+    engine, paths = seeded
+    before = snapshot(engine, tmp_path)
+    result = _run(row, paths, monkeypatch)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.code == FAILED, result.stderr[-2000:]
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert lines[0].startswith("recap: error: "), lines[0]
+    assert row.fragment.lower() in lines[0].lower(), lines[0]
+    get_settings.cache_clear()
+    assert snapshot(engine, tmp_path) == before
