@@ -15,7 +15,7 @@ from core.aio import AsyncRecap
 from core.errors import RecapError
 from core.redact import error_text, known_secrets
 from core.settings import Settings, get_settings
-from workers.serve import routes
+from workers.serve import api_routes, routes
 from workers.serve.auth import KeyRing
 from workers.serve.errors import SERVER, ServeError
 from workers.serve.turns import Turns
@@ -56,11 +56,16 @@ def create_app(settings: Settings | None = None) -> Starlette:
     return Starlette(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            *api_routes.ROUTES,
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
         ],
         lifespan=lifespan,
-        exception_handlers={Exception: unexpected},
+        exception_handlers={
+            Exception: unexpected,
+            404: api_routes.unknown_route,
+            405: api_routes.unknown_route,
+        },
     )
 
 
