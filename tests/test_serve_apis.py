@@ -714,3 +714,50 @@ def test_unknown_routes_answer_json(
     assert "POST /v1/responses" in error["message"] and "POST /v1/messages" in error["message"]
     if "anthropic-version" in headers:
         assert body["type"] == "error" and error["type"] == "not_found_error"
+
+
+# --- outcome headers ---------------------------------------------------------------------------
+
+
+def test_outcome_headers_on_every_stored_turn(serve: Serve) -> None:
+    """A turn that fits says so; one whose history does not fit says what was left out, and
+    the server logs one line naming the conversation."""
+    client = serve.client()
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "short"}],
+        extra_headers={"X-Recap-Conversation": new_id()},
+    )
+    assert raw.headers["x-recap-truncated"] == "false"
+    assert raw.headers["x-recap-dropped-messages"] == "0"
+    assert raw.headers["x-recap-summary-id"] == "none"
+    assert 0 < int(raw.headers["x-recap-request-tokens"]) < 100
+    cid = new_id()
+    history: list[Any] = []
+    for n in range(60):
+        words = " ".join(f"t{n}w{i}" for i in range(60))
+        history += [
+            {"role": "user", "content": f"q{n} {words}"},
+            {"role": "assistant", "content": f"a{n} {words}"},
+        ]
+    history.append({"role": "user", "content": "and now?"})
+    before = len(serve.llm.requests)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=history, extra_headers={"X-Recap-Conversation": cid}
+    )
+    assert raw.headers["x-recap-truncated"] == "true"
+    dropped = int(raw.headers["x-recap-dropped-messages"])
+    assert dropped > 0
+    assert len(serve.llm.requests[before].messages) < len(history)
+    assert int(raw.headers["x-recap-request-tokens"]) <= 8_000
+    wait_until(lambda: cid in serve.log.read_text(), what="the truncation logged")
+    lines = [
+        line for line in serve.log.read_text().splitlines() if cid in line and "truncated" in line
+    ]
+    assert len(lines) == 1
+    streamed = client.responses.with_raw_response.create(
+        model=MODEL, input="streamed headers", stream=True
+    )
+    assert streamed.headers["x-recap-truncated"] == "false"
+    assert int(streamed.headers["x-recap-request-tokens"]) > 0
+    list(streamed.parse())
