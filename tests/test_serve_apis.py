@@ -8,8 +8,12 @@ The conversions both ways are checked first with tables of plain values.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -17,8 +21,23 @@ import httpx
 import openai
 import pytest
 
+from core.storage.db import make_engine
+from core.storage.migrate import upgrade
+from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.llm_server import LLMServer, Reply
-from tests.test_serve import KEY_A, KEY_B, MODEL, Serve, reply_to, running_serve, wait_until
+from tests.processes import free_port
+from tests.serve_stack import ROOT, serve_process
+from tests.test_serve import (
+    KEY_A,
+    KEY_B,
+    MODEL,
+    Serve,
+    _runs,
+    reply_to,
+    running_serve,
+    wait_until,
+)
+from tests.worker_stack import WorkerProcess, worker_env
 from workers.serve import messages_api, responses_api
 from workers.serve.errors import ServeError
 
@@ -761,3 +780,107 @@ def test_outcome_headers_on_every_stored_turn(serve: Serve) -> None:
     assert streamed.headers["x-recap-truncated"] == "false"
     assert int(streamed.headers["x-recap-request-tokens"]) > 0
     list(streamed.parse())
+
+
+# --- start-up ----------------------------------------------------------------------------------
+
+
+def test_a_missing_database_is_created_and_the_start_is_said(
+    tmp_path: Path, llm: LLMServer
+) -> None:
+    """No database yet: recap serve creates it and says in one line where it listens, what it
+    uses, and that no worker answers (warned once, and a field of /health)."""
+    folder = tmp_path / "fresh"
+    env = {
+        "RECAP_DATABASE_URL": f"sqlite:///{folder / 'new' / 'recap.db'}",
+        "RECAP_SERVE_KEYS": KEY_A,
+        "RECAP_UPSTREAM_API_BASE": llm.url,
+        "RECAP_BROKER_FOLDER": str(folder / "broker"),
+        "RECAP_LOG_JSON": "true",
+    }
+    with serve_process(env, folder) as process:
+        health = httpx.get(f"http://127.0.0.1:{process.port}/health").json()
+        assert health == {"status": "ok", "compress_worker": False}
+        lines = [
+            json.loads(line)
+            for line in process.log.read_text().splitlines()
+            if line.startswith("{")
+        ]
+    started = [line for line in lines if line.get("event") == "serve_started"]
+    assert len(started) == 1
+    assert started[0]["listen"] == f"http://127.0.0.1:{process.port}"
+    assert (
+        started[0]["database"].endswith("recap.db")
+        and started[0]["compress_worker"] == "none answers"
+    )
+    assert [line["event"] for line in lines].count("serve_no_worker") == 1
+    assert any(line.get("event") == "serve_database_created" for line in lines)
+    assert (folder / "new" / "recap.db").is_file()
+    assert "Traceback" not in process.log.read_text()
+
+
+def test_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
+    """A database that cannot be opened: one line on stderr, a non-zero exit, no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "serve", "--port", str(free_port())],
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "RECAP_DATABASE_URL": "postgresql+psycopg://recap@127.0.0.1:1/none",
+            "RECAP_SERVE_KEYS": KEY_A,
+        },
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr and "database" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+# --- 40 turns kept by previous_response_id, with a real worker ---------------------------------
+
+
+def test_forty_responses_turns_shrink_after_the_worker_summarizes(tmp_path: Path) -> None:
+    """A Responses client keeping only the last response id for 40 turns: every turn stored
+    once, and the upstream request shrinks once the worker (a real `recap worker`, on the
+    file broker) has summarized; /health says a worker answers."""
+    url = f"sqlite:///{tmp_path / 'recap.db'}"
+    broker = {"RECAP_BROKER_URL": "filesystem://", "RECAP_BROKER_FOLDER": str(tmp_path / "broker")}
+    llm = LLMServer(default=reply_to).start()
+    env = worker_env(RECAP_DATABASE_URL=url, **broker)
+    engine = make_engine(url)
+    upgrade(engine)
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    try:
+        with running_serve(
+            url, tmp_path / "serve", llm, RECAP_SERVE_MAX_INPUT_TOKENS="3000", **broker
+        ) as serve:
+            health = httpx.get(serve.base_url.removesuffix("/v1") + "/health").json()
+            assert health["compress_worker"] is True
+            client = serve.client()
+            previous: str | None = None
+            sizes: list[int] = []
+            for n in range(40):
+                words = " ".join(f"t{n}w{i}" for i in range(40))
+                before = len(llm.requests)
+                reply = client.responses.create(
+                    model=MODEL, input=f"turn {n}: {words}", previous_response_id=previous
+                )
+                previous = reply.id
+                sizes.append(len(json.dumps(llm.requests[before].messages)))
+                cid = conversation_of(reply.id)
+                wait_until(lambda n=n, cid=cid: _runs(serve, cid) > n, what=f"the worker's run {n}")
+            assert serve.count(cid) == 80
+            marker = SUMMARY_MESSAGE_PREFIX.strip()[:20]
+            summarized = [i for i, r in enumerate(llm.requests[-40:]) if marker in r.text]
+            assert summarized, "no request carried a summary"
+            first = summarized[0]
+            assert sizes[first] < sizes[first - 1]
+            assert max(sizes[first:]) < max(sizes[:first]) * 1.5
+    finally:
+        worker.stop()
+        llm.stop()
+        engine.dispose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from workers.serve.auth import KeyRing
 from workers.serve.errors import ServeError, bad_request, not_found, too_large, unauthorized
 from workers.serve.prefix import split_system
 from workers.serve.shapes import Shape
+from workers.serve.startup import upstream_models
 from workers.serve.streaming import Relay, TurnStream
 from workers.serve.turns import Turn, Turns, reply_headers
 
@@ -37,6 +39,7 @@ class State:
 
     turns: Turns
     keys: KeyRing
+    health_fields: Callable[[], dict[str, Any]] | None = None  # what /health adds
 
 
 def state_of(request: Request) -> State:
@@ -262,12 +265,14 @@ def _log_turn(turn: Turn, mapped: history.Mapped, started: float, outcome: str) 
 
 
 async def models(request: Request) -> Response:
-    """The model names ``RECAP_MODEL_MAP`` offers (any litellm model string works as well)."""
+    """The model names ``RECAP_MODEL_MAP`` offers, else the upstream's own (any litellm model
+    string works as well)."""
     try:
         authorize(request)
     except ServeError as exc:
         return exc.response()
-    names = sorted(state_of(request).turns.settings.model_map)
+    settings = state_of(request).turns.settings
+    names = sorted(settings.model_map) or await upstream_models(settings)
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "recap"} for name in names]
     return JSONResponse({"object": "list", "data": data})
 
@@ -281,7 +286,8 @@ async def health(request: Request) -> Response:
         return JSONResponse(
             {"status": "unavailable", "error": turns.error_text(exc)}, status_code=503
         )
-    return JSONResponse({"status": "ok"})
+    fields = state_of(request).health_fields
+    return JSONResponse({"status": "ok", **(fields() if fields is not None else {})})
 
 
 def _ping(engine: Any) -> None:
