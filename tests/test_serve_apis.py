@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -444,6 +445,26 @@ def serve(llm: LLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield running
 
 
+@pytest.fixture(scope="module")
+def serve_litellm(llm: LLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    """A second serve process that sends every request through litellm."""
+    folder = tmp_path_factory.mktemp("serve-apis-litellm")
+    db_url = f"sqlite:///{folder / 'recap.db'}"
+    with running_serve(db_url, folder, llm, RECAP_UPSTREAM_CLIENT="litellm") as running:
+        running.path = "litellm"
+        yield running
+
+
+@pytest.fixture(params=["direct", "litellm"])
+def either(request: pytest.FixtureRequest) -> Serve:
+    """Both upstream paths: chunks and replies of litellm are converted as well as the JSON of
+    the direct path."""
+    running: Serve = request.getfixturevalue(
+        "serve" if request.param == "direct" else "serve_litellm"
+    )
+    return running
+
+
 def new_id() -> str:
     return f"conv-{uuid.uuid4().hex[:10]}"
 
@@ -482,8 +503,9 @@ def test_responses_create_and_continue(serve: Serve) -> None:
     assert serve.count(cid) == 4
 
 
-def test_responses_stream_and_continue(serve: Serve) -> None:
+def test_responses_stream_and_continue(either: Serve) -> None:
     """responses.stream: text deltas, the final response; its id continues the conversation."""
+    serve = either
     client = serve.client()
     with client.responses.stream(model=MODEL, input="stream me") as stream:
         deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
@@ -503,8 +525,9 @@ def test_responses_stream_and_continue(serve: Serve) -> None:
     assert serve.branch(cid)[2]["content"] == "and again"
 
 
-def test_responses_function_tool_round_trip(serve: Serve) -> None:
+def test_responses_function_tool_round_trip(either: Serve) -> None:
     """A function call, its output as the next input: stored as a call and its result."""
+    serve = either
     tools = [{"type": "function", "name": "read_file", "parameters": {"type": "object",
               "properties": {"path": {"type": "string"}}}}]  # fmt: skip
     call = {"id": "call_rf", "type": "function",
@@ -531,8 +554,9 @@ def test_responses_function_tool_round_trip(serve: Serve) -> None:
     assert stored[1]["tool_calls"][0]["id"] == "call_rf"
 
 
-def test_responses_streamed_tool_call(serve: Serve) -> None:
+def test_responses_streamed_tool_call(either: Serve) -> None:
     """A streamed function call: argument deltas, the call whole in the final response."""
+    serve = either
     call = {
         "id": "call_s",
         "type": "function",
@@ -628,8 +652,9 @@ def test_anthropic_messages_create_stored(serve: Serve) -> None:
     assert roles(serve, cid) == ["user", "assistant"]
 
 
-def test_anthropic_messages_stream(serve: Serve) -> None:
+def test_anthropic_messages_stream(either: Serve) -> None:
     """messages.stream: text deltas and the final message; the reply stored after it."""
+    serve = either
     cid = new_id()
     client = anthropic_client(serve, cid=cid)
     with client.messages.stream(
@@ -643,9 +668,10 @@ def test_anthropic_messages_stream(serve: Serve) -> None:
     assert serve.branch(cid)[-1]["content"] == "".join(pieces)
 
 
-def test_anthropic_tool_use_round_trip(serve: Serve) -> None:
+def test_anthropic_tool_use_round_trip(either: Serve) -> None:
     """tool_use, then tool_result: stored as a call and its result, the reply recognized when
     sent back (nothing stored twice)."""
+    serve = either
     cid = new_id()
     client = anthropic_client(serve, cid=cid)
     tools = [{"name": "read_file", "description": "read", "input_schema": {"type": "object",
@@ -884,3 +910,67 @@ def test_forty_responses_turns_shrink_after_the_worker_summarizes(tmp_path: Path
         worker.stop()
         llm.stop()
         engine.dispose()
+
+
+# --- the npm packages --------------------------------------------------------------------------
+
+
+NODE_SCRIPT = """
+const OpenAI = require("openai");
+const Anthropic = require("@anthropic-ai/sdk");
+(async () => {
+  const openai = new OpenAI({ baseURL: process.env.BASE_URL, apiKey: process.env.KEY });
+  const first = await openai.responses.create({ model: process.env.MODEL, input: "from node" });
+  const second = await openai.responses.create(
+    { model: process.env.MODEL, input: "again", previous_response_id: first.id });
+  const anthropic = new Anthropic({ baseURL: process.env.ROOT_URL, apiKey: process.env.KEY,
+    defaultHeaders: { "X-Recap-Conversation": process.env.CONV } });
+  const message = await anthropic.messages.create({ model: process.env.MODEL, max_tokens: 50,
+    messages: [{ role: "user", content: "from node too" }] });
+  console.log(JSON.stringify({ first: first.output_text, second: second.id,
+                               anthropic: message.content[0].text }));
+})().catch((error) => { console.error(String(error)); process.exit(1); });
+"""
+
+
+@pytest.fixture(scope="module")
+def node_sdks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with the official `openai` and `@anthropic-ai/sdk` npm packages, or a skip."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("Node.js and npm are not installed")
+    folder = tmp_path_factory.mktemp("node-sdks")
+    done = subprocess.run(
+        ["npm", "install", "--no-audit", "--no-fund", "--silent", "openai@5", "@anthropic-ai/sdk"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"npm install failed: {done.stderr.strip()[:200]}")
+    return folder
+
+
+def test_the_npm_packages_speak_both_apis(serve: Serve, node_sdks: Path) -> None:
+    """The TypeScript/JavaScript clients: a Responses turn continued by its id, a Messages turn."""
+    cid = new_id()
+    script = node_sdks / "apis.js"
+    script.write_text(NODE_SCRIPT)
+    env = {
+        **os.environ,
+        "BASE_URL": serve.base_url,
+        "ROOT_URL": serve.base_url.removesuffix("/v1"),
+        "KEY": KEY_A,
+        "MODEL": MODEL,
+        "CONV": cid,
+    }
+    done = subprocess.run(
+        ["node", str(script)], cwd=node_sdks, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["first"] == reply_to({"messages": [{"role": "user", "content": "from node"}]})
+    assert serve.count(conversation_of(result["second"])) == 4
+    assert result["anthropic"] and roles(serve, cid) == ["user", "assistant"]
