@@ -974,3 +974,30 @@ def test_the_npm_packages_speak_both_apis(serve: Serve, node_sdks: Path) -> None
     assert result["first"] == reply_to({"messages": [{"role": "user", "content": "from node"}]})
     assert serve.count(conversation_of(result["second"])) == 4
     assert result["anthropic"] and roles(serve, cid) == ["user", "assistant"]
+
+
+def test_count_tokens_counts_what_recap_would_send(serve: Serve) -> None:
+    """For a named conversation, count_tokens counts Recap's assembly (older history left out
+    to fit the window), not the history as the client holds it: the figure the next turn's
+    X-Recap-Request-Tokens says."""
+    cid = new_id()
+    history: list[Any] = []
+    for n in range(60):
+        words = " ".join(f"t{n}w{i}" for i in range(60))
+        history += [
+            {"role": "user", "content": f"q{n} {words}"},
+            {"role": "assistant", "content": f"a{n} {words}"},
+        ]
+    history.append({"role": "user", "content": "and now?"})
+    raw = anthropic_client(serve, cid=cid).messages.with_raw_response.create(
+        model=MODEL, max_tokens=50, messages=history
+    )
+    assert raw.headers["x-recap-truncated"] == "true"
+    named = anthropic_client(serve, cid=cid).messages.count_tokens(model=MODEL, messages=history)
+    whole = anthropic_client(serve).messages.count_tokens(model=MODEL, messages=history)
+    again = anthropic_client(serve, cid=cid).messages.with_raw_response.create(
+        model=MODEL, max_tokens=50, messages=history
+    )  # the same request once more: what it sends is what was counted
+    assert named.input_tokens == int(again.headers["x-recap-request-tokens"])
+    assert again.headers["x-recap-truncated"] == "true"
+    assert whole.input_tokens > named.input_tokens

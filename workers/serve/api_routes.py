@@ -21,8 +21,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from core.errors import BudgetError, NotFoundError
-from workers.serve import messages_api, responses_api, routes, upstream
+from core.counting.tokens import TOKENS_REPLY_PRIMING
+from core.errors import BudgetError, InputError, NotFoundError
+from workers.serve import history, messages_api, responses_api, routes, upstream
 from workers.serve.direct import Chunk
 from workers.serve.errors import ServeError, bad_request, context_too_long, not_found
 from workers.serve.prefix import split_system
@@ -368,14 +369,38 @@ async def count_tokens(request: Request) -> Response:
     serve would send it for a conversation it has not compressed (system, tools, messages)."""
     state = routes.state_of(request)
     try:
-        anthropic_owner(request)
+        owner = anthropic_owner(request)
         body = await routes.read_json(request, state.turns.settings.serve_max_body_bytes)
         chat = messages_api.chat_request(body, count=True)
         model = upstream.resolve_model(chat.model, state.turns.settings)
-        tokens = await state.turns.recap.run(request_tokens, model, chat.messages, chat.tools)
+        cid = routes.conversation_id(request, body)
+        tokens = await state.turns.recap.run(counted, state, cid, owner, model, chat)
+    except InputError as exc:
+        return messages_api.error_response(bad_request(state.turns.masked(exc)))
     except ServeError as exc:
         return messages_api.error_response(exc)
     return JSONResponse({"input_tokens": tokens})
+
+
+def counted(
+    state: routes.State, cid: str | None, owner: str, model: str, chat: messages_api.ChatRequest
+) -> int:
+    """Recap's count of what it would send: for a named conversation of this key, its
+    assembly up to the longest stored prefix of the history (summaries and clearings
+    applied) and the messages past it in full; else the request as it is."""
+    system, rest = split_system(chat.messages)
+    if cid is None:
+        return request_tokens(model, chat.messages, chat.tools)
+    recap = state.turns.recap.recap
+    leaf, matched = history.stored_prefix(recap.engine, cid, owner, rest)
+    if leaf is None:
+        return request_tokens(model, chat.messages, chat.tools)
+    try:
+        assembled = recap.assemble(cid, leaf=leaf, system=system, tools=chat.tools)
+    except BudgetError:
+        return request_tokens(model, chat.messages, chat.tools)
+    unsent = [dict(m) for m in rest[matched:]]
+    return assembled.tokens.total + request_tokens(model, unsent, None) - TOKENS_REPLY_PRIMING
 
 
 def request_tokens(

@@ -225,6 +225,27 @@ def store_after(
         )
 
 
+def stored_prefix(
+    engine: Engine, conversation_id: str, fingerprint: str, messages: Sequence[Any]
+) -> tuple[int | None, int]:
+    """Where a history would land, writing nothing: the last stored message of its longest
+    stored prefix (None when it repeats nothing, or the conversation is not this key's) and
+    how many of its messages that prefix holds."""
+    checked = [check_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    hashes = [message_hash(m) for m in checked]
+    with session_scope(engine) as session:
+        owner = (
+            session.connection()
+            .execute(select(CONVERSATIONS.c.owner).where(CONVERSATIONS.c.id == conversation_id))
+            .first()
+        )
+        if owner is None or owner[0] is None or not hmac.compare_digest(owner[0], fingerprint):
+            return None, 0
+        starts = _start_parents(session, conversation_id)
+        path = longest_stored_prefix(_candidates(session, conversation_id, hashes), hashes, starts)
+    return (path[-1] if path else None), len(path)
+
+
 def store_reply(
     engine: Engine,
     ingest: Ingest,
