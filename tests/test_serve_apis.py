@@ -869,12 +869,15 @@ def test_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
 # --- 40 turns kept by previous_response_id, with a real worker ---------------------------------
 
 
-def test_forty_responses_turns_shrink_after_the_worker_summarizes(tmp_path: Path) -> None:
+@pytest.mark.redis
+def test_forty_responses_turns_shrink_after_the_worker_summarizes(
+    tmp_path: Path, private_redis_db: str
+) -> None:
     """A Responses client keeping only the last response id for 40 turns: every turn stored
-    once, and the upstream request shrinks once the worker (a real `recap worker`, on the
-    file broker) has summarized; /health says a worker answers."""
+    once, and the upstream request shrinks once the worker (a real `recap worker`, on Redis)
+    has summarized; /health says a worker answers."""
     url = f"sqlite:///{tmp_path / 'recap.db'}"
-    broker = {"RECAP_BROKER_URL": "filesystem://", "RECAP_BROKER_FOLDER": str(tmp_path / "broker")}
+    broker = {"RECAP_BROKER_URL": private_redis_db}
     llm = LLMServer(default=reply_to).start()
     env = worker_env(RECAP_DATABASE_URL=url, **broker)
     engine = make_engine(url)
