@@ -33,7 +33,14 @@ OWN_FIELDS = frozenset(
 )
 # Accepted and without effect: Recap fits the window itself and returns what it has.
 IGNORED_FIELDS = frozenset(
-    {"truncation", "include", "stream_options", "prompt_cache_key", "safety_identifier"}
+    {
+        "truncation",
+        "include",
+        "stream_options",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+    }
 )
 RENAMED = {"max_output_tokens": "max_tokens"}
 PASSED = frozenset(
