@@ -11,6 +11,10 @@ on a 200-message conversation, the model server answering at once in a process o
   same messages (what ``serve_overhead_vs_direct`` reports for a repeat).
 - ``serve_responses_new_turn_vs_direct``: a Responses API turn that sends only the new message
   and ``previous_response_id`` (Recap reads the branch and assembles it) over direct.
+- ``serve_added_ms`` (p50) and ``serve_added_ms_p90``: what a new stored turn adds to the time
+  to first byte of a model that takes ``SLOW_FIRST_BYTE`` seconds to its first byte (a second
+  model server): per round, the new turn through `recap serve` less the same request sent
+  directly.
 - ``serve_ttfb_vs_litellm_proxy``: the new chat-completions turn over the LiteLLM proxy
   forwarding the same request, when the proxy can start here (``litellm[proxy]``); left out
   with a reason on stderr otherwise.
@@ -44,6 +48,8 @@ WARMUP_ROUNDS = 3  # untimed rounds: connections and caches warm up
 NEW_TURN_BOUND = "<= 1.3"
 PROXY_BOUND = "<= 0.5"
 REQUEST_TIMEOUT = 120.0  # seconds one request may take
+SLOW_FIRST_BYTE = 0.3  # seconds a real model commonly takes to its first byte
+SLOW_ROUNDS = 11  # rounds against the slow model (each waits for it twice)
 
 
 def run() -> list[Figure]:
@@ -57,10 +63,55 @@ def run() -> list[Figure]:
             with serve_process(f"sqlite:///{root / 'serve.db'}", upstream, root / "s") as base:
                 history = long_conversation(records, CONVERSATION)
                 with litellm_proxy(upstream, root) as proxy:
-                    return rounds(base, upstream, proxy, history)
+                    figures = rounds(base, upstream, proxy, history)
+            slow, slow_url = slow_model()
+            try:
+                database = f"sqlite:///{root / 'slow.db'}"
+                with serve_process(database, slow_url, root / "slow") as base:
+                    figures += added(base, slow_url, history)
+            finally:
+                slow.terminate()
+                slow.wait()
+            return figures
     finally:
         model.terminate()
         model.wait()
+
+
+def slow_model() -> tuple[subprocess.Popen[bytes], str]:
+    """A model server taking ``SLOW_FIRST_BYTE`` seconds to its first byte; and its URL."""
+    root = Path(__file__).resolve().parent.parent
+    command = [sys.executable, "-m", "tests.llm_server", "--reply", REPLY]
+    command += ["--delay", str(SLOW_FIRST_BYTE)]
+    process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    return process, process.stdout.readline().decode().strip()
+
+
+def added(base: str, upstream: str, history: list[dict[str, Any]]) -> list[Figure]:
+    """Milliseconds a new stored turn adds to a slow model's first byte, p50 and p90."""
+    with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+        sides = Sides(client, base, upstream, history)
+        extra: list[float] = []
+        for index in range(1 + SLOW_ROUNDS):  # the first round stores the history: untimed
+            served = sides.new_turn()
+            direct = sides.direct()
+            if index:
+                extra.append((served - direct) * 1000)
+    extra.sort()
+    p50 = statistics.median(extra)
+    p90 = extra[min(len(extra) - 1, round(0.9 * (len(extra) - 1)))]
+    where = f"a model taking {SLOW_FIRST_BYTE * 1000:.0f} ms to its first byte"
+    return [
+        Figure(
+            "serve_added_ms",
+            round(p50, 1),
+            "",
+            f"median milliseconds a new stored turn adds to the first byte of {where} "
+            f"({CONVERSATION}+ messages; through recap serve less direct, per round)",
+        ),
+        Figure("serve_added_ms_p90", round(p90, 1), "", f"90th percentile of the same, {where}"),
+    ]
 
 
 @contextmanager
