@@ -26,6 +26,7 @@ BENCHES: tuple[str, ...] = (
     "load",
     "media",
     "serve",
+    "serve_turns",
     "large",
     "fidelity",
     "fuzz",

@@ -343,6 +343,13 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             return
 
+        def do_GET(self) -> None:
+            """``GET /v1/models``: the one model this server stands in for."""
+            if not self.path.rstrip("/").endswith("/models"):
+                self._send(404, {"error": {"message": "not found", "type": "scripted"}})
+                return
+            self._send(200, {"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
+
         def do_POST(self) -> None:
             arrived = time.monotonic()
             length = int(self.headers.get("Content-Length") or 0)

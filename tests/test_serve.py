@@ -733,9 +733,10 @@ def test_upstream_errors_never_echo_the_upstream_key(serve: Serve) -> None:
 
 def test_models_and_health(serve: Serve) -> None:
     """GET /v1/models needs a key; /health answers without one."""
-    assert serve.client().models.list().data == []
+    assert [m.id for m in serve.client().models.list().data] == [MODEL]  # no map: the upstream's
     assert httpx.get(f"{serve.base_url}/models").status_code == 401
-    assert httpx.get(serve.base_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+    health = httpx.get(serve.base_url.removesuffix("/v1") + "/health").json()
+    assert health == {"status": "ok", "compress_worker": False}  # no worker runs here
 
 
 def test_context_overflow_compresses_once_and_retries(either: Serve) -> None:

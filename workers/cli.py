@@ -963,8 +963,8 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65_535)] = 8400,
 ) -> None:
-    """Serve the OpenAI chat-completions API over Recap (clients authenticate with a key from
-    RECAP_SERVE_KEYS; a request with X-Recap-Conversation is stored, others pass through)."""
+    """Serve OpenAI's chat-completions and Responses APIs and Anthropic's Messages API over
+    Recap (clients authenticate with a key from RECAP_SERVE_KEYS; see docs/serve-apis.md)."""
     from workers.serve.app import serve as run_server
 
     settings()  # an invalid setting stops here, in one line

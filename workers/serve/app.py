@@ -15,7 +15,7 @@ from core.aio import AsyncRecap
 from core.errors import RecapError
 from core.redact import error_text, known_secrets
 from core.settings import Settings, get_settings
-from workers.serve import routes
+from workers.serve import api_routes, routes, startup
 from workers.serve.auth import KeyRing
 from workers.serve.errors import SERVER, ServeError
 from workers.serve.turns import Turns
@@ -26,9 +26,10 @@ DEFAULT_HOST = "127.0.0.1"  # local only unless asked: the endpoint spends the u
 DEFAULT_PORT = 8400
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
+def create_app(settings: Settings | None = None, address: str | None = None) -> Starlette:
     """The app for these settings (default: the environment's); refuses to start without
-    client keys, so an endpoint that spends the upstream key is never open to anyone."""
+    client keys, so an endpoint that spends the upstream key is never open to anyone. Started,
+    it says in one line where it listens (``address``) and what it uses."""
     settings = settings or get_settings()
     keys = KeyRing(settings.serve_keys)
     if not keys:
@@ -41,7 +42,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         recap = AsyncRecap(settings=settings)
         turns = Turns(recap, settings)
-        app.state.serve = routes.State(turns=turns, keys=keys)
+        watch = startup.WorkerWatch()
+        app.state.serve = routes.State(turns=turns, keys=keys, health_fields=watch.fields)
+        startup.started_line(address or "(as given)", settings, await watch.check())
+        watch.warn_once()
         try:
             yield
         finally:
@@ -58,12 +62,17 @@ def create_app(settings: Settings | None = None) -> Starlette:
     return Starlette(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            *api_routes.ROUTES,
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
             *console_mounts(settings),  # the web console at /ui, when RECAP_UI_KEYS is set
         ],
         lifespan=lifespan,
-        exception_handlers={Exception: unexpected},
+        exception_handlers={
+            Exception: unexpected,
+            404: api_routes.unknown_route,
+            405: api_routes.unknown_route,
+        },
     )
 
 
@@ -75,5 +84,10 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
 
     settings = get_settings()
     configure_logging(json_output=settings.log_json, level=settings.log_level)
-    app = create_app(settings)
+    revision = startup.prepare_database(settings)
+    if revision is not None:
+        log.info(
+            "serve_database_created", database=startup.database_url(settings), revision=revision
+        )
+    app = create_app(settings, address=f"http://{host}:{port}")
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

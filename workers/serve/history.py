@@ -191,6 +191,61 @@ def store_request(
     raise AssertionError("unreachable")
 
 
+def store_after(
+    engine: Engine,
+    ingest: Ingest,
+    conversation_id: str,
+    owner: Owner,
+    parent_id: int,
+    messages: Sequence[Any],
+) -> Mapped:
+    """Append ``messages`` after the stored message ``parent_id``: a client that names where
+    it continues (the Responses API's ``previous_response_id``) sends only its new messages.
+    What is stored after the parent already (a retried request) is reused; tool results may
+    answer the parent's calls. A parent not in the conversation is a ``NotFoundError``."""
+    checked = [check_message(m, f"input[{i}]") for i, m in enumerate(messages)]
+    hashes = [message_hash(m) for m in checked]
+    with session_scope(engine) as session:
+        conversation = _claim(session, conversation_id, owner)
+        m = MESSAGES.c
+        row = (
+            session.connection()
+            .execute(
+                select(m.role, m.tool_calls, m.content_hash).where(
+                    and_(m.conversation_id == conversation_id, m.id == parent_id)
+                )
+            )
+            .first()
+        )
+        if row is None:
+            raise NotFoundError(f"no message {parent_id} in conversation {conversation_id!r}")
+        parent = {"role": row[0], "tool_calls": row[1] or None}
+        return _append(
+            session, conversation, ingest, [parent, *checked], [row[2] or "", *hashes], [parent_id]
+        )
+
+
+def stored_prefix(
+    engine: Engine, conversation_id: str, fingerprint: str, messages: Sequence[Any]
+) -> tuple[int | None, int]:
+    """Where a history would land, writing nothing: the last stored message of its longest
+    stored prefix (None when it repeats nothing, or the conversation is not this key's) and
+    how many of its messages that prefix holds."""
+    checked = [check_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    hashes = [message_hash(m) for m in checked]
+    with session_scope(engine) as session:
+        owner = (
+            session.connection()
+            .execute(select(CONVERSATIONS.c.owner).where(CONVERSATIONS.c.id == conversation_id))
+            .first()
+        )
+        if owner is None or owner[0] is None or not hmac.compare_digest(owner[0], fingerprint):
+            return None, 0
+        starts = _start_parents(session, conversation_id)
+        path = longest_stored_prefix(_candidates(session, conversation_id, hashes), hashes, starts)
+    return (path[-1] if path else None), len(path)
+
+
 def store_reply(
     engine: Engine,
     ingest: Ingest,

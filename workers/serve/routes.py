@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,8 @@ from workers.serve import history, upstream
 from workers.serve.auth import KeyRing
 from workers.serve.errors import ServeError, bad_request, not_found, too_large, unauthorized
 from workers.serve.prefix import split_system
+from workers.serve.shapes import Shape
+from workers.serve.startup import upstream_models
 from workers.serve.streaming import Relay, TurnStream
 from workers.serve.turns import Turn, Turns, reply_headers
 
@@ -36,6 +39,7 @@ class State:
 
     turns: Turns
     keys: KeyRing
+    health_fields: Callable[[], dict[str, Any]] | None = None  # what /health adds
 
 
 def state_of(request: Request) -> State:
@@ -154,21 +158,23 @@ async def passthrough(
     params: dict[str, Any],
     stream: bool,
     usage: bool,
+    shape: Shape | None = None,
 ) -> Response:
-    """The request sent upstream as it came, nothing stored."""
+    """The request sent upstream as it came, nothing stored (the reply in ``shape``'s API)."""
     settings = state.turns.settings
     try:
         response = await state.turns.upstream.complete(model, messages, params, stream=stream)
     except Exception as exc:
         raise upstream.as_serve_error(exc, settings) from None
     if not stream:
-        return Response(upstream.reply_bytes(response), media_type=JSON_TYPE, headers=PASSTHROUGH)
-    relay = Relay(response, include_usage=usage)
+        body = shape.body(response, None) if shape else upstream.reply_bytes(response)
+        return Response(body, media_type=JSON_TYPE, headers=PASSTHROUGH)
+    relay = shape.relay(response) if shape else Relay(response, include_usage=usage)
     return TurnStream(relay, relay.close, headers=PASSTHROUGH)
 
 
 async def stored_turn(
-    state: State, turn: Turn, stream: bool, usage: bool, started: float
+    state: State, turn: Turn, stream: bool, usage: bool, started: float, shape: Shape | None = None
 ) -> Response:
     """Store the request, call upstream, store the reply; the conversation locked throughout."""
     turns = state.turns
@@ -179,14 +185,14 @@ async def stored_turn(
         response = await turns.call(turn, stream=stream)
         if stream:
             handed_over = True
-            return _stream_turn(turns, turn, response, usage, mapped, started)
-        await turns.finish(turn, response)
+            return _stream_turn(turns, turn, response, usage, mapped, started, shape)
+        reply_id = await turns.finish(turn, response)
     finally:
         if not handed_over:
             turns.locks.release(turn.conversation_id)
     _log_turn(turn, mapped, started, "stored")
     return Response(
-        upstream.reply_bytes(response),
+        shape.body(response, reply_id) if shape else upstream.reply_bytes(response),
         media_type=JSON_TYPE,
         headers=dict(reply_headers(turn)),
         background=BackgroundTask(turns.enqueue, turn.conversation_id, turn.leaf_id),
@@ -212,10 +218,16 @@ async def _prepare(turns: Turns, turn: Turn) -> history.Mapped:
 
 
 def _stream_turn(
-    turns: Turns, turn: Turn, stream: Any, usage: bool, mapped: history.Mapped, started: float
+    turns: Turns,
+    turn: Turn,
+    stream: Any,
+    usage: bool,
+    mapped: history.Mapped,
+    started: float,
+    shape: Shape | None = None,
 ) -> Response:
     """The reply streamed through; stored, with its usage, once the stream has finished."""
-    relay = Relay(stream, include_usage=usage)
+    relay = shape.relay(stream) if shape else Relay(stream, include_usage=usage)
 
     async def close() -> None:
         outcome, response = "disconnected", None
@@ -253,12 +265,14 @@ def _log_turn(turn: Turn, mapped: history.Mapped, started: float, outcome: str) 
 
 
 async def models(request: Request) -> Response:
-    """The model names ``RECAP_MODEL_MAP`` offers (any litellm model string works as well)."""
+    """The model names ``RECAP_MODEL_MAP`` offers, else the upstream's own (any litellm model
+    string works as well)."""
     try:
         authorize(request)
     except ServeError as exc:
         return exc.response()
-    names = sorted(state_of(request).turns.settings.model_map)
+    settings = state_of(request).turns.settings
+    names = sorted(settings.model_map) or await upstream_models(settings)
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "recap"} for name in names]
     return JSONResponse({"object": "list", "data": data})
 
@@ -272,7 +286,8 @@ async def health(request: Request) -> Response:
         return JSONResponse(
             {"status": "unavailable", "error": turns.error_text(exc)}, status_code=503
         )
-    return JSONResponse({"status": "ok"})
+    fields = state_of(request).health_fields
+    return JSONResponse({"status": "ok", **(fields() if fields is not None else {})})
 
 
 def _ping(engine: Any) -> None:

@@ -11,7 +11,7 @@ tokenizer work runs on ``AsyncRecap``'s thread pool: the event loop never waits 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ import structlog
 from core.aio import AsyncRecap
 from core.errors import BudgetError
 from core.redact import error_text, known_secrets, redact
+from core.request.assembly import AssembledRequest
 from core.settings import Settings
 from core.storage.outputs import Ingest
 from workers.serve import history, recall, upstream
@@ -72,6 +73,10 @@ class Turn:
     sent: list[dict[str, Any]] = field(default_factory=list)
     room: int = 0  # tokens the assembled request leaves of its budget (workers.serve.recall)
     usage_response: Any = None  # the reply whose usage is recorded, when not the final one
+    after: int | None = None  # ``history`` continues after this stored message (not resent)
+    assembled: AssembledRequest | None = None  # Recap's last assembly for the turn
+    # the reply as stored, from the upstream's message and reply (another API's spelling)
+    reply_form: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
 
 
 class Turns:
@@ -94,14 +99,15 @@ class Turns:
         return mapped
 
     def _store_and_assemble(self, turn: Turn) -> tuple[history.Mapped, list[dict[str, Any]] | None]:
-        mapped = history.store_request(
-            self.recap.recap.engine,
-            self.ingest,
-            turn.conversation_id,
-            turn.owner,
-            turn.history,
-            self.seen,
-        )
+        engine = self.recap.recap.engine
+        if turn.after is not None:
+            mapped = history.store_after(
+                engine, self.ingest, turn.conversation_id, turn.owner, turn.after, turn.history
+            )
+        else:
+            mapped = history.store_request(
+                engine, self.ingest, turn.conversation_id, turn.owner, turn.history, self.seen
+            )
         turn.leaf_id = mapped.leaf_id
         try:
             assembled = self.recap.recap.assemble(
@@ -110,6 +116,7 @@ class Turns:
         except BudgetError:
             return mapped, None
         turn.room = assembled.budget - assembled.tokens.total
+        turn.assembled = assembled
         return mapped, assembled.messages
 
     def _tools(self, turn: Turn) -> list[dict[str, Any]] | None:
@@ -138,6 +145,7 @@ class Turns:
             turn.conversation_id, leaf=turn.leaf_id, system=turn.system, tools=self._tools(turn)
         )
         turn.room = assembled.budget - assembled.tokens.total
+        turn.assembled = assembled
         return assembled.messages
 
     async def call(self, turn: Turn, *, stream: bool) -> Any:
@@ -195,13 +203,16 @@ class Turns:
         return response
 
     def _store_reply(self, turn: Turn, response: Any) -> int:
+        reply = upstream.reply_message(response)
+        if turn.reply_form is not None:
+            reply = turn.reply_form(reply, response)
         return history.store_reply(
             self.recap.recap.engine,
             self.ingest,
             turn.conversation_id,
             turn.owner,
             turn.leaf_id,
-            upstream.reply_message(response),
+            reply,
             self.seen,
         )
 
@@ -255,8 +266,23 @@ def _send_compress(conversation_id: str, leaf_id: int | None) -> None:
 
 
 def reply_headers(turn: Turn) -> Mapping[str, str]:
-    """What the response says about the stored turn."""
-    return {"X-Recap-Mode": "stored", "X-Recap-Conversation": turn.conversation_id}
+    """What the response says about the stored turn, and what Recap sent for it."""
+    headers = {"X-Recap-Mode": "stored", "X-Recap-Conversation": turn.conversation_id}
+    if turn.assembled is not None:
+        headers.update(outcome_headers(turn.assembled))
+    return headers
+
+
+def outcome_headers(assembled: AssembledRequest) -> dict[str, str]:
+    """Whether older history was left out to fit (and how many messages), the summary the
+    request starts from, and Recap's count of the request's tokens."""
+    summary = assembled.summary_id
+    return {
+        "X-Recap-Truncated": "true" if assembled.truncated else "false",
+        "X-Recap-Dropped-Messages": str(len(assembled.dropped_message_ids)),
+        "X-Recap-Summary-Id": str(summary) if summary is not None else "none",
+        "X-Recap-Request-Tokens": str(assembled.tokens.total),
+    }
 
 
 __all__ = ["ConversationLocks", "ServeError", "Turn", "Turns", "reply_headers"]

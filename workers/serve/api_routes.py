@@ -1,0 +1,429 @@
+"""The endpoints of the other APIs, over the chat-completions pipeline: ``POST /v1/responses``
+(OpenAI Responses), ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic
+Messages), and the JSON 404 every other path gets.
+
+Each request is converted to chat completions (``responses_api``, ``messages_api``), run as a
+stored turn or passed through exactly as a chat-completions request is (``routes``), and the
+reply converted back by a ``Shape``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
+
+import structlog
+from sqlalchemy import Engine, and_, func, select
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from core.counting.tokens import TOKENS_REPLY_PRIMING
+from core.errors import BudgetError, InputError, NotFoundError
+from workers.serve import history, messages_api, responses_api, routes, upstream
+from workers.serve.direct import Chunk
+from workers.serve.errors import ServeError, bad_request, context_too_long, not_found
+from workers.serve.prefix import split_system
+from workers.serve.shapes import Shape
+from workers.serve.streaming import Relay
+
+log = structlog.get_logger(__name__)
+
+ENDPOINTS = (
+    "POST /v1/chat/completions",
+    "POST /v1/responses",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
+    "GET /v1/models",
+    "GET /health",
+)
+
+
+class Events(Protocol):
+    """Chat-completions chunks in, one API's stream events out."""
+
+    def start(self) -> list[dict[str, Any]]: ...
+    def feed(self, chunk: Mapping[str, Any]) -> list[dict[str, Any]]: ...
+    def finish(self) -> list[dict[str, Any]]: ...
+    def failed(self, error: ServeError) -> list[dict[str, Any]]: ...
+
+
+def chunk_json(chunk: Any) -> dict[str, Any]:
+    """A streamed chunk of either upstream path as its JSON object."""
+    if isinstance(chunk, Chunk):
+        return chunk.data
+    data: dict[str, Any] = chunk.model_dump(exclude_none=True)
+    return data
+
+
+class ConvertedRelay(Relay):
+    """The upstream's chunks as another API's events; a stream the upstream breaks off ends
+    with that API's error event (and is not stored: ``finished`` stays false)."""
+
+    def __init__(
+        self,
+        stream: Any,
+        events: Events,
+        encode: Callable[[Mapping[str, Any]], bytes],
+        error: Callable[[BaseException], ServeError],
+    ) -> None:
+        super().__init__(stream, include_usage=True)
+        self.events = events
+        self.encode = encode
+        self.error = error
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for event in self.events.start():
+            yield self.encode(event)
+        try:
+            async for chunk in self.stream:
+                self.chunks.append(chunk)
+                for event in self.events.feed(chunk_json(chunk)):
+                    yield self.encode(event)
+        except Exception as exc:
+            error = self.error(exc)
+            log.warning("serve_stream_broken", status=error.status, error=error.message)
+            for event in self.events.failed(error):
+                yield self.encode(event)
+            return
+        self.finished = True
+        for event in self.events.finish():
+            yield self.encode(event)
+
+
+def finish_reason(response: Any) -> str | None:
+    """Choice 0's finish reason, on either upstream path."""
+    data = getattr(response, "data", None)
+    if isinstance(data, dict):
+        choices = data.get("choices") or [{}]
+        reason = choices[0].get("finish_reason")
+        return str(reason) if reason else None
+    choices = getattr(response, "choices", None) or []
+    reason = getattr(choices[0], "finish_reason", None) if choices else None
+    return str(reason) if reason else None
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+# --- POST /v1/responses ------------------------------------------------------------------------
+
+
+def previous_not_found(value: str) -> ServeError:
+    return ServeError(
+        404,
+        f"Previous response with id {value!r} not found.",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
+def resolve_previous(engine: Engine, ref: responses_api.Reference, owner: str) -> int:
+    """The stored message a response id continues after: the reply it names, or the newest
+    reply stored after the message it names; a ``NotFoundError`` when the key does not own
+    the conversation or the message is not there (a stream that never finished)."""
+    from core.storage.models import CONVERSATIONS, MESSAGES
+
+    m = MESSAGES.c
+    with engine.connect() as connection:
+        found = connection.execute(
+            select(CONVERSATIONS.c.owner).where(CONVERSATIONS.c.id == ref.conversation_id)
+        ).first()
+        if found is None or found[0] is None or not hmac.compare_digest(found[0], owner):
+            raise NotFoundError(ref.conversation_id)
+        where = m.conversation_id == ref.conversation_id
+        if ref.exact:
+            statement = select(m.id).where(and_(where, m.id == ref.message_id))
+        else:
+            statement = select(func.max(m.id)).where(
+                and_(where, m.parent_id == ref.message_id, m.role == "assistant")
+            )
+        row = connection.execute(statement).first()
+    if row is None or row[0] is None:
+        raise NotFoundError(ref.conversation_id)
+    return int(row[0])
+
+
+def responses_shape(
+    state: routes.State, head: responses_api.Head, name: Callable[[int | None], str]
+) -> Shape:
+    """Responses objects and events; ``name(reply_id)`` gives the response its id."""
+    settings = state.turns.settings
+
+    def body(response: Any, reply_id: int | None) -> bytes:
+        head.id = name(reply_id)
+        message = upstream.reply_message(response)
+        usage = upstream.usage_of(response)
+        return _dumps(responses_api.response_object(head, message, usage, finish_reason(response)))
+
+    def relay(stream: Any) -> Relay:
+        head.id = name(None)
+        return ConvertedRelay(
+            stream,
+            responses_api.ResponseEvents(head),
+            responses_api.sse,
+            lambda exc: upstream.as_serve_error(exc, settings),
+        )
+
+    return Shape(body, relay)
+
+
+async def responses(request: Request) -> Response:
+    """OpenAI's Responses API: a stored turn (the conversation the header, the metadata or
+    ``previous_response_id`` names, else one of this key and first message), or with
+    ``store: false`` a request nothing is kept of."""
+    started = time.perf_counter()
+    state = routes.state_of(request)
+    settings = state.turns.settings
+    try:
+        owner = routes.authorize(request)
+        body = await routes.read_json(request, settings.serve_max_body_bytes)
+        chat = responses_api.chat_request(body)
+        model = upstream.resolve_model(chat.model, settings)
+        named = routes.conversation_id(request, body)
+        ref, parent = await _previous(state, chat, owner, named)
+        head = responses_api.Head("", chat.model, chat.echo, store=chat.store)
+        if not chat.store:
+            return await _unstored(state, chat, model, ref, parent, head)
+        cid = named or (ref.conversation_id if ref is not None else None)
+        if cid is None:
+            first = responses_api.first_message(chat.messages)
+            cid = responses_api.derived_conversation(owner, first)
+        turn = routes.new_turn(state, cid, owner, model, chat.with_system(), chat.params)
+        turn.after = parent
+
+        def name(reply_id: int | None) -> str:
+            if reply_id is not None:
+                return responses_api.response_id(turn.conversation_id, reply_id, exact=True)
+            assert turn.leaf_id is not None, "a stored turn's request has a leaf"
+            return responses_api.response_id(turn.conversation_id, turn.leaf_id, exact=False)
+
+        shape = responses_shape(state, head, name)
+        return await routes.stored_turn(state, turn, chat.stream, True, started, shape)
+    except ServeError as exc:
+        log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
+        return exc.response()
+
+
+async def _previous(
+    state: routes.State, chat: responses_api.ChatRequest, owner: str, named: str | None
+) -> tuple[responses_api.Reference | None, int | None]:
+    """The reference ``previous_response_id`` holds and the stored message it continues after."""
+    value = chat.previous_response_id
+    if value is None:
+        return None, None
+    ref = responses_api.parse_response_id(value)
+    if ref is None:
+        raise previous_not_found(value)
+    if named is not None and named != ref.conversation_id:
+        raise bad_request(
+            "previous_response_id belongs to another conversation than the one named.",
+            param="previous_response_id",
+        )
+    try:
+        parent = await state.turns.recap.run(
+            resolve_previous, state.turns.recap.recap.engine, ref, owner
+        )
+    except NotFoundError:
+        raise previous_not_found(value) from None
+    return ref, parent
+
+
+async def _unstored(
+    state: routes.State,
+    chat: responses_api.ChatRequest,
+    model: str,
+    ref: responses_api.Reference | None,
+    parent: int | None,
+    head: responses_api.Head,
+) -> Response:
+    """``store: false``: Recap's assembly of the previous response's branch (when one is
+    named) and the new input, sent upstream; nothing of the turn is kept."""
+    messages: list[Any] = chat.with_system()
+    if ref is not None and parent is not None:
+        system, rest = split_system(messages)
+        tools = chat.params.get("tools")
+        try:
+            assembled = await state.turns.recap.assemble(
+                ref.conversation_id, leaf=parent, system=system, tools=tools
+            )
+        except BudgetError as exc:
+            raise context_too_long(str(exc)) from None
+        except NotFoundError:
+            raise not_found(ref.conversation_id) from None
+        messages = [*assembled.messages, *rest]
+    shape = responses_shape(state, head, lambda _reply: responses_api.unstored_id())
+    return await routes.passthrough(state, model, messages, chat.params, chat.stream, True, shape)
+
+
+# --- every other path --------------------------------------------------------------------------
+
+
+def is_anthropic(request: Request) -> bool:
+    """Whether the request looks like an Anthropic SDK's (its error format is Anthropic's)."""
+    headers = request.headers
+    return (
+        "anthropic-version" in headers
+        or "x-api-key" in headers
+        or request.url.path.rstrip("/").endswith(("/messages", "/count_tokens", "/complete"))
+    )
+
+
+async def unknown_route(request: Request, exc: Exception) -> Response:
+    """A path (or method) recap serve does not answer: a JSON 404 (405) naming what it does,
+    in the format of the API the client speaks."""
+    status = getattr(exc, "status_code", 404)
+    status = status if status in (404, 405) else 404
+    what = "Unknown path" if status == 404 else f"{request.method} is not allowed on"
+    message = f"{what} {request.url.path}: recap serve answers {', '.join(ENDPOINTS)}."
+    if is_anthropic(request):
+        return messages_api.error_response(ServeError(status, message, code="not_found"))
+    return ServeError(status, message, code="unknown_url").response()
+
+
+# --- POST /v1/messages, POST /v1/messages/count_tokens -----------------------------------------
+
+
+def anthropic_owner(request: Request) -> str:
+    """The caller's key fingerprint from ``x-api-key`` (the Anthropic SDKs') or a bearer key."""
+    key = request.headers.get("x-api-key")
+    authorization = f"Bearer {key}" if key else request.headers.get("authorization")
+    owner = routes.state_of(request).keys.owner(authorization)
+    if owner is None:
+        raise ServeError(
+            401,
+            "Invalid or missing API key: send `x-api-key: KEY` (or `Authorization: Bearer KEY`) "
+            "with a key from RECAP_SERVE_KEYS.",
+        )
+    return owner
+
+
+def anthropic_reply(message: dict[str, Any], response: Any) -> dict[str, Any]:
+    """The upstream's reply for an Anthropic client: litellm's signed thinking blocks kept,
+    tool inputs written as the client sends them back."""
+    choices = getattr(response, "choices", None)
+    blocks = getattr(choices[0].message, "thinking_blocks", None) if choices else None
+    if blocks:
+        message = {**message, "thinking_blocks": [dict(b) for b in blocks]}
+    return messages_api.canonical_reply(message)
+
+
+def messages_shape(state: routes.State, model: str, input_tokens: Callable[[], int]) -> Shape:
+    """Anthropic messages and events."""
+    settings = state.turns.settings
+    message_id = messages_api.new_message_id()
+
+    def body(response: Any, _reply_id: int | None) -> bytes:
+        message = anthropic_reply(upstream.reply_message(response), response)
+        usage = upstream.usage_of(response)
+        reply = messages_api.message_object(
+            message_id, model, message, usage, finish_reason(response)
+        )
+        return _dumps(reply)
+
+    def relay(stream: Any) -> Relay:
+        events = messages_api.MessageEvents(message_id, model, input_tokens())
+        return ConvertedRelay(
+            stream, events, messages_api.sse, lambda exc: upstream.as_serve_error(exc, settings)
+        )
+
+    return Shape(body, relay)
+
+
+async def messages(request: Request) -> Response:
+    """Anthropic's Messages API: a stored turn when the request names its conversation
+    (``X-Recap-Conversation``), passed through otherwise, as for chat completions."""
+    started = time.perf_counter()
+    state = routes.state_of(request)
+    settings = state.turns.settings
+    try:
+        owner = anthropic_owner(request)
+        body = await routes.read_json(request, settings.serve_max_body_bytes)
+        chat = messages_api.chat_request(body)
+        model = upstream.resolve_model(chat.model, settings)
+        cid = routes.conversation_id(request, body)
+        if cid is None:
+            shape = messages_shape(state, chat.model, lambda: 0)
+            return await routes.passthrough(
+                state, model, chat.messages, chat.params, chat.stream, True, shape
+            )
+        turn = routes.new_turn(state, cid, owner, model, chat.messages, chat.params)
+        turn.reply_form = anthropic_reply
+
+        def sent_tokens() -> int:
+            return turn.assembled.tokens.total if turn.assembled is not None else 0
+
+        shape = messages_shape(state, chat.model, sent_tokens)
+        return await routes.stored_turn(state, turn, chat.stream, True, started, shape)
+    except ServeError as exc:
+        log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
+        return messages_api.error_response(exc)
+
+
+async def count_tokens(request: Request) -> Response:
+    """Anthropic's token count, by Recap's own counter: the tokens of the request as recap
+    serve would send it for a conversation it has not compressed (system, tools, messages)."""
+    state = routes.state_of(request)
+    try:
+        owner = anthropic_owner(request)
+        body = await routes.read_json(request, state.turns.settings.serve_max_body_bytes)
+        chat = messages_api.chat_request(body, count=True)
+        model = upstream.resolve_model(chat.model, state.turns.settings)
+        cid = routes.conversation_id(request, body)
+        tokens = await state.turns.recap.run(counted, state, cid, owner, model, chat)
+    except InputError as exc:
+        return messages_api.error_response(bad_request(state.turns.masked(exc)))
+    except ServeError as exc:
+        return messages_api.error_response(exc)
+    return JSONResponse({"input_tokens": tokens})
+
+
+def counted(
+    state: routes.State, cid: str | None, owner: str, model: str, chat: messages_api.ChatRequest
+) -> int:
+    """Recap's count of what it would send: for a named conversation of this key, its
+    assembly up to the longest stored prefix of the history (summaries and clearings
+    applied) and the messages past it in full; else the request as it is."""
+    system, rest = split_system(chat.messages)
+    if cid is None:
+        return request_tokens(model, chat.messages, chat.tools)
+    recap = state.turns.recap.recap
+    leaf, matched = history.stored_prefix(recap.engine, cid, owner, rest)
+    if leaf is None:
+        return request_tokens(model, chat.messages, chat.tools)
+    try:
+        assembled = recap.assemble(cid, leaf=leaf, system=system, tools=chat.tools)
+    except BudgetError:
+        return request_tokens(model, chat.messages, chat.tools)
+    unsent = [dict(m) for m in rest[matched:]]
+    return assembled.tokens.total + request_tokens(model, unsent, None) - TOKENS_REPLY_PRIMING
+
+
+def request_tokens(
+    model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> int:
+    """Recap's count of a request's messages and tools for ``model``."""
+    from core.counting.tokens import (
+        TOKENS_REPLY_PRIMING,
+        count_message,
+        count_tools,
+        encoding_name_for,
+    )
+
+    encoding = encoding_name_for(model)
+    total = TOKENS_REPLY_PRIMING + count_tools(tools, encoding)
+    return total + sum(count_message(m, encoding, model=model) for m in messages)
+
+
+ROUTES = [
+    Route("/v1/responses", responses, methods=["POST"]),
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    # the Anthropic SDKs add /v1 themselves: a base URL copied from an OpenAI client ends in it
+    Route("/v1/v1/messages", messages, methods=["POST"]),
+    Route("/v1/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+]
