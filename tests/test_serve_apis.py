@@ -1004,3 +1004,27 @@ def test_count_tokens_counts_what_recap_would_send(serve: Serve) -> None:
     assert named.input_tokens == int(again.headers["x-recap-request-tokens"])
     assert again.headers["x-recap-truncated"] == "true"
     assert whole.input_tokens > named.input_tokens
+
+
+def test_the_reply_limit_is_capped_to_the_room_the_request_leaves(serve: Serve) -> None:
+    """A client max_tokens larger than the window leaves is cut to it upstream, and the
+    response says so; a smaller one is passed as it came."""
+    client = serve.client()
+    cid = new_id()
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "short"}],
+        max_tokens=10**6,
+        extra_headers={"X-Recap-Conversation": cid},
+    )
+    room = int(raw.headers["x-recap-max-output-tokens"])
+    assert raw.headers["x-recap-max-tokens-capped"] == "true" and 0 < room < 10**6
+    assert serve.llm.requests[-1].body["max_tokens"] == room
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "again"}],
+        max_tokens=5,
+        extra_headers={"X-Recap-Conversation": new_id()},
+    )
+    assert raw.headers["x-recap-max-tokens-capped"] == "false"
+    assert serve.llm.requests[-1].body["max_tokens"] == 5

@@ -158,14 +158,18 @@ class Turns:
         """One upstream reply (or stream) for ``turn.sent``; a context overflow compresses once
         and retries."""
         try:
-            return await self.upstream.complete(turn.model, turn.sent, turn.params, stream=stream)
+            return await self.upstream.complete(
+                turn.model, turn.sent, capped_params(turn), stream=stream
+            )
         except Exception as exc:
             if not upstream.is_context_overflow(exc):
                 raise upstream.as_serve_error(exc, self.settings) from None
         await self.compress_now(turn)
         await self.assemble(turn)
         try:
-            return await self.upstream.complete(turn.model, turn.sent, turn.params, stream=stream)
+            return await self.upstream.complete(
+                turn.model, turn.sent, capped_params(turn), stream=stream
+            )
         except Exception as exc:
             raise upstream.as_serve_error(exc, self.settings) from None
 
@@ -270,7 +274,39 @@ def reply_headers(turn: Turn) -> Mapping[str, str]:
     headers = {"X-Recap-Mode": "stored", "X-Recap-Conversation": turn.conversation_id}
     if turn.assembled is not None:
         headers.update(outcome_headers(turn.assembled))
+        headers.update(cap_headers(turn))
     return headers
+
+
+REPLY_LIMITS = ("max_tokens", "max_completion_tokens")  # the client's cap on the reply
+
+
+def capped_params(turn: Turn) -> dict[str, Any]:
+    """The client's parameters with its reply limit cut to the room the request leaves for the
+    reply (``AssembledRequest.max_output_tokens``): a larger one is an overflow the provider
+    would refuse or cut. A limit the client did not set is left to the provider."""
+    room = turn.assembled.max_output_tokens if turn.assembled is not None else None
+    if room is None:
+        return turn.params
+    params = dict(turn.params)
+    for key in REPLY_LIMITS:
+        value = params.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > room:
+            params[key] = max(room, 1)
+    return params
+
+
+def cap_headers(turn: Turn) -> dict[str, str]:
+    """The room for the reply, and whether the client's limit was cut to it."""
+    room = turn.assembled.max_output_tokens if turn.assembled is not None else None
+    if room is None:
+        return {}
+    asked = [turn.params.get(key) for key in REPLY_LIMITS]
+    capped = any(isinstance(v, int) and not isinstance(v, bool) and v > room for v in asked)
+    return {
+        "X-Recap-Max-Output-Tokens": str(room),
+        "X-Recap-Max-Tokens-Capped": "true" if capped else "false",
+    }
 
 
 def outcome_headers(assembled: AssembledRequest) -> dict[str, str]:
