@@ -24,6 +24,7 @@ from core.settings import Settings
 from core.storage.outputs import Ingest
 from workers.serve import history, upstream
 from workers.serve.errors import ServeError, context_too_long
+from workers.serve.headers import encoded
 
 log = structlog.get_logger(__name__)
 
@@ -157,42 +158,65 @@ class Turns:
             reason=outcome.get("reason"),
         )
 
-    async def finish(self, turn: Turn, response: Any) -> int:
-        """Store the reply and its usage (one trip to the thread pool); the reply's id."""
-        return await self.recap.run(self._finish, turn, response)
+    @property
+    def secrets(self) -> list[str]:
+        """The known secrets every reply and error is masked of."""
+        return self._secrets
 
-    async def finish_stream(self, turn: Turn, chunks: list[Any]) -> Any:
-        """Store the reply a finished stream assembles from ``chunks`` (built on the thread pool,
-        not the event loop); the reply, whose usage ``record_usage`` records."""
+    async def finish(self, turn: Turn, response: Any) -> int:
+        """Store the reply and its usage (one trip to the thread pool); the reply's id. The
+        reply is read and checked first (``upstream.read_reply``: a ``MalformedReply`` before
+        anything is stored) unless it is a ``Completion`` already."""
+        completion = self.completion(response)
+        return await self.recap.run(self._finish, turn, completion)
+
+    def completion(self, response: Any) -> upstream.Completion:
+        """The reply read, checked and masked (a ``MalformedReply`` when it is no reply)."""
+        if isinstance(response, upstream.Completion):
+            return response
+        return upstream.read_reply(response, self._secrets)
+
+    async def finish_stream(self, turn: Turn, chunks: list[Any] | dict[str, Any]) -> Any:
+        """Store the reply of a finished stream: the relay's whole reply, or the reply its
+        ``chunks`` assemble (built on the thread pool, not the event loop); the reply, whose
+        usage ``record_usage`` records."""
         return await self.recap.run(self._finish_stream, turn, chunks)
 
     async def record_usage(self, turn: Turn, response: Any) -> None:
         """The usage the provider reported for the turn, when it did."""
         await self.recap.run(self._record_usage, turn, response)
 
-    def _finish(self, turn: Turn, response: Any) -> int:
-        reply_id = self._store_reply(turn, response)
-        self._record_usage(turn, response)
+    def _finish(self, turn: Turn, completion: upstream.Completion) -> int:
+        reply_id = self._store_reply(turn, completion.message)
+        try:  # the reply is stored: nothing after it may fail the turn
+            self._record_usage(turn, completion)
+        except Exception as exc:
+            log.warning("serve_usage_not_recorded", error=self.error_text(exc))
         return reply_id
 
-    def _finish_stream(self, turn: Turn, chunks: list[Any]) -> Any:
-        response = upstream.build_from_chunks(chunks, turn.sent)
-        self._store_reply(turn, response)
+    def _finish_stream(self, turn: Turn, chunks: list[Any] | dict[str, Any]) -> Any:
+        response = (
+            chunks if isinstance(chunks, dict) else upstream.build_from_chunks(chunks, turn.sent)
+        )
+        message = upstream.read_reply(response, self._secrets).message
+        self._store_reply(turn, message)
         return response
 
-    def _store_reply(self, turn: Turn, response: Any) -> int:
+    def _store_reply(self, turn: Turn, message: dict[str, Any]) -> int:
         return history.store_reply(
             self.recap.recap.engine,
             self.ingest,
             turn.conversation_id,
             turn.owner,
             turn.leaf_id,
-            upstream.reply_message(response),
+            message,
             self.seen,
         )
 
     def _record_usage(self, turn: Turn, response: Any) -> None:
-        usage = upstream.usage_of(response)
+        usage = response.usage if isinstance(response, upstream.Completion) else None
+        if not isinstance(response, upstream.Completion):
+            usage = upstream.usage_of(response)
         if usage is not None:
             prompt, completion, cached = usage
             self.recap.recap.record_usage(
@@ -241,8 +265,9 @@ def _send_compress(conversation_id: str, leaf_id: int | None) -> None:
 
 
 def reply_headers(turn: Turn) -> Mapping[str, str]:
-    """What the response says about the stored turn."""
-    return {"X-Recap-Mode": "stored", "X-Recap-Conversation": turn.conversation_id}
+    """What the response says about the stored turn, every value encoded by the header rule
+    (``headers.encode``: a conversation id of any script is written percent-encoded)."""
+    return encoded({"X-Recap-Mode": "stored", "X-Recap-Conversation": turn.conversation_id})
 
 
 __all__ = ["ConversationLocks", "ServeError", "Turn", "Turns", "reply_headers"]
