@@ -25,6 +25,7 @@ BENCHES: tuple[str, ...] = (
     "load",
     "media",
     "serve",
+    "serve_hostile",
     "large",
     "fidelity",
     "scale",
