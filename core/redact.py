@@ -150,9 +150,12 @@ def error_text(exc: BaseException, secrets: Iterable[str | None] = ()) -> str:
 # in a code answer) are content, not leaks: only what is known to be secret is masked there (the
 # configured keys and URL passwords, see ``known_secrets``) and the password of any URL.
 
-# The end of a text that may be the start of a URL with a password: a scheme and its colon, or
-# an authority not ended yet. Held back from a stream until the next piece tells.
-URL_TAIL = re.compile(r"(?i)(?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,30}:(?:/|//[^\s/@]{0,768})?\Z")
+# A URL's credentials, whatever its scheme: "://user:PASSWORD@". In a reply the scheme may
+# have left in an earlier piece of a stream; what is masked is the same either way.
+URL_CREDENTIALS = re.compile(r"://(?P<user>[^:/@\s]{0,256}):(?P<pw>[^@/\s]{1,512})@")
+# The end of a text that may be the start of a URL's credentials: a colon and up to two
+# slashes, or an authority not ended yet. Held back from a stream until the next piece tells.
+URL_TAIL = re.compile(r"(?::/{0,2}|://[^\s/@]{0,768})\Z")
 URL_TAIL_WINDOW = 1_024  # characters at the end of a piece where an open URL is looked for
 
 
@@ -163,7 +166,7 @@ def mask_known(text: str, secrets: Iterable[str] = ()) -> str:
         if secret in text:
             text = text.replace(secret, mask_value(secret))
     if "://" in text:
-        text = URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+        text = URL_CREDENTIALS.sub(lambda m: f"://{m['user']}:{MASK}@", text)
     return text
 
 
@@ -223,7 +226,8 @@ class StreamMasker:
                     held = len(text) - start
                     break
                 start = text.find(secret[0], start + 1)
-        tail = URL_TAIL.search(text[-URL_TAIL_WINDOW:]) if ":" in text[-URL_TAIL_WINDOW:] else None
+        window = text[-URL_TAIL_WINDOW:]
+        tail = URL_TAIL.search(window) if ":" in window else None
         if tail is not None:
             held = max(held, len(tail[0]))
         return held

@@ -50,6 +50,111 @@ WAIT = 60.0  # seconds a streamed reply may take to be stored after the stream e
 TRACEBACK = re.compile(r"Traceback|File \"|\.py\b|site-packages|/usr/|/home/|/tmp/|/root/")
 
 
+# --- the pure parts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "deeper than 64"),
+        (b'{"a":' + b"[" * 65 + b"]" * 65 + b"}", "deeper than 64"),
+        (b'{"n":' + b"9" * 5_000 + b"}", "5000 digits"),
+        (b'{"n":' + b"9" * 20 + b"}", "does not fit in 64 bits"),
+        (b'{"n":NaN}', "NaN is not valid JSON"),
+        (b'{"n":-Infinity}', "-Infinity is not valid JSON"),
+        (b'{"n":1e400}', "too large for a double"),
+        (b'{"s":"\\ud800"}', "lone surrogate"),
+        (b'{"s":"\xff"}', "not valid UTF-8"),
+        (b"{", "not valid JSON"),
+        (b"[]", "must be a JSON object"),
+    ],
+)
+def test_the_reader_refuses_with_one_line(body: bytes, fragment: str) -> None:
+    """Each hostile body is one 400 naming why, raised while parsing or right after."""
+    from workers.serve.errors import ServeError
+    from workers.serve.reader import parse_object
+
+    with pytest.raises(ServeError) as caught:
+        parse_object(body)
+    assert caught.value.status == 400 and fragment in caught.value.message
+
+
+def test_the_reader_takes_what_clients_send() -> None:
+    """Ordinary bodies: 64-bit integers, floats, 64 levels, any script, a BOM."""
+    from workers.serve.reader import parse_object
+
+    deep = "[" * 63 + "]" * 63
+    body = f'{{"seed": {-(2**63)}, "t": 0.7, "d": {deep}, "s": "会话 🙂"}}'
+    assert parse_object(("\ufeff" + body).encode())["s"] == "会话 🙂"
+
+
+@pytest.mark.parametrize(
+    ("value", "written"),
+    [
+        ("conv-1", "conv-1"),
+        ("a:b/c@d?e=f", "a:b/c@d?e=f"),
+        ("chat-会话", "chat-%E4%BC%9A%E8%AF%9D"),
+        ("100%", "100%25"),
+        ("a b", "a%20b"),
+        ("emoji-🙂", "emoji-%F0%9F%99%82"),
+    ],
+)
+def test_header_values_round_trip(value: str, written: str) -> None:
+    """The header rule: printable ASCII but space and % as it is, the rest percent-encoded
+    UTF-8; decoding gives the value back, and raw UTF-8 (as Latin-1) is read too."""
+    from workers.serve import headers
+
+    assert headers.encode(value) == written
+    assert headers.decode(written) == value
+    if "%" not in value:  # a client writing the id's raw UTF-8 bytes is understood too
+        assert headers.decode(value.encode("utf-8").decode("latin-1")) == value
+
+
+def test_a_header_that_is_not_utf8_is_refused() -> None:
+    from workers.serve import headers
+
+    for raw in ("\xff\xfe", "%FF%FE"):
+        with pytest.raises(ValueError):
+            headers.decode(raw)
+
+
+def test_a_stream_masker_equals_masking_the_whole_text() -> None:
+    """Seeded random splits of texts around known secrets and URL passwords: the pieces let
+    out, joined, equal the whole text masked at once."""
+    import random
+
+    from core.redact import StreamMasker, mask_known
+
+    secrets = [UPSTREAM_KEY, SUMMARY_KEY, DB_PASSWORD]
+    words = [*secrets, "sk-", "s", "postgres://", "u:p@h", "db-", "Note:", "x", " ", "//", "@"]
+    rng = random.Random(27)
+    for _ in range(500):
+        text = "".join(rng.choice(words) for _ in range(rng.randint(0, 12)))
+        cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text) + 1, rng.randint(0, 6))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        masker = StreamMasker(secrets)
+        out = "".join(masker.feed("k", piece) for piece in pieces) + masker.flush("k")
+        assert out == mask_known(text, secrets), pieces
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (
+            'boom\nTraceback (most recent call last):\n  File "/srv/app/x.py", line 3, in f',
+            "boom",
+        ),
+        ('File "/usr/lib/python3.11/site.py", line 9 bad', "(server file) bad"),
+        ("at /home/u/.venv/lib/site-packages/litellm/main.py", "at (server path)"),
+        ("see http://127.0.0.1:8080/v1/chat, a/b", "see http://127.0.0.1:8080/v1/chat, a/b"),
+    ],
+)
+def test_client_text_drops_tracebacks_and_paths(text: str, shown: str) -> None:
+    from workers.serve.errors import client_text
+
+    assert client_text(text) == shown
+
+
 @dataclass
 class Serve:
     base_url: str
