@@ -25,6 +25,7 @@ from sqlalchemy import Engine, select
 
 from core.storage.models import MESSAGES
 from core.storage.records import ROLES
+from workers.serve.headers import encode
 from workers.serve.upstream import PASSED_PARAMS
 
 REQUEST_TIMEOUT = 120.0  # seconds one request may take (a crowded two-core machine)
@@ -204,8 +205,8 @@ def fuzz_once(base_url: str, key: str, body: dict[str, Any], header: str | None)
     """Send one fuzzed request (the body as Python's json writes it, NaN included); its
     status, the whole response read (a stream to its end)."""
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    if header is not None:
-        headers["X-Recap-Conversation"] = header
+    if header is not None:  # blanks at either end cannot be written as they are: encoded
+        headers["X-Recap-Conversation"] = encode(header) if header != header.strip() else header
     content = json.dumps(body).encode()
     with (
         httpx.Client(timeout=REQUEST_TIMEOUT) as client,

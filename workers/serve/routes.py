@@ -15,7 +15,7 @@ from core.counting.tokens import UnknownModelError
 from core.errors import NotFoundError, RecapError
 from workers.serve import headers, history, reader, upstream
 from workers.serve.auth import KeyRing
-from workers.serve.errors import ServeError, bad_request, not_found, unauthorized
+from workers.serve.errors import ServeError, bad_request, client_text, not_found, unauthorized
 from workers.serve.prefix import split_system
 from workers.serve.streaming import Relay, TurnStream
 from workers.serve.turns import Turn, Turns, reply_headers
@@ -252,9 +252,8 @@ async def health(request: Request) -> Response:
     try:
         await turns.recap.run(_ping, turns.recap.recap.engine)
     except Exception as exc:
-        return JSONResponse(
-            {"status": "unavailable", "error": turns.error_text(exc)}, status_code=503
-        )
+        error = client_text(turns.error_text(exc))  # answered without a key: no server path
+        return JSONResponse({"status": "unavailable", "error": error}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 

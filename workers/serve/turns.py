@@ -23,7 +23,7 @@ from core.redact import error_text, known_secrets, redact
 from core.settings import Settings
 from core.storage.outputs import Ingest
 from workers.serve import history, upstream
-from workers.serve.errors import ServeError, context_too_long
+from workers.serve.errors import ServeError, client_text, context_too_long
 from workers.serve.headers import encoded
 
 log = structlog.get_logger(__name__)
@@ -244,8 +244,9 @@ class Turns:
         return error_text(exc, self._secrets)
 
     def masked(self, exc: BaseException) -> str:
-        """The error's message with every secret masked, for the client."""
-        return redact(str(exc), self._secrets)
+        """The error's message for the client: every secret masked, one line, no traceback
+        and no server path."""
+        return client_text(redact(str(exc), self._secrets))
 
 
 def _send_compress(conversation_id: str, leaf_id: int | None) -> None:

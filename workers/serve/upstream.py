@@ -260,8 +260,8 @@ def message_of(data: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise MalformedReply("the reply's choice holds no message")
     content = message.get("content")
-    if content is not None and not isinstance(content, str):
-        raise MalformedReply("the reply's content is neither text nor null")
+    if content is not None and not isinstance(content, str) and not _parts(content):
+        raise MalformedReply("the reply's content is neither text, content parts nor null")
     out: dict[str, Any] = {"role": "assistant", "content": content}
     calls = message.get("tool_calls")
     if calls:
@@ -278,6 +278,16 @@ def message_of(data: Mapping[str, Any]) -> dict[str, Any]:
         return check_message(out, "the reply")
     except InputError as exc:
         raise MalformedReply(str(exc)) from None
+
+
+def _parts(content: Any) -> bool:
+    """Whether a reply's content is a list of content parts of known types (some servers
+    answer with text and thinking parts)."""
+    from workers.serve.reader import PART_TYPES
+
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") in PART_TYPES for part in content
+    )
 
 
 def _calls(calls: Any) -> list[dict[str, Any]]:
