@@ -177,21 +177,56 @@ _conversation = st.one_of(
 )
 
 
+_text = st.text(st.characters(blacklist_categories=("Cs", "Co")), max_size=40)
+_valid_message = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": _text}),
+    st.fixed_dictionaries(
+        {
+            "role": st.just("user"),
+            "content": st.lists(
+                st.fixed_dictionaries({"type": st.just("text"), "text": _text}),
+                min_size=1,
+                max_size=2,
+            ),
+        }
+    ),
+)
+_valid_params = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": st.floats(0, 2),
+        "top_p": st.floats(0, 1),
+        "max_tokens": st.integers(1, 4096),
+        "seed": st.integers(-(2**63), 2**63 - 1),
+        "stop": st.one_of(_text, st.lists(_text, max_size=2)),
+        "user": _text,
+        "n": st.just(1),
+        "presence_penalty": st.floats(-2, 2),
+    },
+)
+
+
 @st.composite
 def request_bodies(draw: st.DrawFn, model: str) -> tuple[dict[str, Any], str | None]:
-    """A chat-completions body (valid or not) and the conversation id to send as the header."""
-    messages = draw(
-        st.one_of(
-            st.lists(_message, min_size=1, max_size=4),
-            st.just([{"role": "user", "content": "a plain question"}]),
-            json_values,
-        )
-    )
-    body: dict[str, Any] = {"model": draw(st.one_of(st.just(model), json_values))}
-    body["messages"] = messages
-    body.update(draw(_params))
+    """A chat-completions body and the conversation id to send as the header: half of them
+    well-formed (text turns, typed parameters, either stream flag), half anything at all."""
     if draw(st.booleans()):
-        body["stream"] = draw(st.one_of(st.booleans(), json_values))
+        messages: Any = draw(st.lists(_valid_message, min_size=1, max_size=4))
+        messages[-1] = {"role": "user", "content": draw(_text) or "a question"}
+        body: dict[str, Any] = {"model": model, "messages": messages, **draw(_valid_params)}
+        body["stream"] = draw(st.booleans())
+    else:
+        messages = draw(
+            st.one_of(
+                st.lists(_message, min_size=1, max_size=4),
+                st.just([{"role": "user", "content": "a plain question"}]),
+                json_values,
+            )
+        )
+        body = {"model": draw(st.one_of(st.just(model), json_values)), "messages": messages}
+        body.update(draw(_params))
+        if draw(st.booleans()):
+            body["stream"] = draw(st.one_of(st.booleans(), json_values))
     named = draw(_conversation)
     if named is not None and draw(st.booleans()):
         body["metadata"] = {"recap_conversation": named}

@@ -562,7 +562,7 @@ def test_a_secret_in_a_pass_through_reply_is_masked(serve: Serve) -> None:
 
 # --- a bounded fuzz of the routes ----------------------------------------------------------------
 
-FUZZ_CASES = {"direct": 300, "litellm": 100}  # seeded; bench.serve_hostile runs thousands
+FUZZ_CASES = {"direct": 200, "litellm": 60}  # seeded; bench.serve_hostile runs thousands
 
 
 def test_fuzzed_requests_never_get_a_500(serve: Serve) -> None:
@@ -590,4 +590,4 @@ def test_fuzzed_requests_never_get_a_500(serve: Serve) -> None:
 
     one()
     assert sum(statuses.values()) >= FUZZ_CASES[serve.path] // 2
-    assert statuses[200] > 0 and statuses[400] > 0, statuses
+    assert statuses[200] >= FUZZ_CASES[serve.path] // 10 and statuses[400] > 0, statuses

@@ -20,7 +20,7 @@ from tests.serve_stack import serve_process
 
 KEY = "client-key-race-1111"
 MODEL = "openai/stand-in"
-SUITE_ROUNDS = 8  # seeded; bench.serve_hostile runs 100
+SUITE_ROUNDS = 5  # seeded; bench.serve_hostile runs 100
 
 
 @pytest.fixture
