@@ -591,3 +591,37 @@ def test_fuzzed_requests_never_get_a_500(serve: Serve) -> None:
     one()
     assert sum(statuses.values()) >= FUZZ_CASES[serve.path] // 2
     assert statuses[200] >= FUZZ_CASES[serve.path] // 10 and statuses[400] > 0, statuses
+
+
+def test_a_secret_in_streamed_tool_arguments_is_masked(serve: Serve) -> None:
+    """A tool call's arguments carrying the upstream key in pieces: masked in the chunks the
+    client reads and in the stored call."""
+    cid = new_id()
+    arguments = json.dumps({"header": f"Bearer {UPSTREAM_KEY}"})
+    head = {"index": 0, "id": "call_k", "type": "function"}
+    pieces = [arguments[i : i + 5] for i in range(0, len(arguments), 5)]
+    deltas = [{"tool_calls": [{**head, "function": {"name": "curl", "arguments": ""}}]}]
+    deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in pieces]
+    serve.upstream.script(
+        stream_answer([chunk({"role": "assistant"}), *map(chunk, deltas), chunk({}, "tool_calls")])
+    )
+    stream = serve.client().chat.completions.create(
+        model=MODEL, messages=user(), stream=True, extra_headers={"X-Recap-Conversation": cid}
+    )
+    sent = "".join(
+        call.function.arguments or ""
+        for c in stream
+        if c.choices
+        for call in c.choices[0].delta.tool_calls or ()
+        if call.function is not None
+    )
+    assert UPSTREAM_KEY not in sent and "sk-...cdef" in sent
+    m = MESSAGES.c
+
+    def stored() -> Any:
+        with serve.engine.connect() as connection:
+            statement = select(m.tool_calls).where(m.conversation_id == cid, m.role == "assistant")
+            return connection.execute(statement).scalar()
+
+    calls = wait_for(stored, WAIT, "the tool call stored")
+    assert UPSTREAM_KEY not in json.dumps(calls) and "sk-...cdef" in json.dumps(calls)

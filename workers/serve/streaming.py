@@ -104,7 +104,7 @@ class Relay:
             raise upstream.MalformedReply("a streamed choice has no index or delta")
         changed = False
         for field in TEXT_FIELDS:
-            changed |= self._mask(delta, (index, field), delta, field)
+            changed |= self._mask((index, field), delta, field)
         calls = delta.get("tool_calls")
         if calls is not None:
             if not isinstance(calls, list):
@@ -121,17 +121,19 @@ class Relay:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(call, dict) or not isinstance(call.get("index", 0), int):
             raise upstream.MalformedReply("a streamed tool call is not an object")
+        if not isinstance(call.get("id", ""), str | None):
+            raise upstream.MalformedReply("a streamed tool call's id is not a string")
         if function is None:
             return False
         if not isinstance(function, dict) or not all(
             isinstance(function.get(k, ""), str | None) for k in ("name", "arguments")
         ):
             raise upstream.MalformedReply("a streamed tool call's function is malformed")
-        if not isinstance(call.get("id", ""), str | None):
-            raise upstream.MalformedReply("a streamed tool call's id is not a string")
-        return self._mask(function, (index, "call", call.get("index", 0)), function, "arguments")
+        return self._mask((index, "call", call.get("index", 0)), function, "arguments")
 
-    def _mask(self, delta: dict[str, Any], key: tuple[Any, ...], holder: Any, field: str) -> bool:
+    def _mask(self, key: tuple[Any, ...], holder: dict[str, Any], field: str) -> bool:
+        """Mask ``holder[field]`` as the next piece of the text under ``key``; whether it
+        changed."""
         value = holder.get(field)
         if value is None:
             return False
