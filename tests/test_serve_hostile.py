@@ -457,6 +457,7 @@ MALFORMED: list[tuple[str, Answer]] = [
     ("no content, no calls", json_answer(completion(None))),
     ("tool call id a number", json_answer(completion(None, tool_calls=[{**CALL, "id": 5}]))),
     ("not JSON", Answer((b"<html>oops</html>",), content_type="text/html")),
+    ("a NUL, which no database stores", json_answer(completion("a\u0000b"))),
     ("a JSON array", json_answer([1, 2])),
 ]
 
@@ -625,3 +626,10 @@ def test_a_secret_in_streamed_tool_arguments_is_masked(serve: Serve) -> None:
 
     calls = wait_for(stored, WAIT, "the tool call stored")
     assert UPSTREAM_KEY not in json.dumps(calls) and "sk-...cdef" in json.dumps(calls)
+
+
+def test_a_pass_through_reply_need_not_be_storable(serve: Serve) -> None:
+    """Nothing is stored without a conversation: a reply with a NUL character is relayed."""
+    serve.upstream.script(json_answer(completion("a\u0000b")))
+    reply = serve.client().chat.completions.create(model=MODEL, messages=user())
+    assert reply.choices[0].message.content == "a\u0000b"

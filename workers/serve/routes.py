@@ -134,11 +134,11 @@ async def passthrough(
     try:
         response = await state.turns.upstream.complete(model, messages, params, stream=stream)
         if not stream:
-            completion = state.turns.completion(response)
+            completion = state.turns.completion(response, storable=False)  # nothing stored
             return Response(completion.body, media_type=JSON_TYPE, headers=PASSTHROUGH)
     except Exception as exc:
         raise upstream.as_serve_error(exc, settings) from None
-    relay = Relay(response, include_usage=usage, secrets=state.turns.secrets)
+    relay = Relay(response, include_usage=usage, secrets=state.turns.secrets, storable=False)
     return TurnStream(relay, relay.close, headers=PASSTHROUGH)
 
 

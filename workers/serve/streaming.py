@@ -41,8 +41,16 @@ class Relay:
     non-streamed one) and ``finished``, so nothing else is ever stored. Text that could begin a
     known secret is held back until the next chunk shows it does not (``StreamMasker``)."""
 
-    def __init__(self, stream: Any, *, include_usage: bool, secrets: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        stream: Any,
+        *,
+        include_usage: bool,
+        secrets: Iterable[str] = (),
+        storable: bool = True,
+    ) -> None:
         self.stream = stream
+        self.storable = storable  # the reply will be stored: it must be storable to finish
         self.include_usage = include_usage
         self.secrets = list(secrets)
         self.masker = StreamMasker(self.secrets)
@@ -62,7 +70,7 @@ class Relay:
             if not self._finished_first:
                 raise upstream.MalformedReply("the upstream ended its stream before the reply")
             reply = direct.build_from_chunks(self.chunks)
-            upstream.message_of(reply)
+            upstream.message_of(reply, storable=self.storable)
         except Exception as exc:  # the stream ends with an error event, nothing is stored
             self.error = upstream.describe_failure(exc, self.secrets)
             yield event(error_payload(self.error))

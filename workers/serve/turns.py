@@ -170,11 +170,12 @@ class Turns:
         completion = self.completion(response)
         return await self.recap.run(self._finish, turn, completion)
 
-    def completion(self, response: Any) -> upstream.Completion:
-        """The reply read, checked and masked (a ``MalformedReply`` when it is no reply)."""
+    def completion(self, response: Any, *, storable: bool = True) -> upstream.Completion:
+        """The reply read, checked and masked (a ``MalformedReply`` when it is no reply, or
+        with ``storable`` one that cannot be stored)."""
         if isinstance(response, upstream.Completion):
             return response
-        return upstream.read_reply(response, self._secrets)
+        return upstream.read_reply(response, self._secrets, storable=storable)
 
     async def finish_stream(self, turn: Turn, chunks: list[Any] | dict[str, Any]) -> Any:
         """Store the reply of a finished stream: the relay's whole reply, or the reply its

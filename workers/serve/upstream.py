@@ -237,12 +237,13 @@ def reply_data(response: Any) -> dict[str, Any]:
     return dumped
 
 
-def read_reply(response: Any, secrets: Iterable[str]) -> Completion:
-    """The reply checked and masked; a ``MalformedReply`` when it holds no whole message."""
+def read_reply(response: Any, secrets: Iterable[str], *, storable: bool = True) -> Completion:
+    """The reply checked and masked; a ``MalformedReply`` when it holds no whole message (or,
+    with ``storable``, one the database cannot hold)."""
     data = reply_data(response)
     masked, changed = mask_strings(data, secrets)
     assert isinstance(masked, dict)
-    message = message_of(masked)
+    message = message_of(masked, storable=storable)
     if isinstance(response, direct.Reply) and not changed:
         body = response.raw  # the upstream's own bytes
     else:
@@ -250,9 +251,10 @@ def read_reply(response: Any, secrets: Iterable[str]) -> Completion:
     return Completion(body, message, usage_from(masked.get("usage")))
 
 
-def message_of(data: Mapping[str, Any]) -> dict[str, Any]:
+def message_of(data: Mapping[str, Any], *, storable: bool = True) -> dict[str, Any]:
     """The assistant message of choice 0, checked: text or null, tool calls well-formed, some
-    text or a tool call (or a refusal) present; a ``MalformedReply`` naming what is wrong."""
+    text or a tool call (or a refusal) present, and with ``storable`` a message both databases
+    can hold (no NUL character); a ``MalformedReply`` naming what is wrong."""
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise MalformedReply("the reply holds no choices")
@@ -274,6 +276,8 @@ def message_of(data: Mapping[str, Any]) -> dict[str, Any]:
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
         out["reasoning_content"] = reasoning
+    if not storable:
+        return out
     try:
         return check_message(out, "the reply")
     except InputError as exc:
