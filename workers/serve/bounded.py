@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from core.storage.limits import JSON_MAX_DEPTH
@@ -19,6 +20,9 @@ from core.storage.limits import JSON_MAX_DEPTH
 MAX_DEPTH = JSON_MAX_DEPTH  # far deeper than any request or reply (about six levels)
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # no parameter or count takes a wider integer
 MAX_INT_CHARS = 20  # a sign and 19 digits hold every 64-bit integer
+
+
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # the escape of a UTF-16 surrogate
 
 
 class Unreadable(ValueError):
@@ -67,26 +71,38 @@ def loads(data: bytes | str) -> Any:
         ) from None
     except RecursionError:
         raise Unreadable(f"nested deeper than {MAX_DEPTH} levels") from None
-    check_tree(value)
+    # strict UTF-8 holds no surrogate: only a \\uD800-style escape can make a lone one
+    check_tree(value, strings=SURROGATE_ESCAPE.search(data) is not None)
     return value
 
 
-def check_tree(value: Any) -> None:
-    """At most ``MAX_DEPTH`` levels and valid Unicode everywhere, walked without recursion."""
-    pending: list[tuple[Any, int]] = [(value, 0)]
-    while pending:
-        item, depth = pending.pop()
-        if isinstance(item, str):
-            _check_text(item)
-        elif isinstance(item, dict | list):
-            if depth >= MAX_DEPTH:
-                raise Unreadable(f"nested deeper than {MAX_DEPTH} levels")
-            if isinstance(item, dict):
-                for key in item:
-                    _check_text(key)
-                pending.extend((child, depth + 1) for child in item.values())
-            else:
-                pending.extend((child, depth + 1) for child in item)
+def check_tree(value: Any, *, strings: bool = True) -> None:
+    """At most ``MAX_DEPTH`` levels and (with ``strings``) valid Unicode in every string and
+    key. Recursive, but the depth is checked before each step down: never more than
+    ``MAX_DEPTH`` frames."""
+    if isinstance(value, str):
+        if strings:
+            _check_text(value)
+    elif isinstance(value, dict | list):
+        _walk(value, 0, strings)
+
+
+def _walk(item: dict[str, Any] | list[Any], depth: int, strings: bool) -> None:
+    if depth >= MAX_DEPTH:
+        raise Unreadable(f"nested deeper than {MAX_DEPTH} levels")
+    if type(item) is dict:
+        if strings:
+            for key in item:
+                _check_text(key)
+        children: Any = item.values()
+    else:
+        children = item
+    for child in children:
+        kind = type(child)
+        if kind is dict or kind is list:
+            _walk(child, depth + 1, strings)
+        elif strings and kind is str:
+            _check_text(child)
 
 
 def _check_text(text: str) -> None:
