@@ -27,6 +27,7 @@ BENCHES: tuple[str, ...] = (
     "media",
     "serve",
     "serve_turns",
+    "serve_hostile",
     "large",
     "fidelity",
     "fuzz",

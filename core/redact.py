@@ -142,3 +142,92 @@ def error_text(exc: BaseException, secrets: Iterable[str | None] = ()) -> str:
     message = one_line(redact(str(exc), secrets))
     text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+# --- text Recap relays and stores: the completion text of a reply ------------------------------
+#
+# A reply's text is the model's own words, where key-shaped strings (``api_key = os.environ[...]``
+# in a code answer) are content, not leaks: only what is known to be secret is masked there (the
+# configured keys and URL passwords, see ``known_secrets``) and the password of any URL.
+
+# A URL's credentials, whatever its scheme: "://user:PASSWORD@". In a reply the scheme may
+# have left in an earlier piece of a stream; what is masked is the same either way.
+URL_CREDENTIALS = re.compile(r"://(?P<user>[^:/@\s]{0,256}):(?P<pw>[^@/\s]{1,512})@")
+# The end of a text that may be the start of a URL's credentials: a colon and up to two
+# slashes, or an authority not ended yet. Held back from a stream until the next piece tells.
+URL_TAIL = re.compile(r"(?::/{0,2}|://[^\s/@]{0,768})\Z")
+URL_TAIL_WINDOW = 1_024  # characters at the end of a piece where an open URL is looked for
+
+
+def mask_known(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with every known secret and every URL password masked, nothing else changed
+    (``secrets`` as ``known_secrets`` gives them)."""
+    for secret in sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len)[::-1]:
+        if secret in text:
+            text = text.replace(secret, mask_value(secret))
+    if "://" in text:
+        text = URL_CREDENTIALS.sub(lambda m: f"://{m['user']}:{MASK}@", text)
+    return text
+
+
+def mask_strings(value: object, secrets: Iterable[str] = ()) -> tuple[object, bool]:
+    """A JSON value with ``mask_known`` applied to every string in it, and whether any
+    changed (the value itself, unchanged, when none did)."""
+    keep = list(secrets)
+    if isinstance(value, str):
+        masked = mask_known(value, keep)
+        return masked, masked != value
+    if isinstance(value, list):
+        items = [mask_strings(item, keep) for item in value]
+        if any(changed for _, changed in items):
+            return [item for item, _ in items], True
+        return value, False
+    if isinstance(value, dict):
+        pairs = {key: mask_strings(item, keep) for key, item in value.items()}
+        if any(changed for _, changed in pairs.values()):
+            return {key: item for key, (item, _) in pairs.items()}, True
+        return value, False
+    return value, False
+
+
+class StreamMasker:
+    """``mask_known`` over texts that arrive in pieces (a streamed reply's content, reasoning
+    and tool-call arguments, each under its own key): a piece's end that could begin a secret
+    or a URL with a password is held back until the next piece (or ``flush``) shows whether it
+    does, so no secret gets through split across two pieces."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self.secrets = sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len)[::-1]
+        self._pending: dict[object, str] = {}
+
+    def feed(self, key: object, piece: str) -> str:
+        """The part of the text so far under ``key`` that can be released, masked."""
+        text = mask_known(self._pending.pop(key, "") + piece, self.secrets)
+        held = self._held(text)
+        if held:
+            self._pending[key] = text[-held:]
+            return text[:-held]
+        return text
+
+    def flush(self, key: object) -> str:
+        """Whatever is still held under ``key``, masked: the text has ended."""
+        return mask_known(self._pending.pop(key, ""), self.secrets)
+
+    def holding(self, key: object) -> bool:
+        return key in self._pending
+
+    def _held(self, text: str) -> int:
+        """How many characters at the end of ``text`` may begin a secret or a URL password."""
+        held = 0
+        for secret in self.secrets:
+            start = text.find(secret[0], max(0, len(text) - len(secret) + 1))
+            while start != -1 and len(text) - start > held:
+                if secret.startswith(text[start:]):
+                    held = len(text) - start
+                    break
+                start = text.find(secret[0], start + 1)
+        window = text[-URL_TAIL_WINDOW:]
+        tail = URL_TAIL.search(window) if ":" in window else None
+        if tail is not None:
+            held = max(held, len(tail[0]))
+        return held

@@ -25,6 +25,9 @@ KNOWN = {
     ("workers/serve/history.py", "sqlalchemy"),
     ("workers/serve/history.py", "sqlmodel"),
     ("workers/serve/routes.py", "sqlalchemy"),
+    # the Responses route's lookup of a response id's message, and the start-up database check
+    ("workers/serve/api_routes.py", "sqlalchemy"),
+    ("workers/serve/startup.py", "sqlalchemy"),
 }
 
 

@@ -168,6 +168,53 @@ def create_conversation(
     return conversation
 
 
+def ensure_conversation(
+    session: Session,
+    conversation_id: str,
+    model: str,
+    max_input_tokens: int | None = None,
+    *,
+    owner: str | None = None,
+) -> tuple[Conversation, bool]:
+    """The conversation, created when it does not exist yet, and whether this call created it.
+
+    Insert-or-get under the primary key (``INSERT ... ON CONFLICT (id) DO NOTHING``, then a
+    read): processes creating one conversation at once all get the one row, whichever inserted
+    it, and none sees "already exists". On PostgreSQL an insert that meets another transaction's
+    uncommitted row waits for it and then does nothing. A row that existed keeps its model,
+    window and owner (the caller checks the owner)."""
+    limits.check_conversation(conversation_id, model, max_input_tokens)
+    tokens.context_window(model, max_input_tokens)  # an unknown model fails before any write
+    now = utcnow()
+    values = {
+        "id": conversation_id,
+        "model": model,
+        "max_input_tokens": max_input_tokens,
+        "created_at": now,
+        "last_activity_at": now,
+        "dirty": False,
+        "owner": owner,
+    }
+    statement = _insert_or_nothing(session).values(**values).returning(CONVERSATIONS.c.id)
+    created = session.connection().execute(statement).first() is not None
+    conversation = session.get(Conversation, conversation_id, populate_existing=True)
+    if conversation is None:  # deleted again between the insert and the read
+        raise NotFoundError(f"unknown conversation {conversation_id!r}")
+    return conversation, created
+
+
+def _insert_or_nothing(session: Session) -> Any:
+    """An insert into conversations that does nothing when the id exists, in the dialect's
+    own words."""
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(CONVERSATIONS).on_conflict_do_nothing(index_elements=["id"])
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(CONVERSATIONS).on_conflict_do_nothing(index_elements=["id"])
+
+
 _INSERT_MESSAGE = insert(MESSAGES).returning(MESSAGES.c.id)
 _TOUCH = (
     update(CONVERSATIONS)

@@ -73,7 +73,7 @@ class ConvertedRelay(Relay):
         super().__init__(stream, include_usage=True)
         self.events = events
         self.encode = encode
-        self.error = error
+        self.to_error = error
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for event in self.events.start():
@@ -84,7 +84,7 @@ class ConvertedRelay(Relay):
                 for event in self.events.feed(chunk_json(chunk)):
                     yield self.encode(event)
         except Exception as exc:
-            error = self.error(exc)
+            error = self.to_error(exc)
             log.warning("serve_stream_broken", status=error.status, error=error.message)
             for event in self.events.failed(error):
                 yield self.encode(event)

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
+
+from workers.serve import bounded
 
 PROVIDER_PREFIX = "openai/"
 OVERFLOW_CODE = "context_length_exceeded"
@@ -29,6 +32,7 @@ CONNECTIONS = 100  # at most this many upstream requests at once (the rest wait 
 KEEPALIVE = 32  # idle connections kept open for the next request
 DATA = "data:"
 DONE = "[DONE]"
+EVENT_STREAM = "text/event-stream"
 
 # httpx logs every request's URL at INFO: one line per turn, and the base URL is a setting that
 # may carry credentials; failures reach the log through recap serve's own masked lines.
@@ -56,8 +60,8 @@ def error_from(status: int, body: bytes) -> UpstreamError:
     """An error response as an ``UpstreamError``: OpenAI's ``{"error": {...}}`` when it is one,
     else the start of the body."""
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = bounded.loads(body)
+    except bounded.Unreadable:
         data = None
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):
@@ -95,20 +99,34 @@ class Stream:
         try:
             # read to the end of the body even after [DONE]: a connection whose response was
             # read whole goes back to the pool for the next request instead of being closed
-            async for line in self._response.aiter_lines():
+            async for line in self._lines():
                 if done or not line.startswith(DATA):
                     continue
                 payload = line[len(DATA) :].strip()
                 if payload == DONE:
                     done = True
                     continue
-                data = json.loads(payload)
+                try:
+                    data = bounded.loads(payload)
+                except bounded.Unreadable as exc:
+                    raise UpstreamError(BAD_GATEWAY, f"a streamed chunk is {exc}") from None
                 if isinstance(data, dict) and isinstance(data.get("error"), dict):
                     raise error_from(self._response.status_code, payload.encode())
-                if isinstance(data, dict):
-                    yield Chunk(payload.encode(), data)
+                if not isinstance(data, dict):
+                    raise UpstreamError(BAD_GATEWAY, "a streamed chunk is not a JSON object")
+                yield Chunk(payload.encode(), data)
         finally:
             await self._response.aclose()
+
+    async def _lines(self) -> AsyncIterator[str]:
+        """The body's lines; a connection lost mid-way is an ``UpstreamError``."""
+        try:
+            async for line in self._response.aiter_lines():
+                yield line
+        except httpx.HTTPError as exc:
+            raise UpstreamError(
+                BAD_GATEWAY, f"the upstream's stream broke off ({type(exc).__name__})"
+            ) from None
 
     async def aclose(self) -> None:
         await self._response.aclose()
@@ -135,7 +153,7 @@ class DirectClient:
         params: Mapping[str, Any],
         *,
         stream: bool,
-    ) -> Reply | Stream:
+    ) -> Reply | Stream | ReplyStream:
         """One request: the reply, or its stream when ``stream`` (usage asked for either way)."""
         body: dict[str, Any] = {**params, "model": model.removeprefix(PROVIDER_PREFIX)}
         body["messages"] = messages
@@ -152,21 +170,92 @@ class DirectClient:
             raise UpstreamError(
                 BAD_GATEWAY, f"cannot reach the upstream ({type(exc).__name__})"
             ) from None
-        if response.status_code >= 400 or not stream:
-            try:
-                raw = await response.aread()
-            finally:
-                await response.aclose()
+        streamed = response.headers.get("content-type", "").startswith(EVENT_STREAM)
+        if response.status_code >= 400 or not stream or not streamed:
+            raw = await _read(response)
             if response.status_code >= 400:
                 raise error_from(response.status_code, raw)
-            data = json.loads(raw)
-            if not isinstance(data, dict) or not data.get("choices"):
-                raise UpstreamError(BAD_GATEWAY, "the upstream's reply holds no choices")
-            return Reply(raw, data)
+            reply = parse_reply(raw)
+            # a server that ignores `stream` answers with the whole reply: one chunk of it
+            return ReplyStream(reply) if stream else reply
         return Stream(response)
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+async def _read(response: httpx.Response) -> bytes:
+    """The whole body; a connection lost mid-way is an ``UpstreamError``."""
+    try:
+        return await response.aread()
+    except httpx.HTTPError as exc:
+        raise UpstreamError(
+            BAD_GATEWAY, f"the upstream's reply broke off ({type(exc).__name__})"
+        ) from None
+    finally:
+        await response.aclose()
+
+
+def parse_reply(raw: bytes) -> Reply:
+    """A whole reply's JSON; an ``UpstreamError`` (a 502) when it is no JSON object."""
+    try:
+        data = bounded.loads(raw)
+    except bounded.Unreadable as exc:
+        raise UpstreamError(BAD_GATEWAY, f"the upstream's reply is {exc}") from None
+    if not isinstance(data, dict):
+        raise UpstreamError(BAD_GATEWAY, "the upstream's reply is not a JSON object")
+    return Reply(raw, data)
+
+
+class ReplyStream:
+    """A whole reply as a stream: one chunk of its choices (each message as a delta, its tool
+    calls indexed, its finish reason), then one of its usage when it has any."""
+
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+
+    async def __aiter__(self) -> AsyncIterator[Chunk]:
+        for data in reply_chunks(self.reply.data):
+            yield Chunk(json.dumps(data, separators=(",", ":")).encode(), data)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def reply_chunks(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The chunks a stream of the reply ``data`` would have sent (choices left as they are
+    when they are no list: the relay refuses them)."""
+    head = {
+        "id": data.get("id") or f"chatcmpl-{time.time_ns()}",
+        "object": "chat.completion.chunk",
+        "created": data.get("created") or int(time.time()),
+        "model": data.get("model") or "",
+    }
+    choices = data.get("choices")
+    deltas: Any = choices
+    if isinstance(choices, list):
+        deltas = [_as_delta(choice) for choice in choices]
+    chunks: list[dict[str, Any]] = [{**head, "choices": deltas}]
+    if data.get("usage") is not None:
+        chunks.append({**head, "choices": [], "usage": data["usage"]})
+    return chunks
+
+
+def _as_delta(choice: Any) -> Any:
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+        return choice
+    delta = dict(choice["message"])
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list):
+        delta["tool_calls"] = [
+            {**call, "index": index} if isinstance(call, dict) else call
+            for index, call in enumerate(calls)
+        ]
+    return {
+        "index": choice.get("index", 0),
+        "delta": delta,
+        "finish_reason": choice.get("finish_reason") or "stop",
+    }
 
 
 def build_from_chunks(chunks: Sequence[Chunk]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -10,6 +11,15 @@ INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
 UPSTREAM = "upstream_error"
 SERVER = "server_error"
+BAD_GATEWAY = 502
+MAX_CLIENT_TEXT = 500  # characters of an upstream's message a client is shown
+# What a client must never see of the server: a traceback, and file system paths (a path
+# starts a word and is not part of a URL: its first "/" follows no ":", "/" or name character).
+TRACEBACK = re.compile(r"(?s)\s*Traceback \(most recent call last\).*")
+FILE_LINE = re.compile(r'File "[^"\n]{0,512}", line \d+(?:, in \S+)?')
+SERVER_PATH = re.compile(
+    r"(?<![\w:/.~-])(?:~|[A-Za-z]:)?[/\\](?:[\w.@+-]{1,128}[/\\]){1,64}[\w.@+-]*"
+)
 
 
 class ServeError(Exception):
@@ -44,6 +54,21 @@ class ServeError(Exception):
 
     def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def client_text(text: str) -> str:
+    """An error message as a client may read it: one line, no traceback, no server path, at
+    most ``MAX_CLIENT_TEXT`` characters (secrets are masked before, by the caller)."""
+    text = TRACEBACK.sub("", text)
+    text = FILE_LINE.sub("(server file)", text)
+    text = SERVER_PATH.sub("(server path)", text)
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_CLIENT_TEXT else text[: MAX_CLIENT_TEXT - 1] + "…"
+
+
+def bad_gateway(message: str) -> ServeError:
+    """The upstream answered with something that is no reply."""
+    return ServeError(BAD_GATEWAY, f"upstream model error: {message}", type=UPSTREAM)
 
 
 def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ServeError:

@@ -25,7 +25,7 @@ from core.storage.outputs import Ingest
 from workers.serve.prefix import SYSTEM_ROLES, Node, longest_stored_prefix, open_calls
 
 HASH_BATCH = 500  # hashes per IN list: far below every driver's parameter limit
-CREATE_ATTEMPTS = 2  # a conversation created by another process meanwhile is read on the retry
+CREATE_ATTEMPTS = 2  # a write that still meets another's new row is retried once
 SEEN_CONVERSATIONS = 256  # conversations whose last request is kept to skip rehashing its history
 
 
@@ -301,13 +301,21 @@ def _claim(session: Session, conversation_id: str, owner: Owner) -> Conversation
         .values(last_activity_at=utcnow())
     )
     if locked.rowcount == 0:  # type: ignore[attr-defined]
-        conversation = store.create_conversation(
-            session, conversation_id, owner.model, owner.max_input_tokens
+        conversation, created = store.ensure_conversation(
+            session,
+            conversation_id,
+            owner.model,
+            owner.max_input_tokens,
+            owner=owner.fingerprint,
         )
-        conversation.owner = owner.fingerprint
-        session.add(conversation)
-        session.flush()
-        return conversation
+        if created:
+            return conversation
+        # created by another process meanwhile: lock it as an existing one
+        session.execute(
+            update(CONVERSATIONS)
+            .where(CONVERSATIONS.c.id == conversation_id)
+            .values(last_activity_at=utcnow())
+        )
     conversation = store.get_conversation(session, conversation_id)
     if conversation.owner is None or not hmac.compare_digest(conversation.owner, owner.fingerprint):
         raise NotFoundError(f"unknown conversation {conversation_id!r}")

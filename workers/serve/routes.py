@@ -15,9 +15,9 @@ from starlette.responses import JSONResponse, Response
 
 from core.counting.tokens import UnknownModelError
 from core.errors import NotFoundError, RecapError
-from workers.serve import history, upstream
+from workers.serve import headers, history, reader, upstream
 from workers.serve.auth import KeyRing
-from workers.serve.errors import ServeError, bad_request, not_found, too_large, unauthorized
+from workers.serve.errors import ServeError, bad_request, client_text, not_found, unauthorized
 from workers.serve.prefix import split_system
 from workers.serve.shapes import Shape
 from workers.serve.startup import upstream_models
@@ -56,30 +56,21 @@ def authorize(request: Request) -> str:
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The request body as a JSON object, refused with 413 past ``limit`` bytes (before reading
-    it when the length is declared, and as soon as the count passes it otherwise)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large(limit)
+    """The request body as a bounded, checked JSON object (``reader.read_object``)."""
+    return await reader.read_object(request, limit)
+
+
+def conversation_id(request: Request, named: Any) -> str | None:
+    """The conversation the request names (the header, decoded by the header rule, else
+    ``metadata.recap_conversation``), if any."""
+    raw = request.headers.get(CONVERSATION_HEADER)
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise bad_request("The request body is not valid JSON.") from None
-    if not isinstance(data, dict):
-        raise bad_request("The request body must be a JSON object.")
-    return data
-
-
-def conversation_id(request: Request, body: dict[str, Any]) -> str | None:
-    """The conversation the request names (header, else ``metadata``), if any."""
-    header = request.headers.get(CONVERSATION_HEADER)
-    metadata = body.get("metadata")
-    named = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+        header = headers.decode(raw) if raw is not None else None
+    except ValueError:
+        raise bad_request("X-Recap-Conversation is not UTF-8 (percent-encoded or raw).") from None
+    if isinstance(named, dict):  # a whole body, as callers passed it before ``reader``
+        metadata = named.get("metadata")
+        named = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
     if header is not None and named is not None and header != named:
         raise bad_request("X-Recap-Conversation and metadata.recap_conversation differ.")
     value = header if header is not None else named
@@ -92,23 +83,6 @@ def conversation_id(request: Request, body: dict[str, Any]) -> str | None:
     return value
 
 
-def checked_request(body: dict[str, Any]) -> tuple[str, list[Any], bool, dict[str, Any]]:
-    """The model, messages, stream flag and passed-on parameters of a request."""
-    model, messages, stream = body.get("model"), body.get("messages"), body.get("stream", False)
-    if not isinstance(model, str) or not model:
-        raise bad_request("`model` must be a non-empty string.", param="model")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("`messages` must be a non-empty list.", param="messages")
-    if not isinstance(stream, bool):
-        raise bad_request("`stream` must be true or false.", param="stream")
-    return model, messages, stream, upstream.parameters(body)
-
-
-def include_usage(body: dict[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))
-
-
 async def chat_completions(request: Request) -> Response:
     """OpenAI's chat completions: a stored turn when the request names a conversation, the
     request passed through unchanged otherwise."""
@@ -117,13 +91,14 @@ async def chat_completions(request: Request) -> Response:
     try:
         owner = authorize(request)
         body = await read_json(request, state.turns.settings.serve_max_body_bytes)
-        model, messages, stream, params = checked_request(body)
-        cid = conversation_id(request, body)
-        model = upstream.resolve_model(model, state.turns.settings)
+        checked = reader.check_chat_request(body)
+        cid = conversation_id(request, checked.conversation)
+        model = upstream.resolve_model(checked.model, state.turns.settings)
+        messages, params, stream = checked.messages, checked.params, checked.stream
         if cid is None:
-            return await passthrough(state, model, messages, params, stream, include_usage(body))
+            return await passthrough(state, model, messages, params, stream, checked.include_usage)
         turn = new_turn(state, cid, owner, model, messages, params)
-        return await stored_turn(state, turn, stream, include_usage(body), started)
+        return await stored_turn(state, turn, stream, checked.include_usage, started)
     except ServeError as exc:
         log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
         return exc.response()
@@ -164,12 +139,16 @@ async def passthrough(
     settings = state.turns.settings
     try:
         response = await state.turns.upstream.complete(model, messages, params, stream=stream)
+        if not stream:
+            completion = state.turns.completion(response, storable=False)  # nothing stored
+            body = shape.body(json.loads(completion.body), None) if shape else completion.body
+            return Response(body, media_type=JSON_TYPE, headers=PASSTHROUGH)
     except Exception as exc:
         raise upstream.as_serve_error(exc, settings) from None
-    if not stream:
-        body = shape.body(response, None) if shape else upstream.reply_bytes(response)
-        return Response(body, media_type=JSON_TYPE, headers=PASSTHROUGH)
-    relay = shape.relay(response) if shape else Relay(response, include_usage=usage)
+    if shape is not None:
+        relay = shape.relay(response)
+    else:
+        relay = Relay(response, include_usage=usage, secrets=state.turns.secrets, storable=False)
     return TurnStream(relay, relay.close, headers=PASSTHROUGH)
 
 
@@ -178,6 +157,7 @@ async def stored_turn(
 ) -> Response:
     """Store the request, call upstream, store the reply; the conversation locked throughout."""
     turns = state.turns
+    answer_headers = dict(reply_headers(turn))  # made before anything is stored
     await turns.locks.acquire(turn.conversation_id)
     handed_over = False
     try:
@@ -186,15 +166,19 @@ async def stored_turn(
         if stream:
             handed_over = True
             return _stream_turn(turns, turn, response, usage, mapped, started, shape)
-        reply_id = await turns.finish(turn, response)
+        try:
+            completion = turns.completion(response)  # checked before anything is stored
+        except upstream.MalformedReply as exc:
+            raise upstream.as_serve_error(exc, turns.settings) from None
+        reply_id = await turns.finish(turn, completion)
     finally:
         if not handed_over:
             turns.locks.release(turn.conversation_id)
     _log_turn(turn, mapped, started, "stored")
     return Response(
-        shape.body(response, reply_id) if shape else upstream.reply_bytes(response),
+        shape.body(json.loads(completion.body), reply_id) if shape else completion.body,
         media_type=JSON_TYPE,
-        headers=dict(reply_headers(turn)),
+        headers=answer_headers,
         background=BackgroundTask(turns.enqueue, turn.conversation_id, turn.leaf_id),
     )
 
@@ -227,15 +211,21 @@ def _stream_turn(
     shape: Shape | None = None,
 ) -> Response:
     """The reply streamed through; stored, with its usage, once the stream has finished."""
-    relay = shape.relay(stream) if shape else Relay(stream, include_usage=usage)
+    relay = (
+        shape.relay(stream) if shape else Relay(stream, include_usage=usage, secrets=turns.secrets)
+    )
 
     async def close() -> None:
         outcome, response = "disconnected", None
         try:
             await relay.close()
-            if relay.finished:
-                response = await turns.finish_stream(turn, relay.chunks)
+            whole = relay.reply if relay.reply is not None else relay.chunks  # converted: chunks
+            if relay.finished and whole:
+                response = await turns.finish_stream(turn, whole)
                 outcome = "stored"
+            elif relay.error is not None:
+                outcome = "upstream_failed"
+                log.warning("serve_stream_failed", error=relay.error)
         except Exception as exc:
             outcome = "failed"
             log.error("serve_reply_not_stored", error=turns.error_text(exc))
@@ -283,9 +273,8 @@ async def health(request: Request) -> Response:
     try:
         await turns.recap.run(_ping, turns.recap.recap.engine)
     except Exception as exc:
-        return JSONResponse(
-            {"status": "unavailable", "error": turns.error_text(exc)}, status_code=503
-        )
+        error = client_text(turns.error_text(exc))  # answered without a key: no server path
+        return JSONResponse({"status": "unavailable", "error": error}, status_code=503)
     fields = state_of(request).health_fields
     return JSONResponse({"status": "ok", **(fields() if fields is not None else {})})
 

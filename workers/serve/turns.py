@@ -11,6 +11,7 @@ tokenizer work runs on ``AsyncRecap``'s thread pool: the event loop never waits 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,8 @@ from core.request.assembly import AssembledRequest
 from core.settings import Settings
 from core.storage.outputs import Ingest
 from workers.serve import history, recall, upstream
-from workers.serve.errors import ServeError, context_too_long
+from workers.serve.errors import ServeError, client_text, context_too_long
+from workers.serve.headers import encoded
 
 log = structlog.get_logger(__name__)
 
@@ -183,45 +185,70 @@ class Turns:
             reason=outcome.get("reason"),
         )
 
-    async def finish(self, turn: Turn, response: Any) -> int:
-        """Store the reply and its usage (one trip to the thread pool); the reply's id."""
-        return await self.recap.run(self._finish, turn, response)
+    @property
+    def secrets(self) -> list[str]:
+        """The known secrets every reply and error is masked of."""
+        return self._secrets
 
-    async def finish_stream(self, turn: Turn, chunks: list[Any]) -> Any:
-        """Store the reply a finished stream assembles from ``chunks`` (built on the thread pool,
-        not the event loop); the reply, whose usage ``record_usage`` records."""
+    async def finish(self, turn: Turn, response: Any) -> int:
+        """Store the reply and its usage (one trip to the thread pool); the reply's id. The
+        reply is read and checked first (``upstream.read_reply``: a ``MalformedReply`` before
+        anything is stored) unless it is a ``Completion`` already."""
+        completion = self.completion(response)
+        return await self.recap.run(self._finish, turn, completion)
+
+    def completion(self, response: Any, *, storable: bool = True) -> upstream.Completion:
+        """The reply read, checked and masked (a ``MalformedReply`` when it is no reply, or
+        with ``storable`` one that cannot be stored)."""
+        if isinstance(response, upstream.Completion):
+            return response
+        return upstream.read_reply(response, self._secrets, storable=storable)
+
+    async def finish_stream(self, turn: Turn, chunks: list[Any] | dict[str, Any]) -> Any:
+        """Store the reply of a finished stream: the relay's whole reply, or the reply its
+        ``chunks`` assemble (built on the thread pool, not the event loop); the reply, whose
+        usage ``record_usage`` records."""
         return await self.recap.run(self._finish_stream, turn, chunks)
 
     async def record_usage(self, turn: Turn, response: Any) -> None:
         """The usage the provider reported for the turn, when it did."""
         await self.recap.run(self._record_usage, turn, response)
 
-    def _finish(self, turn: Turn, response: Any) -> int:
-        reply_id = self._store_reply(turn, response)
-        self._record_usage(turn, response)
+    def _finish(self, turn: Turn, completion: upstream.Completion) -> int:
+        reply_id = self._store_reply(turn, completion.message, json.loads(completion.body))
+        try:  # the reply is stored: nothing after it may fail the turn
+            self._record_usage(turn, completion)
+        except Exception as exc:
+            log.warning("serve_usage_not_recorded", error=self.error_text(exc))
         return reply_id
 
-    def _finish_stream(self, turn: Turn, chunks: list[Any]) -> Any:
-        response = upstream.build_from_chunks(chunks, turn.sent)
-        self._store_reply(turn, response)
+    def _finish_stream(self, turn: Turn, chunks: list[Any] | dict[str, Any]) -> Any:
+        response = (
+            chunks if isinstance(chunks, dict) else upstream.build_from_chunks(chunks, turn.sent)
+        )
+        message = upstream.read_reply(response, self._secrets).message
+        self._store_reply(turn, message, response)
         return response
 
-    def _store_reply(self, turn: Turn, response: Any) -> int:
-        reply = upstream.reply_message(response)
-        if turn.reply_form is not None:
-            reply = turn.reply_form(reply, response)
+    def _store_reply(self, turn: Turn, message: dict[str, Any], response: Any = None) -> int:
+        if turn.reply_form is not None:  # another API's spelling of the reply
+            message = turn.reply_form(message, response)
         return history.store_reply(
             self.recap.recap.engine,
             self.ingest,
             turn.conversation_id,
             turn.owner,
             turn.leaf_id,
-            reply,
+            message,
             self.seen,
         )
 
     def _record_usage(self, turn: Turn, response: Any) -> None:
-        usage = upstream.usage_of(turn.usage_response or response)
+        source = turn.usage_response or response
+        if isinstance(source, upstream.Completion):
+            usage = source.usage
+        else:
+            usage = upstream.usage_of(source)
         if usage is not None:
             prompt, completion, cached = usage
             self.recap.recap.record_usage(
@@ -249,8 +276,9 @@ class Turns:
         return error_text(exc, self._secrets)
 
     def masked(self, exc: BaseException) -> str:
-        """The error's message with every secret masked, for the client."""
-        return redact(str(exc), self._secrets)
+        """The error's message for the client: every secret masked, one line, no traceback
+        and no server path."""
+        return client_text(redact(str(exc), self._secrets))
 
 
 def _send_compress(conversation_id: str, leaf_id: int | None) -> None:
@@ -270,12 +298,13 @@ def _send_compress(conversation_id: str, leaf_id: int | None) -> None:
 
 
 def reply_headers(turn: Turn) -> Mapping[str, str]:
-    """What the response says about the stored turn, and what Recap sent for it."""
+    """What the response says about the stored turn, and what Recap sent for it, every value
+    encoded by the header rule (``headers.encode``: an id of any script is percent-encoded)."""
     headers = {"X-Recap-Mode": "stored", "X-Recap-Conversation": turn.conversation_id}
     if turn.assembled is not None:
         headers.update(outcome_headers(turn.assembled))
         headers.update(cap_headers(turn))
-    return headers
+    return encoded(headers)  # every value by the header rule: a conversation id of any script
 
 
 REPLY_LIMITS = ("max_tokens", "max_completion_tokens")  # the client's cap on the reply

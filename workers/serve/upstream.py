@@ -9,9 +9,11 @@ those come from settings alone, so a client can never send the upstream key else
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote price map at import
@@ -19,13 +21,16 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote price
 # one (a whole history per call, several milliseconds on a long conversation).
 os.environ.setdefault("MAX_BASE64_LENGTH_FOR_LOGGING", "0")
 
+import httpx
 import litellm
 
-from core.errors import RecapError
-from core.redact import known_secrets, redact
+from core.errors import InputError, RecapError
+from core.redact import known_secrets, mask_strings, redact
+from core.request.validate import check_message
 from core.settings import Settings
+from core.values.limits import TOKENS_MAX
 from workers.serve import direct
-from workers.serve.errors import UPSTREAM, ServeError
+from workers.serve.errors import UPSTREAM, ServeError, client_text
 
 litellm.suppress_debug_info = True
 logging.getLogger("LiteLLM").setLevel(logging.WARNING)  # no line per call; errors still show
@@ -68,6 +73,7 @@ PASSED_PARAMS = frozenset(
 OWN_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "metadata", "store"})
 NOT_RESENT_KEYS = ("reasoning_content",)  # recorded with the reply, never sent back upstream
 BAD_GATEWAY = 502
+INTERNAL = 500  # an upstream's (or litellm's reading of an upstream reply) is relayed as 502
 
 
 def parameters(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -177,12 +183,162 @@ def is_context_overflow(exc: BaseException) -> bool:
 
 def as_serve_error(exc: BaseException, settings: Settings) -> ServeError:
     """An upstream failure as the client sees it: the provider's status when it gave one (a
-    gateway error otherwise) and its message with every secret masked."""
+    gateway error otherwise) and its message with every secret masked, without a traceback or
+    a server path (litellm puts both in some of its messages)."""
     status = getattr(exc, "status_code", None)
     status = status if isinstance(status, int) and 400 <= status < 600 else BAD_GATEWAY
-    message = redact(getattr(exc, "message", None) or str(exc), known_secrets(settings))
+    if status == INTERNAL or isinstance(exc, MalformedReply):
+        status = BAD_GATEWAY  # the upstream failed, not recap serve: a 500 would say it did
+    message = describe_failure(exc, known_secrets(settings))
     code = "context_length_exceeded" if is_context_overflow(exc) else None
     return ServeError(status, f"upstream model error: {message}", type=UPSTREAM, code=code)
+
+
+def describe_failure(exc: BaseException, secrets: Iterable[str]) -> str:
+    """One line for a client about an upstream failure: masked, no traceback, no path."""
+    if isinstance(exc, httpx.HTTPError):  # litellm lets some of httpx's errors through
+        return f"the connection to the upstream failed ({type(exc).__name__})"
+    text = getattr(exc, "message", None)
+    text = text if isinstance(text, str) and text else str(exc) or type(exc).__name__
+    return client_text(redact(text, secrets))
+
+
+class MalformedReply(Exception):
+    """The upstream answered 200 with something that is not a whole reply (a 502)."""
+
+    status_code = BAD_GATEWAY
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A whole reply, read and checked before anything is stored: the body the client gets,
+    the assistant message to store (both masked), and the usage, when it is readable."""
+
+    body: bytes
+    message: dict[str, Any]
+    usage: tuple[int, int, int] | None
+
+
+def reply_data(response: Any) -> dict[str, Any]:
+    """A reply of either path as its JSON object."""
+    data = _data(response)
+    if data is not None:
+        return data
+    try:
+        dumped = response.model_dump(exclude_none=True)
+    except Exception as exc:  # a litellm object that cannot be read back
+        raise MalformedReply(f"the reply cannot be read ({type(exc).__name__})") from None
+    if not isinstance(dumped, dict):
+        raise MalformedReply("the reply is not a JSON object")
+    return dumped
+
+
+def read_reply(response: Any, secrets: Iterable[str], *, storable: bool = True) -> Completion:
+    """The reply checked and masked; a ``MalformedReply`` when it holds no whole message (or,
+    with ``storable``, one the database cannot hold)."""
+    data = reply_data(response)
+    masked, changed = mask_strings(data, secrets)
+    assert isinstance(masked, dict)
+    message = message_of(masked, storable=storable)
+    if isinstance(response, direct.Reply) and not changed:
+        body = response.raw  # the upstream's own bytes
+    else:
+        body = json.dumps(masked, separators=(",", ":"), ensure_ascii=False).encode()
+    return Completion(body, message, usage_from(masked.get("usage")))
+
+
+def message_of(data: Mapping[str, Any], *, storable: bool = True) -> dict[str, Any]:
+    """The assistant message of choice 0, checked: text or null, tool calls well-formed, some
+    text or a tool call (or a refusal) present, and with ``storable`` a message both databases
+    can hold (no NUL character); a ``MalformedReply`` naming what is wrong."""
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise MalformedReply("the reply holds no choices")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise MalformedReply("the reply's choice holds no message")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str) and not _parts(content):
+        raise MalformedReply("the reply's content is neither text, content parts nor null")
+    out: dict[str, Any] = {"role": "assistant", "content": content}
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = _calls(calls)
+    refusal = message.get("refusal")
+    if content is None and not calls:
+        if not isinstance(refusal, str) or not refusal:
+            raise MalformedReply("the reply holds neither text nor tool calls")
+        out["refusal"] = refusal
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        out["reasoning_content"] = reasoning
+    if not storable:
+        return out
+    try:
+        return check_message(out, "the reply")
+    except InputError as exc:
+        raise MalformedReply(str(exc)) from None
+
+
+def _parts(content: Any) -> bool:
+    """Whether a reply's content is a list of content parts of known types (some servers
+    answer with text and thinking parts)."""
+    from workers.serve.reader import PART_TYPES
+
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") in PART_TYPES for part in content
+    )
+
+
+def _calls(calls: Any) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise MalformedReply("the reply's tool_calls is not a list")
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("id"), str)
+            or not call["id"]
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments", ""), str)
+        ):
+            raise MalformedReply(
+                "the reply holds a tool call without a string id, name and arguments"
+            )
+        arguments = function.get("arguments") or ""
+        out.append(
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
+    return out
+
+
+def usage_from(found: Any) -> tuple[int, int, int] | None:
+    """Prompt, completion and cached tokens of a usage object, or None when it is missing or
+    not counts (a string, a negative or oversized number: no reading is better than a wrong
+    one)."""
+    if not isinstance(found, dict):
+        return None
+    prompt, completion = found.get("prompt_tokens"), found.get("completion_tokens") or 0
+    details = found.get("prompt_tokens_details")
+    cached = (details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    counts = (prompt, completion, cached)
+    if not all(_count(value) for value in counts) or not prompt or cached > prompt:
+        return None
+    return prompt, completion, cached
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= TOKENS_MAX
 
 
 def _data(response: Any) -> dict[str, Any] | None:
@@ -194,65 +350,17 @@ def _data(response: Any) -> dict[str, Any] | None:
 
 def reply_message(response: Any) -> dict[str, Any]:
     """The assistant message of a reply (choice 0) in OpenAI format: content, tool calls and
-    the provider's reasoning when it sent any."""
-    data = _data(response)
-    if data is not None:
-        return _json_message(data["choices"][0].get("message") or {})
-    message = response.choices[0].message
-    out: dict[str, Any] = {"role": "assistant", "content": message.content}
-    calls = getattr(message, "tool_calls", None)
-    if calls:
-        out["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": call.function.arguments},
-            }
-            for call in calls
-        ]
-    reasoning = getattr(message, "reasoning_content", None)
-    if reasoning:
-        out["reasoning_content"] = reasoning
-    return out
-
-
-def _json_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    calls = message.get("tool_calls")
-    if calls:
-        out["tool_calls"] = [
-            {
-                "id": call.get("id"),
-                "type": "function",
-                "function": {
-                    "name": (call.get("function") or {}).get("name"),
-                    "arguments": (call.get("function") or {}).get("arguments"),
-                },
-            }
-            for call in calls
-        ]
-    reasoning = message.get("reasoning_content") or message.get("reasoning")
-    if reasoning:
-        out["reasoning_content"] = reasoning
-    return out
+    the provider's reasoning when it sent any; a ``MalformedReply`` when it holds none."""
+    return message_of(reply_data(response))
 
 
 def usage_of(response: Any) -> tuple[int, int, int] | None:
-    """Prompt, completion and cached tokens the provider reported, if it did."""
-    data = _data(response)
-    if data is not None:
-        found = data.get("usage")
-        if not isinstance(found, dict) or not found.get("prompt_tokens"):
-            return None
-        details = found.get("prompt_tokens_details")
-        cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-        return int(found["prompt_tokens"]), int(found.get("completion_tokens") or 0), cached
-    usage = getattr(response, "usage", None)
-    if usage is None or not getattr(usage, "prompt_tokens", None):
+    """Prompt, completion and cached tokens the provider reported, if it did readably."""
+    try:
+        data = reply_data(response)
+    except MalformedReply:
         return None
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = int(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
-    return int(usage.prompt_tokens), int(getattr(usage, "completion_tokens", 0) or 0), cached
+    return usage_from(data.get("usage"))
 
 
 def build_from_chunks(chunks: list[Any], messages: Sequence[Mapping[str, Any]]) -> Any:

@@ -1,0 +1,267 @@
+"""The one reader of request bodies: bounded while it reads and parses, checked before any
+handler sees the body.
+
+``read_body`` stops at ``RECAP_SERVE_MAX_BODY_BYTES`` (413). ``parse_object`` parses it with
+``bounded.loads``: strict UTF-8, numbers checked as the parser meets them (no 5,000-digit
+integer reaches ``int``, no ``NaN``), at most ``bounded.MAX_DEPTH`` levels, valid Unicode. Every
+failure is a ``ServeError`` of status 400 (413 for the size), which each route renders in its
+own API's error format; ``read_object`` is both steps, for any route.
+
+``check_chat_request`` reads a chat-completions body into a ``ChatRequest``: message shapes
+(content a string, a list of known part types, or null only for an assistant that calls tools),
+string ids, and every forwarded parameter of the type OpenAI documents for it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from core.storage.records import ROLES
+from workers.serve import bounded
+from workers.serve.bounded import INT_MIN
+from workers.serve.errors import ServeError, bad_request, too_large
+from workers.serve.upstream import parameters
+
+PART_TYPES = frozenset(
+    {"text", "refusal", "image_url", "input_audio", "file", "thinking", "redacted_thinking"}
+)
+CALLS_KEYS = ("tool_calls", "function_call")  # an assistant message with these may have no text
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 past ``limit`` bytes (before reading it when the length is
+    declared, and as soon as the count passes it otherwise)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large(limit)
+    return bytes(body)
+
+
+def parse_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, bounded in depth and numbers (``bounded.loads``); a 400
+    otherwise."""
+    try:
+        data = bounded.loads(body)
+    except bounded.Unreadable as exc:
+        raise bad_request(f"The request body is refused: {exc}.") from None
+    if not isinstance(data, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return data
+
+
+async def read_object(request: Request, limit: int) -> dict[str, Any]:
+    """``read_body`` then ``parse_object``: what every route calls first."""
+    return parse_object(await read_body(request, limit))
+
+
+# --- the chat-completions request -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A checked chat-completions request."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    stream: bool
+    include_usage: bool
+    params: dict[str, Any]  # the parameters passed on upstream, each checked
+    conversation: str | None  # ``metadata.recap_conversation``, when given
+
+
+def check_chat_request(body: Mapping[str, Any]) -> ChatRequest:
+    """The request's fields checked; a 400 naming the first that is wrong."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("`model` must be a non-empty string.", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("`messages` must be a non-empty list.", param="messages")
+    for index, message in enumerate(messages):
+        check_message(message, f"messages[{index}]")
+    stream = _optional(body, "stream", bool, "true or false") or False
+    options = _optional(body, "stream_options", dict, "an object") or {}
+    include = options.get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise bad_request("`stream_options.include_usage` must be true or false.")
+    _optional(body, "store", bool, "true or false")
+    metadata = _optional(body, "metadata", dict, "an object") or {}
+    named = metadata.get("recap_conversation")
+    if named is not None and not isinstance(named, str):
+        raise bad_request("`metadata.recap_conversation` must be a string.", param="metadata")
+    params = parameters(body)
+    for name, value in params.items():
+        PARAM_CHECKS.get(name, _any)(value, name)
+    return ChatRequest(model, messages, stream, bool(include), params, named)
+
+
+def _optional(body: Mapping[str, Any], name: str, kind: type, what: str) -> Any:
+    value = body.get(name)
+    if value is not None and not isinstance(value, kind):
+        raise bad_request(f"`{name}` must be {what}.", param=name)
+    return value
+
+
+def check_message(message: Any, where: str) -> None:
+    """One message: a known role, its content of an allowed shape, its ids strings."""
+    if not isinstance(message, dict):
+        raise bad_request(f"{where} must be a JSON object.", param="messages")
+    role = message.get("role")
+    if role not in ROLES:
+        raise bad_request(
+            f"{where}: unknown role {_short(role)} (expected one of {', '.join(ROLES)}).",
+            param="messages",
+        )
+    content = message.get("content")
+    if content is None:
+        if role != "assistant" or not any(message.get(key) for key in (*CALLS_KEYS, "refusal")):
+            raise bad_request(
+                f"{where}: content is required (null only for an assistant message with tool "
+                "calls).",
+                param="messages",
+            )
+    elif isinstance(content, list):
+        for index, part in enumerate(content):
+            _check_part(part, f"{where}.content[{index}]")
+    elif not isinstance(content, str):
+        raise bad_request(
+            f"{where}: content must be a string, a list of content parts, or null.",
+            param="messages",
+        )
+    for key in ("tool_call_id", "name", "id"):
+        if key in message and not isinstance(message[key], str):
+            raise bad_request(f"{where}: {key} must be a string.", param="messages")
+    if role == "tool" and not message.get("tool_call_id"):
+        raise bad_request(f"{where}: a tool message needs a tool_call_id.", param="messages")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise bad_request(f"{where}: tool_calls must be a list.", param="messages")
+        for index, call in enumerate(calls):
+            check_call(call, f"{where}.tool_calls[{index}]")
+
+
+def _check_part(part: Any, where: str) -> None:
+    if not isinstance(part, dict) or part.get("type") not in PART_TYPES:
+        kind = part.get("type") if isinstance(part, dict) else part
+        raise bad_request(
+            f"{where}: not a known content part ({_short(kind)}; expected a type of "
+            f"{', '.join(sorted(PART_TYPES))}).",
+            param="messages",
+        )
+    if part["type"] in ("text", "refusal") and not isinstance(part.get(part["type"]), str):
+        raise bad_request(f"{where}: a {part['type']} part needs its text.", param="messages")
+
+
+def check_call(call: Any, where: str) -> None:
+    """A tool call: a string id, a function with a string name and string arguments."""
+    if not isinstance(call, dict) or not isinstance(call.get("id"), str) or not call["id"]:
+        raise bad_request(f"{where}: a tool call needs a string id.", param="messages")
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise bad_request(f"{where}: a tool call needs function.name.", param="messages")
+    if not isinstance(function.get("arguments", ""), str):
+        raise bad_request(f"{where}: function.arguments must be a JSON string.", param="messages")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+# --- the forwarded parameters, each of the type OpenAI documents -------------------------------
+
+Check = Callable[[Any, str], None]
+
+
+def _refuse(name: str, what: str) -> ServeError:
+    return bad_request(f"`{name}` must be {what}.", param=name)
+
+
+def _number(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _refuse(name, "a finite number")
+
+
+def _integer(low: int) -> Check:
+    def check(value: Any, name: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise _refuse(name, f"an integer of at least {low}")
+
+    return check
+
+
+def _of(kind: type | tuple[type, ...], what: str) -> Check:
+    def check(value: Any, name: str) -> None:
+        if not isinstance(value, kind):
+            raise _refuse(name, what)
+
+    return check
+
+
+def _stop(value: Any, name: str) -> None:
+    if isinstance(value, str):
+        return
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise _refuse(name, "a string or a list of strings")
+
+
+def _objects(value: Any, name: str) -> None:
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise _refuse(name, "a list of objects")
+
+
+def _strings(value: Any, name: str) -> None:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _refuse(name, "a list of strings")
+
+
+def _bias(value: Any, name: str) -> None:
+    if not isinstance(value, dict):
+        raise _refuse(name, "an object of token ids to numbers")
+    for bias in value.values():
+        _number(bias, name)
+
+
+def _any(value: Any, name: str) -> None:
+    return None
+
+
+PARAM_CHECKS: dict[str, Check] = {
+    "audio": _of(dict, "an object"),
+    "frequency_penalty": _number,
+    "function_call": _of((str, dict), "a string or an object"),
+    "functions": _objects,
+    "logit_bias": _bias,
+    "logprobs": _of(bool, "true or false"),
+    "max_completion_tokens": _integer(0),
+    "max_tokens": _integer(0),
+    "modalities": _strings,
+    "n": _integer(1),
+    "parallel_tool_calls": _of(bool, "true or false"),
+    "prediction": _of(dict, "an object"),
+    "presence_penalty": _number,
+    "reasoning_effort": _of(str, "a string"),
+    "response_format": _of(dict, "an object"),
+    "seed": _integer(INT_MIN),
+    "service_tier": _of(str, "a string"),
+    "stop": _stop,
+    "temperature": _number,
+    "tool_choice": _of((str, dict), "a string or an object"),
+    "tools": _objects,
+    "top_logprobs": _integer(0),
+    "top_p": _number,
+    "user": _of(str, "a string"),
+    "verbosity": _of(str, "a string"),
+    "web_search_options": _of(dict, "an object"),
+}
