@@ -170,6 +170,7 @@ async def stored_turn(
             completion = turns.completion(response)  # checked before anything is stored
         except upstream.MalformedReply as exc:
             raise upstream.as_serve_error(exc, turns.settings) from None
+        answer_headers = dict(reply_headers(turn))  # now with the outcome, before the reply
         reply_id = await turns.finish(turn, completion)
     finally:
         if not handed_over:
