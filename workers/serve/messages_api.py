@@ -18,6 +18,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from workers.serve.chunks import chunk_usage
 from workers.serve.errors import ServeError
 
 MESSAGE_PREFIX = "msg_"
@@ -440,15 +441,7 @@ class MessageEvents:
 
     def feed(self, chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        usage = chunk.get("usage")
-        if isinstance(usage, Mapping) and usage.get("prompt_tokens") is not None:
-            details = usage.get("prompt_tokens_details")
-            cached = details.get("cached_tokens") if isinstance(details, Mapping) else 0
-            self.usage = (
-                int(usage["prompt_tokens"]),
-                int(usage.get("completion_tokens") or 0),
-                int(cached or 0),
-            )
+        self.usage = chunk_usage(chunk) or self.usage
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
                 continue
