@@ -54,7 +54,6 @@ MODEL = "openai/stand-in"
 CONVERSATION = 200  # messages resent by each timed request
 ROUNDS = 31  # timed rounds per side; the median of an odd count is one of them
 WARMUP_ROUNDS = 3  # untimed rounds: connections, statement caches and litellm warm up
-OVERHEAD_BOUND = "<= 1.5"
 CLIENTS = 16  # concurrent clients for the throughput figure
 TURNS_PER_CLIENT = 8  # stored turns each client sends
 START_HISTORY = 20  # messages each throughput conversation starts with
@@ -244,7 +243,7 @@ def overhead(
         Figure(
             "serve_overhead_vs_direct",
             round(serve_ms / direct_ms, 3),
-            OVERHEAD_BOUND,
+            "",  # reported only: a repeat against a 2 ms upstream (serve_new_turn_vs_repeat)
             f"time to first byte through recap serve ({serve_ms:.1f} ms, direct client path) "
             f"over calling the model server directly ({direct_ms:.1f} ms), {CONVERSATION}-message "
             "conversation resent whole, upstream answering at once; medians",

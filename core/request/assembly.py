@@ -254,7 +254,7 @@ def assemble(
     tail_tokens = sum(unit.tokens for unit in tail)
     if fixed + tail_tokens > budget and summary_message is not None:  # the summary gives way
         keep = budget - (fixed - summary_tokens) - tail_tokens
-        if keep >= shorten.MIN_KEPT_TOKENS:
+        if keep > 0:  # down to its note alone: the request says the summary was cut
             text = shorten.head_and_tail(summary_message["content"], keep, encoding, what="summary")
             summary_message = {**summary_message, "content": text}
             fixed -= summary_tokens
