@@ -222,3 +222,23 @@ def test_a_run_reports_the_figures_stats_shows(recap: Recap) -> None:
     assert abs(result["tokens_before"] - before["history"]) <= 2
     assert 0 < result["tokens_after"] < result["tokens_before"]
     assert abs(result["tokens_after"] - after["history"]) <= 2
+
+
+def test_an_early_skip_reports_what_stats_shows(recap: Recap) -> None:
+    """A run that skips from the bound alone (no branch read) reports the history stats shows:
+    clearings taken off, the stored system prompt left to the fixed parts (it reported the
+    upper bound before)."""
+    from core.decision.toolresults import ClearingPlan, PlannedClearing
+    from core.storage.sweep import apply_clearings
+
+    cid = recap.new(model="gpt-4o", max_input_tokens=100_000)
+    recap.add(cid, {"role": "system", "content": "You are terse. " + _words(300)})
+    recap.add(cid, {"role": "user", "content": "look"})
+    recap.add(cid, {"role": "assistant", "content": "", "tool_calls": [_call("c1")]})
+    result_id = recap.add(cid, {"role": "tool", "tool_call_id": "c1", "content": _words(2_000)})
+    recap.add(cid, {"role": "user", "content": "thanks"})
+    with session_scope(recap.engine) as session:
+        apply_clearings(session, cid, ClearingPlan("idle", (PlannedClearing(result_id, 3_000),)))
+    result = recap.compress(cid)
+    assert result["action"] == "skipped"
+    assert result["tokens_before"] == recap.stats(cid)["history"]

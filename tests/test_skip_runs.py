@@ -48,8 +48,9 @@ def _check(engine: Engine, conversation_id: str) -> tuple[int, int | None] | Non
         bound = history_bound(session, conversation_id)
         snap = read_snapshot(session, conversation_id)
     if bound is not None:
-        assert bound[0] >= policy.history_estimate(snap)
-        assert bound[1] == snap.leaf_id
+        assert bound.tokens >= policy.history_estimate(snap)
+        assert bound.history == policy.history_estimate(snap)  # what a skip reports, exactly
+        assert bound.leaf == snap.leaf_id
     return bound
 
 
@@ -79,7 +80,7 @@ def test_the_bound_on_each_shape(engine: Engine, settings: Settings) -> None:
     before it (another summary might: no bound)."""
     recap = Recap(settings, engine)
     cid = recap.new("shapes", model=MODEL)
-    assert _check(engine, cid) == (0, None)
+    assert _check(engine, cid) == (0, None, 0)
     first = recap.add(cid, _user("one " * 50))
     second = recap.add(cid, _user("two " * 50))
     third = recap.add(cid, _user("three " * 50))

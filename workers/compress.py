@@ -162,17 +162,20 @@ def snapshot_for(run: Run) -> Snapshot:
         )
 
 
-def early_skip(run: Run) -> tuple[policy.Decision, int | None] | None:
+def early_skip(run: Run) -> tuple[policy.Decision, int | None, int] | None:
     """The decision's skip when an upper bound on the latest branch's history is under the
-    trigger (two aggregate reads, no message row), with the latest message id; else None."""
+    trigger (two aggregate reads, no message row), with the latest message id and the history
+    in provider tokens as ``stats`` shows it (what the run reports); else None."""
     knobs = policy.Knobs.from_settings(run.settings)
     with session_scope(run.engine) as session:
         bound = snapshots.history_bound(session, run.conversation_id)
         if bound is None:
             return None
         head = snapshots.head_snapshot(session, run.conversation_id, now=run.clock())
-    decision = policy.early_skip(head, knobs, bound[0])
-    return (decision, bound[1]) if decision is not None else None
+    decision = policy.early_skip(head, knobs, bound.tokens)
+    if decision is None:
+        return None
+    return decision, bound.leaf, decision.pressure.budget.history(bound.history)
 
 
 def with_text(engine: Engine, conversation_id: str, split: Split) -> Split:
@@ -213,8 +216,7 @@ def one_pass(run: Run) -> PassResult:
     if run.leaf is None and not run.force:
         early = early_skip(run)
         if early is not None:
-            decision, leaf = early
-            size = decision.pressure.history
+            decision, leaf, size = early
             return PassResult(Outcome("skipped", decision.reason, size, size, leaf_message_id=leaf))
     snapshot = snapshot_for(run)
     decision = policy.decide(snapshot, knobs, force=run.force)

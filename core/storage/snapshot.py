@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, bindparam, select, text
 from sqlmodel import Session
@@ -28,7 +28,7 @@ from core.storage import store
 from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
 from core.storage.profile import load_profile
 from core.storage.reads import branch_path
-from core.summaries.planning import COOLDOWN_MAX_FACTOR
+from core.summaries.planning import COOLDOWN_MAX_FACTOR, SYSTEM_ROLES
 from core.values.records import Msg
 
 COMPACTION_LOG = table_of(CompactionLog)
@@ -66,11 +66,13 @@ WITH RECURSIVE up(id, parent_id, tokens) AS (
     FROM up JOIN messages AS m ON m.id = up.parent_id
     WHERE up.id > :cutoff
 )
-SELECT sum(CASE WHEN id > :cutoff THEN tokens ELSE 0 END), min(id), max(id) FROM up
+SELECT sum(CASE WHEN up.id > :cutoff THEN up.tokens ELSE 0 END), min(up.id), max(up.id),
+       sum(CASE WHEN up.id > :cutoff THEN coalesce(c.tokens_reclaimed, 0) ELSE 0 END)
+FROM up LEFT JOIN clearings AS c ON c.message_id = up.id
 """
 )
 _ROOT_TOKENS = (
-    select(M.tokens)
+    select(M.tokens, M.role)
     .where(M.conversation_id == bindparam("conversation_id"))
     .order_by(M.id)
     .limit(1)
@@ -144,7 +146,17 @@ def head_snapshot(
     )
 
 
-def history_bound(session: Session, conversation_id: str) -> tuple[int, int | None] | None:
+class Bound(NamedTuple):
+    """What ``history_bound`` reads: the bound, the latest message, and the history estimate
+    itself (what ``policy.history_estimate`` gives from the whole snapshot: clearings taken
+    off, the stored system prompt left to the fixed parts), which a skip reports."""
+
+    tokens: int
+    leaf: int | None
+    history: int
+
+
+def history_bound(session: Session, conversation_id: str) -> Bound | None:
     """An upper bound on the stored tokens of the latest branch's history, and the latest
     message's id, read without any message text (else None: see below).
 
@@ -161,13 +173,18 @@ def history_bound(session: Session, conversation_id: str) -> tuple[int, int | No
     params = {"conversation_id": conversation_id}
     latest = connection.execute(_LATEST_SUMMARY, params).first()
     cutoff, summary_tokens = (int(latest[0]), int(latest[1])) if latest else (0, 0)
-    walked, reached, leaf = connection.execute(_WALK, {**params, "cutoff": cutoff}).one()
+    walked, reached, leaf, reclaimed = connection.execute(_WALK, {**params, "cutoff": cutoff}).one()
     if leaf is None:  # no message yet
-        return summary_tokens, None
+        return Bound(summary_tokens, None, summary_tokens)
     if cutoff and reached != cutoff:
         return None
-    root = connection.execute(_ROOT_TOKENS, params).scalar() if cutoff else 0
-    return summary_tokens + int(walked or 0) + int(root or 0), int(leaf)
+    root_row = connection.execute(_ROOT_TOKENS, params).first()
+    root = int(root_row[0]) if root_row is not None else 0
+    prompt = root if root_row is not None and root_row[1] in SYSTEM_ROLES else 0
+    walked = int(walked or 0)
+    bound = summary_tokens + walked + (root if cutoff else 0)
+    history = summary_tokens + walked - int(reclaimed or 0) - (0 if cutoff else prompt)
+    return Bound(bound, int(leaf), history)
 
 
 def load_index(connection: Connection, conversation_id: str, ids: Sequence[int]) -> list[Msg]:
