@@ -1028,3 +1028,24 @@ def test_the_reply_limit_is_capped_to_the_room_the_request_leaves(serve: Serve) 
     )
     assert raw.headers["x-recap-max-tokens-capped"] == "false"
     assert serve.llm.requests[-1].body["max_tokens"] == 5
+
+
+def test_a_secret_in_a_streamed_reply_is_masked_in_every_api(serve: Serve) -> None:
+    """The upstream key echoed in a reply's text never reaches a Responses or Messages client
+    that streams it, nor the stored reply."""
+    from tests.test_serve import UPSTREAM_KEY
+
+    leak = f"the key is {UPSTREAM_KEY} ok"
+    serve.llm.script(Reply(text=leak))
+    with serve.client().responses.stream(
+        model=MODEL, input="say it", extra_headers={"X-Recap-Conversation": new_id()}
+    ) as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+    assert UPSTREAM_KEY not in text and "the key is" in text
+    serve.llm.script(Reply(text=leak))
+    cid = new_id()
+    with anthropic_client(serve, cid=cid).messages.stream(
+        model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "say it"}]
+    ) as stream:
+        said = "".join(stream.text_stream)
+    assert UPSTREAM_KEY not in said and "the key is" in said

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import structlog
@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from core.counting.tokens import TOKENS_REPLY_PRIMING
 from core.errors import BudgetError, InputError, NotFoundError
+from core.redact import mask_strings
 from workers.serve import history, messages_api, responses_api, routes, upstream
 from workers.serve.direct import Chunk
 from workers.serve.errors import ServeError, bad_request, context_too_long, not_found
@@ -69,8 +70,9 @@ class ConvertedRelay(Relay):
         events: Events,
         encode: Callable[[Mapping[str, Any]], bytes],
         error: Callable[[BaseException], ServeError],
+        secrets: Iterable[str] = (),
     ) -> None:
-        super().__init__(stream, include_usage=True)
+        super().__init__(stream, include_usage=True, secrets=secrets)
         self.events = events
         self.encode = encode
         self.to_error = error
@@ -81,7 +83,8 @@ class ConvertedRelay(Relay):
         try:
             async for chunk in self.stream:
                 self.chunks.append(chunk)
-                for event in self.events.feed(chunk_json(chunk)):
+                masked, _ = mask_strings(chunk_json(chunk), self.secrets)  # each chunk's text
+                for event in self.events.feed(masked):  # type: ignore[arg-type]
                     yield self.encode(event)
         except Exception as exc:
             error = self.to_error(exc)
@@ -167,6 +170,7 @@ def responses_shape(
             responses_api.ResponseEvents(head),
             responses_api.sse,
             lambda exc: upstream.as_serve_error(exc, settings),
+            state.turns.secrets,
         )
 
     return Shape(body, relay)
@@ -305,8 +309,13 @@ def anthropic_owner(request: Request) -> str:
 def anthropic_reply(message: dict[str, Any], response: Any) -> dict[str, Any]:
     """The upstream's reply for an Anthropic client: litellm's signed thinking blocks kept,
     tool inputs written as the client sends them back."""
-    choices = getattr(response, "choices", None)
-    blocks = getattr(choices[0].message, "thinking_blocks", None) if choices else None
+    if isinstance(response, Mapping):  # the checked reply's JSON
+        choices = response.get("choices") or []
+        first = choices[0].get("message") if choices and isinstance(choices[0], Mapping) else None
+        blocks = first.get("thinking_blocks") if isinstance(first, Mapping) else None
+    else:
+        choices = getattr(response, "choices", None)
+        blocks = getattr(choices[0].message, "thinking_blocks", None) if choices else None
     if blocks:
         message = {**message, "thinking_blocks": [dict(b) for b in blocks]}
     return messages_api.canonical_reply(message)
@@ -328,7 +337,11 @@ def messages_shape(state: routes.State, model: str, input_tokens: Callable[[], i
     def relay(stream: Any) -> Relay:
         events = messages_api.MessageEvents(message_id, model, input_tokens())
         return ConvertedRelay(
-            stream, events, messages_api.sse, lambda exc: upstream.as_serve_error(exc, settings)
+            stream,
+            events,
+            messages_api.sse,
+            lambda exc: upstream.as_serve_error(exc, settings),
+            state.turns.secrets,
         )
 
     return Shape(body, relay)
