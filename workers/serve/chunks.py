@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 
@@ -18,3 +18,11 @@ def chunk_usage(chunk: Mapping[str, Any]) -> tuple[int, int, int] | None:
         int(usage.get("completion_tokens") or 0),
         int(cached or 0),
     )
+
+
+def first_choice_deltas(chunk: Mapping[str, Any]) -> Iterator[tuple[Any, Mapping[str, Any]]]:
+    """Each entry of choice 0 in the chunk: its finish reason (None until the last) and its
+    delta (the other choices a client did not ask for are left out)."""
+    for choice in chunk.get("choices") or ():
+        if isinstance(choice, Mapping) and choice.get("index", 0) == 0:
+            yield choice.get("finish_reason"), choice.get("delta") or {}

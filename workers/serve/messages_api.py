@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from workers.serve.chunks import chunk_usage
+from workers.serve.chunks import chunk_usage, first_choice_deltas
 from workers.serve.errors import ServeError
 
 MESSAGE_PREFIX = "msg_"
@@ -442,11 +442,8 @@ class MessageEvents:
     def feed(self, chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         self.usage = chunk_usage(chunk) or self.usage
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
-                continue
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
-            delta = choice.get("delta") or {}
+        for finish, delta in first_choice_deltas(chunk):
+            self.finish_reason = finish or self.finish_reason
             thought = delta.get("reasoning_content") or delta.get("reasoning")
             if thought:
                 if self.kind != "thinking":

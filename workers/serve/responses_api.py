@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.serve.chunks import chunk_usage
+from workers.serve.chunks import chunk_usage, first_choice_deltas
 from workers.serve.errors import ServeError, bad_request
 
 RESPONSE_PREFIX = "resp_"
@@ -524,11 +524,8 @@ class ResponseEvents:
     def feed(self, chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         self.usage = chunk_usage(chunk) or self.usage
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
-                continue
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
-            delta = choice.get("delta") or {}
+        for finish, delta in first_choice_deltas(chunk):
+            self.finish_reason = finish or self.finish_reason
             thought = delta.get("reasoning_content") or delta.get("reasoning")
             if thought:
                 events += self._text("reasoning", str(thought))
