@@ -255,10 +255,8 @@ def assemble(
     if fixed + tail_tokens > budget and summary_message is not None:  # the summary gives way
         keep = budget - (fixed - summary_tokens) - tail_tokens
         if keep > 0:  # down to its note alone: the request says the summary was cut
-            text = shorten.head_and_tail(summary_message["content"], keep, encoding, what="summary")
-            summary_message = {**summary_message, "content": text}
             fixed -= summary_tokens
-            summary_tokens = _count(ADDED_ROLE, text, encoding)
+            summary_message, summary_tokens = _summary_cut_to(summary_message, keep, encoding)
             fixed += summary_tokens
             summary_cut = True
     if fixed + tail_tokens > budget:
@@ -766,6 +764,13 @@ def _shortened_summary(
     keep = max(room - sum(unit.tokens for unit in tail), room // 2, shorten.MIN_KEPT_TOKENS)
     if keep >= count:
         return message, count
+    return _summary_cut_to(message, keep, encoding)
+
+
+def _summary_cut_to(
+    message: dict[str, Any], keep: int, encoding: str
+) -> tuple[dict[str, Any], int]:
+    """The summary message as its head and tail within about ``keep`` tokens, and its tokens."""
     text = shorten.head_and_tail(message["content"], keep, encoding, what="summary")
     return {**message, "content": text}, _count(ADDED_ROLE, text, encoding)
 
