@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from core.errors import InputError
+from core.values.records import ROLES as ROLES  # one list of the roles a message may have
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
 TEXT_PART = "text"
 REFUSAL_PART = "refusal"
 MEDIA_PARTS = ("image_url", "input_audio", "file")  # core.counting.media.PART_KINDS
