@@ -252,6 +252,7 @@ def throughput_figure(folder: Path) -> Figure:
     from tests.celery_helpers import configured_app
     from tests.services import redis_database
     from workers.app import app
+    from workers.enqueue import CompressJob, send
 
     server = model_process(MODEL_SECONDS)
     try:
@@ -263,11 +264,11 @@ def throughput_figure(folder: Path) -> Figure:
                 engine, ids = prepared(values["RECAP_DATABASE_URL"], THROUGHPUT_RUNS + 1, "t")
                 try:
                     worker.launch()
-                    app.send_task("recap.compress_session", args=[ids[0]])  # warm-up: not timed
+                    send(app, CompressJob(ids[0]))  # warm-up: not timed
                     wait_for_runs(engine, 1, timeout=WORKER_START_SECONDS, log=worker.log)
                     started = time.perf_counter()
                     for cid in ids[1:]:
-                        app.send_task("recap.compress_session", args=[cid])
+                        send(app, CompressJob(cid))
                     actions = wait_for_runs(engine, len(ids), log=worker.log)
                     elapsed = time.perf_counter() - started
                 finally:
@@ -296,6 +297,7 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
     from core.settings import get_settings
     from tests.celery_helpers import configured_app
     from workers.app import app
+    from workers.enqueue import CompressJob, send
 
     server = model_process(CONNECTIONS_MODEL_SECONDS)
     values = model_env(folder, "connections.db", REDIS_URL, server)
@@ -317,7 +319,7 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
             ):
                 quiet_logs()
                 for cid in ids:
-                    app.send_task("recap.compress_session", args=[cid])
+                    send(app, CompressJob(cid))
                 wait_for_runs(engine, len(ids))
         finally:
             server.terminate()

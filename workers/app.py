@@ -43,11 +43,12 @@ from workers.celery_types import (
 )
 from workers.logs import configure_logging, register_secrets
 from workers.queues import COMPRESS_QUEUE as COMPRESS_QUEUE
+from workers.queues import COMPRESS_TASK as COMPRESS_TASK
 from workers.queues import DEFAULT_QUEUE as DEFAULT_QUEUE
 from workers.queues import MAINTENANCE_QUEUE as MAINTENANCE_QUEUE
 
 TASK_ROUTES = {
-    "recap.compress_session": {"queue": COMPRESS_QUEUE},
+    COMPRESS_TASK: {"queue": COMPRESS_QUEUE},
     "recap.sweep_idle_tool_results": {"queue": MAINTENANCE_QUEUE},
     "recap.cleanup_truncated_outputs": {"queue": MAINTENANCE_QUEUE},
     "recap.reconcile": {"queue": MAINTENANCE_QUEUE},

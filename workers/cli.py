@@ -686,10 +686,10 @@ def compress(
     """Run compress_session now, in this process (or --enqueue it for the workers)."""
     if enqueue:
         from workers.app import app as celery_app
+        from workers.enqueue import CompressJob, send
 
         require_broker()
-        options = {"leaf_message_id": leaf, "force": force}
-        task = celery_app.send_task("recap.compress_session", args=[conversation], kwargs=options)
+        task = send(celery_app, CompressJob(conversation, leaf, force))
         emit({"task_id": str(task.id)}, as_json, lambda: typer.echo(str(task.id)))
         return
     from workers.compress import run_with_retries

@@ -98,6 +98,7 @@ def run(window: int = DEMO_WINDOW, folder: Path = DEMO_DIR, progress: Any = None
     get_settings.cache_clear()
     settings = get_settings()
     from workers.app import app, configure
+    from workers.enqueue import CompressJob, send
 
     configure(app, settings)
     options = {**app.conf.broker_transport_options, "polling_interval": POLL_SECONDS}
@@ -119,7 +120,7 @@ def run(window: int = DEMO_WINDOW, folder: Path = DEMO_DIR, progress: Any = None
                 service.add_message(engine, cid, message)
                 naive.append(message)
             request = service.assemble(engine, cid, settings)
-            result = app.send_task("recap.compress_session", args=[cid])
+            result = send(app, CompressJob(cid))
             outcome = result.get(timeout=RESULT_TIMEOUT, propagate=False, interval=POLL_SECONDS)
             outcome = (
                 outcome

@@ -4,7 +4,11 @@
 
     compress_later(conversation_id)  # after each turn; never waits; returns the task id
 
-It reads ``RECAP_BROKER_URL`` (or takes ``broker_url``), sends ``recap.compress_session`` to the
+Every sender of a compression (this helper, the CLI's ``--enqueue``, ``recap reconcile``, serve,
+the demo and the benchmarks) builds one ``CompressJob`` and sends it through ``send``: the task's
+name, queue and keyword arguments are written here once.
+
+``compress_later`` reads ``RECAP_BROKER_URL`` (or takes ``broker_url``), sends the job to the
 ``compress`` queue with JSON (declared exactly as the workers declare it: on RabbitMQ a durable
 quorum queue, and the send returns once the broker confirms it), and keeps one small Celery app
 per broker URL, whose producer pool reuses the broker connection from call to call. It
@@ -17,15 +21,49 @@ cannot get the queue wrong.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
+from celery.result import AsyncResult
 
-from workers.app import COMPRESS_QUEUE
+from workers.queues import COMPRESS_QUEUE, COMPRESS_TASK
 
-COMPRESS_TASK = "recap.compress_session"
+__all__ = ["COMPRESS_TASK", "CompressJob", "compress_later", "producer_app", "reset", "send"]
 _apps: dict[str, Celery] = {}
 _lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CompressJob:
+    """One ``recap.compress_session`` to send: checked when built, so no sender can put a bad
+    argument on the queue (the task would only fail later, in a worker)."""
+
+    conversation_id: str
+    leaf: int | None = None
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.conversation_id, str) or not self.conversation_id:
+            raise ValueError("conversation_id must be a non-empty string")
+        leaf = self.leaf
+        if leaf is not None and (isinstance(leaf, bool) or not isinstance(leaf, int)):
+            raise ValueError("leaf must be a message id (an integer) or None")
+
+    def kwargs(self) -> dict[str, Any]:
+        """The task's keyword arguments: only what differs from the task's defaults."""
+        kwargs: dict[str, Any] = {}
+        if self.leaf is not None:
+            kwargs["leaf_message_id"] = self.leaf
+        if self.force:
+            kwargs["force"] = True
+        return kwargs
+
+
+def send(app: Celery, job: CompressJob) -> AsyncResult[Any]:
+    """Send ``job`` on ``app``'s broker to the compress queue (the one way a job is sent)."""
+    args = [job.conversation_id]
+    return app.send_task(COMPRESS_TASK, args=args, kwargs=job.kwargs(), queue=COMPRESS_QUEUE)
 
 
 def compress_later(
@@ -36,19 +74,8 @@ def compress_later(
     broker_url: str | None = None,
 ) -> str:
     """Send one ``recap.compress_session`` to the compress queue; the task id."""
-    if not isinstance(conversation_id, str) or not conversation_id:
-        raise ValueError("conversation_id must be a non-empty string")
-    if leaf is not None and (isinstance(leaf, bool) or not isinstance(leaf, int)):
-        raise ValueError("leaf must be a message id (an integer) or None")
-    kwargs: dict[str, Any] = {}
-    if leaf is not None:
-        kwargs["leaf_message_id"] = leaf
-    if force:
-        kwargs["force"] = True
-    app = producer_app(broker_url)
-    queue = app.conf.task_queues[0]
-    result = app.send_task(COMPRESS_TASK, args=[conversation_id], kwargs=kwargs, queue=queue)
-    return str(result.id)
+    job = CompressJob(conversation_id, leaf, force)
+    return str(send(producer_app(broker_url), job).id)
 
 
 def producer_app(broker_url: str | None = None) -> Celery:

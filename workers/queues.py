@@ -1,8 +1,10 @@
-"""The queue names, in a module of their own: ``recap worker``'s supervisor builds its children's
-command lines from them without importing Celery (``workers.app`` re-exports them)."""
+"""The task and queue names, in a module of their own: ``recap worker``'s supervisor builds its
+children's command lines from them without importing Celery (``workers.app`` re-exports them)."""
 
 from __future__ import annotations
 
+COMPRESS_TASK = "recap.compress_session"  # the task every compression is sent as
+RECONCILE_TASK = "recap.reconcile"
 COMPRESS_QUEUE = "compress"
 MAINTENANCE_QUEUE = "maintenance"
 DEFAULT_QUEUE = "celery"  # Celery's own default: where a plain send_task by name goes

@@ -24,11 +24,8 @@ from workers import compress, events
 from workers.app import app, task
 from workers.celery_types import TaskHandle, celeryd_init, task_received, worker_process_init
 from workers.errors import CompressionFailed, CompressionRetry
-from workers.queues import COMPRESS_QUEUE, DEFAULT_QUEUE
+from workers.queues import COMPRESS_QUEUE, COMPRESS_TASK, DEFAULT_QUEUE, RECONCILE_TASK
 from workers.reconcile import reconcile as reconcile_pass
-
-COMPRESS_TASK = "recap.compress_session"
-RECONCILE_TASK = "recap.reconcile"
 
 
 def engine() -> Engine:
@@ -168,5 +165,6 @@ def reconcile() -> dict[str, Any]:
 
 def enqueue(conversation_id: str, *, force: bool = False) -> str:
     """Send ``recap.compress_session`` for one conversation; the task id."""
-    kwargs = {"force": True} if force else {}
-    return str(app.send_task(COMPRESS_TASK, args=[conversation_id], kwargs=kwargs).id)
+    from workers.enqueue import CompressJob, send
+
+    return str(send(app, CompressJob(conversation_id, force=force)).id)

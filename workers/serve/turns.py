@@ -283,17 +283,8 @@ class Turns:
 
 def _send_compress(conversation_id: str, leaf_id: int | None) -> None:
     """Enqueue on the configured broker, routed as the workers expect."""
-    try:
-        from workers.enqueue import compress_later  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        from workers.app import app
+    from workers.enqueue import compress_later
 
-        app.send_task(
-            "recap.compress_session",
-            args=[conversation_id],
-            kwargs={"leaf_message_id": leaf_id},
-        )
-        return
     compress_later(conversation_id, leaf_id)
 
 
