@@ -167,11 +167,12 @@ def test_anthropic_rule(width: int | None, height: int | None, expected: int) ->
         ("bedrock/anthropic.claude-3-5-sonnet", "anthropic"),
         ("gemini/gemini-1.5-pro", "gemini"),
         ("ollama/llava", "openai"),
+        ("deepseek/deepseek-chat", "openai"),  # DeepSeek has its own reasoning, not its own images
     ],
 )
 def test_family_follows_the_model(model: str, family: str) -> None:
     """The litellm provider prefix or the model name picks the rule."""
-    assert media.family_of(model) == family
+    assert media.image_rule_of(model) == family
 
 
 def test_seeded_sizes_against_a_plain_reference() -> None:

@@ -113,6 +113,7 @@ def block_tokens(text: str, encoding: str) -> int:
         ("ollama/deepseek-r1:8b", reasoning.OPENAI),
         ("gpt-4o", reasoning.OPENAI),
         ("openai/o3-mini", reasoning.OPENAI),
+        ("gemini/gemini-2.5-pro", reasoning.OPENAI),  # Gemini has its own image rule only
         ("", reasoning.OPENAI),
     ],
 )

@@ -8,7 +8,7 @@ width and height, the stored copy's content name), whatever the input said under
 bytes are never decoded beyond their header: PNG, JPEG (a scan for the SOF marker), GIF and WebP
 (VP8, VP8L, VP8X) give their size in a few bytes, and a remote URL is never fetched.
 
-Counting (``part_tokens``) follows the family of the conversation's model (``family_of``):
+Counting (``part_tokens``) follows the family of the conversation's model (``image_rule_of``):
 
 - OpenAI: ``detail: low`` is a fixed base; ``high`` (and ``auto``, counted as ``high``, the more
   expensive reading) scales the image to fit 2048 x 2048, then its shortest side down to 768, and
@@ -39,6 +39,7 @@ from typing import Any
 
 import structlog
 
+from core.counting import providers
 from core.errors import InputError
 
 log = structlog.get_logger(__name__)
@@ -364,14 +365,11 @@ def ref_of(part: Mapping[str, Any]) -> str | None:
 # --- counting ----------------------------------------------------------------------------------
 
 
-def family_of(model: str | None) -> str:
-    """The provider family whose image rule applies to a litellm model string."""
-    name = (model or "").lower()
-    if name.startswith("anthropic/") or "claude" in name:
-        return ANTHROPIC
-    if name.startswith(("gemini/", "vertex_ai/gemini")) or "gemini" in name:
-        return GEMINI
-    return OPENAI
+def image_rule_of(model: str | None) -> str:
+    """Whose image rule applies to a litellm model string: Anthropic's, Gemini's or OpenAI's
+    (every other provider's images are counted by OpenAI's rule)."""
+    provider = providers.provider_of(model)
+    return provider if provider in (ANTHROPIC, GEMINI) else OPENAI
 
 
 def openai_image_tokens(
@@ -445,7 +443,7 @@ def part_tokens(part: Mapping[str, Any], model: str | None = None) -> int:
     return image_tokens(
         meta.get("width"),
         meta.get("height"),
-        family=family_of(model),
+        family=image_rule_of(model),
         detail=str(meta.get("detail") or _detail(part)),
         model=model or "",
     )

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from core.counting import providers
+
 ANTHROPIC = "anthropic"
 DEEPSEEK = "deepseek"
 OPENAI = "openai"
@@ -44,12 +46,12 @@ BASIS_SEPARATOR = "/"
 
 
 def family_of(model: str | None) -> str:
-    """The reasoning family of a litellm model string (see the module's table)."""
-    name = (model or "").lower()
-    last = name.rsplit("/", 1)[-1]
-    if name.startswith("anthropic/") or "claude" in name:
+    """The reasoning family of a litellm model string (see the module's table): Anthropic's
+    thinking blocks, DeepSeek's ``reasoning_content`` (not R1's), or OpenAI's fields."""
+    provider = providers.provider_of(model)
+    if provider == providers.ANTHROPIC:
         return ANTHROPIC
-    if last.startswith("deepseek") and not last.startswith("deepseek-r1"):
+    if provider == providers.DEEPSEEK and not providers.model_name(model).startswith("deepseek-r1"):
         return DEEPSEEK
     return OPENAI
 

@@ -285,7 +285,6 @@ APPEND_OPTION = "recap_append"  # execution option marking an append's transacti
 # Messages of the branch read back from the head for the calls a result answers (a longer walk,
 # then all of it, only when the shorter cannot tell): a result follows its call closely.
 PAIRING_WINDOWS = (8, 256)
-MAX_ID = 2**63 - 1  # message ids are signed 64-bit integers in both databases
 _hooked: weakref.WeakSet[Engine] = weakref.WeakSet()  # SQLite engines with the hook
 _hook_lock = threading.Lock()
 
@@ -358,7 +357,7 @@ def append_messages(
     """
     checked = [check_message(m, f"message {i}" if len(messages) > 1 else "message")
                for i, m in enumerate(messages)]  # fmt: skip
-    if parent_id is not None and not 0 < parent_id <= MAX_ID:
+    if parent_id is not None and not 0 < parent_id <= limits.MESSAGE_ID_MAX:
         raise NotFoundError(f"message {parent_id} is not in conversation {conversation_id!r}")
     model = _lock_for_append(session, conversation_id, parent_id)
     needed = calls_needed(checked)
@@ -421,9 +420,9 @@ def _open_calls(
     """The leaf (default: the branch head) and the open calls of the ``needed`` ids on its
     branch: from its newest messages, and from the whole branch (ids, roles and call ids, never
     content) only when those cannot tell (a result whose call lies further back, or none)."""
-    for rows in (*PAIRING_WINDOWS, MAX_ID):
+    for rows in (*PAIRING_WINDOWS, limits.MESSAGE_ID_MAX):
         leaf, steps, reached_root = _walk_back(session, conversation_id, leaf, rows)
-        found = open_calls_from_tail(steps, needed, reached_root=reached_root or rows == MAX_ID)
+        found = open_calls_from_tail(steps, needed, reached_root=reached_root or rows == limits.MESSAGE_ID_MAX)
         if found is not None:
             return leaf, found
     raise AssertionError("a walk over every message always tells")  # pragma: no cover
@@ -440,7 +439,7 @@ def _walk_back(
     if statement is None:
         calls = _CALL_IDS.get(dialect, "m.tool_calls")  # elsewhere: the calls, ids taken here
         statement = _walks[dialect] = text(_WALK.format(calls=calls))
-    params = {"conversation_id": conversation_id, "leaf": leaf or MAX_ID, "rows": rows}
+    params = {"conversation_id": conversation_id, "leaf": leaf or limits.MESSAGE_ID_MAX, "rows": rows}
     path = connection.execute(statement, params).all()
     if not path:
         return leaf, iter(()), True
