@@ -39,6 +39,7 @@ from core.storage.models import (
     utcnow,
 )
 from core.values import limits
+from core.values.limits import MESSAGE_ID_MAX as MAX_ID
 from core.values.records import ClearingRec, Msg, SummaryRec
 
 MESSAGE_COLUMNS = tuple(
@@ -357,7 +358,7 @@ def append_messages(
     """
     checked = [check_message(m, f"message {i}" if len(messages) > 1 else "message")
                for i, m in enumerate(messages)]  # fmt: skip
-    if parent_id is not None and not 0 < parent_id <= limits.MESSAGE_ID_MAX:
+    if parent_id is not None and not 0 < parent_id <= MAX_ID:
         raise NotFoundError(f"message {parent_id} is not in conversation {conversation_id!r}")
     model = _lock_for_append(session, conversation_id, parent_id)
     needed = calls_needed(checked)
@@ -420,9 +421,9 @@ def _open_calls(
     """The leaf (default: the branch head) and the open calls of the ``needed`` ids on its
     branch: from its newest messages, and from the whole branch (ids, roles and call ids, never
     content) only when those cannot tell (a result whose call lies further back, or none)."""
-    for rows in (*PAIRING_WINDOWS, limits.MESSAGE_ID_MAX):
+    for rows in (*PAIRING_WINDOWS, MAX_ID):
         leaf, steps, reached_root = _walk_back(session, conversation_id, leaf, rows)
-        found = open_calls_from_tail(steps, needed, reached_root=reached_root or rows == limits.MESSAGE_ID_MAX)
+        found = open_calls_from_tail(steps, needed, reached_root=reached_root or rows == MAX_ID)
         if found is not None:
             return leaf, found
     raise AssertionError("a walk over every message always tells")  # pragma: no cover
@@ -439,7 +440,7 @@ def _walk_back(
     if statement is None:
         calls = _CALL_IDS.get(dialect, "m.tool_calls")  # elsewhere: the calls, ids taken here
         statement = _walks[dialect] = text(_WALK.format(calls=calls))
-    params = {"conversation_id": conversation_id, "leaf": leaf or limits.MESSAGE_ID_MAX, "rows": rows}
+    params = {"conversation_id": conversation_id, "leaf": leaf or MAX_ID, "rows": rows}
     path = connection.execute(statement, params).all()
     if not path:
         return leaf, iter(()), True
