@@ -42,9 +42,8 @@ from core.errors import BudgetError, InputError
 from core.request import refs, render, shorten
 from core.request.placeholders import cleared_placeholder
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from core.values.records import ClearingRec, Msg, SummaryRec
+from core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
 
-SYSTEM_ROLES = ("system", "developer")
 # The summary, context files, forgotten-file note and reminder are user messages: every provider
 # accepts a user message anywhere, while a system message after the first is rejected by several
 # chat templates and folded into the system prompt by others (which would move it out of order).

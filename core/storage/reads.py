@@ -26,7 +26,7 @@ from core.request import assembly
 from core.request.branch import applicable_summary, branch_ids
 from core.storage import store
 from core.storage.models import CONVERSATIONS, MESSAGES
-from core.values.records import ClearingRec, Msg, SummaryRec
+from core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
 
 FIRST_BATCH = 256  # rows in the newest batch, and the fewest in any later one
 BATCH_SLACK = 1.1  # later batches: the rows the rest of the budget should need, plus a tenth
@@ -124,7 +124,7 @@ def load_request_branch(
         return RequestBranch(branch=[], summary=summary, clearings=clearings, omitted=[])
     cutoff = summary.cutoff_message_id if summary is not None else path[0]
     rows.fetch(path[-FIRST_BATCH:], also=(path[0], cutoff))  # the newest, the root, the cutoff
-    heads = [path[0]] if rows.by_id[path[0]][ROLE] in assembly.SYSTEM_ROLES else []
+    heads = [path[0]] if rows.by_id[path[0]][ROLE] in SYSTEM_ROLES else []
     first = len(heads)
     if summary is not None and cutoff not in heads:
         first = path.index(cutoff) + 1

@@ -28,8 +28,8 @@ from core.storage import store
 from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
 from core.storage.profile import load_profile
 from core.storage.reads import branch_path
-from core.summaries.planning import COOLDOWN_MAX_FACTOR, SYSTEM_ROLES
-from core.values.records import Msg
+from core.summaries.planning import COOLDOWN_MAX_FACTOR
+from core.values.records import SYSTEM_ROLES, Msg
 
 COMPACTION_LOG = table_of(CompactionLog)
 COOLDOWN_DOUBLINGS = COOLDOWN_MAX_FACTOR.bit_length()  # failures read past the streak

@@ -23,7 +23,7 @@ from core.summaries.prompts import (
     RETENTION_REMINDER,
     SUMMARY_REMINDER,
 )
-from core.values.records import ClearingRec, Msg, SummaryRec
+from core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
 
 Counter = Callable[[Mapping[str, Any]], int]
 Rendered = dict[str, str]
@@ -51,8 +51,6 @@ ERROR_TEXT_RE = re.compile(
 
 
 # --- what is pending ---------------------------------------------------------------------------
-
-SYSTEM_ROLES = ("system", "developer")
 
 
 def split_root(branch: Sequence[Msg]) -> tuple[Msg | None, list[Msg]]:

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+SYSTEM_ROLES = ("system", "developer")  # the roles whose text is the instructions, not a turn
+ROLES = (*SYSTEM_ROLES, "user", "assistant", "tool")
 
 
 class Msg(NamedTuple):

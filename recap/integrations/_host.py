@@ -14,7 +14,8 @@ from typing import Any
 
 from core.client import Recap
 from core.errors import BudgetError, InputError, NotFoundError
-from core.request.assembly import SYSTEM_ROLES, AssembledRequest
+from core.request.assembly import AssembledRequest
+from core.values.records import SYSTEM_ROLES
 
 log = logging.getLogger("recap.integrations")
 # assemble's refusal of a branch with nothing to send: an empty session, for an adapter

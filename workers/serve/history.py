@@ -22,7 +22,8 @@ from core.storage.db import session_scope
 from core.storage.hashing import message_hash
 from core.storage.models import CONVERSATIONS, MESSAGES, Conversation, utcnow
 from core.storage.outputs import Ingest
-from workers.serve.prefix import SYSTEM_ROLES, Node, longest_stored_prefix, open_calls
+from core.values.records import SYSTEM_ROLES
+from workers.serve.prefix import Node, longest_stored_prefix, open_calls
 
 HASH_BATCH = 500  # hashes per IN list: far below every driver's parameter limit
 CREATE_ATTEMPTS = 2  # a write that still meets another's new row is retried once
