@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -79,7 +79,7 @@ def _measure(url: str, records: list[dict[str, Any]], suffix: str, folder: Path)
     ]
 
 
-def _settle(compress: Callable[[], dict[str, Any]]) -> None:
+def _settle(compress: Callable[[], Mapping[str, Any]]) -> None:
     """Run until a run skips: the state every later turn's run starts from."""
     for _ in range(MAX_SETUP_RUNS):
         if compress()["action"] == "skipped":

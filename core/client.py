@@ -22,6 +22,7 @@ from core.storage.db import get_engine, require_schema
 from core.storage.outputs import Ingest
 
 if TYPE_CHECKING:
+    from core.compression.run import Parts
     from core.recall import Recalled
 
 
@@ -34,11 +35,15 @@ class Recap:
         engine: Engine | None = None,
         *,
         create_schema: bool = False,
+        parts: Parts | None = None,
     ) -> None:
         """Open the database; a ``SchemaMissingError`` (``run recap init``) when it has no
         Recap schema. ``create_schema=True`` creates or migrates it instead, as ``recap init``
-        does: for tests and single-process scripts (deployments run ``recap init`` once)."""
+        does: for tests and single-process scripts (deployments run ``recap init`` once).
+        ``parts`` gives ``compress`` a summarizer and a reporter of its own (default: what the
+        installation provides, see ``core.compression.run.installed_parts``)."""
         self.settings = settings or get_settings()
+        self.parts = parts
         self.engine = engine or get_engine(self.settings.database_url, create=create_schema)
         if create_schema:
             from core.storage.migrate import upgrade
@@ -151,10 +156,10 @@ class Recap:
         worker holds the lease this waits for it, then checks again). Returns the object
         ``recap compress --json`` prints, typed. Call it on ``BudgetError`` or on the provider's
         context-overflow error, then retry the request once."""
-        from workers.compress import compress_now  # no Celery: the run, not the task
+        from core.compression.run import compress_now, installed_parts
 
-        done = compress_now(self.engine, self.settings, conversation_id, leaf, force)
-        return CompressResult.of(done)
+        parts = self.parts or installed_parts()
+        return compress_now(self.engine, self.settings, conversation_id, leaf, force, parts=parts)
 
     def set_output_reserve(self, conversation_id: str, output_tokens: int | None) -> None:
         """Keep ``output_tokens`` free for the reply in this conversation (0: none, as for a

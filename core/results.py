@@ -11,6 +11,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from core.values.actions import Action
+
 
 class _Readable(Mapping[str, Any]):
     """Mapping access over a dataclass's own fields (read-only)."""
@@ -71,25 +73,51 @@ class UsageRecorded(_Readable):
 
 @dataclass(frozen=True, eq=False)
 class CompressResult(_Readable):
-    """What one compression run did (``recap compress --json``, the task's result)."""
+    """What one compression run did: the one result type from the run (``core.compression.run``)
+    to the task's result, ``recap compress --json`` and ``Recap.compress``.
 
-    action: str  # summarized, cleared, skipped, busy, failed, ...
+    As a mapping (and ``as_dict()``) it is the contract's six fields; the rest (the summary
+    model's usage and cost, the error, the leaf, the calibration) are attributes the compaction
+    log records."""
+
+    action: Action
     reason: str
-    summary_id: int | None
-    cutoff_message_id: int | None
     tokens_before: int
     tokens_after: int
+    summary_id: int | None = None
+    cutoff_message_id: int | None = None
+    model: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+    error: str | None = None
+    leaf_message_id: int | None = None
+    calibration: float = 1.0  # provider tokens per estimated token: tokens_* are provider tokens
+
+    def _names(self) -> tuple[str, ...]:
+        return PUBLIC_COMPRESS_FIELDS
 
     @classmethod
     def of(cls, payload: Mapping[str, Any]) -> CompressResult:
+        """The result from its JSON object (a task's stored result, ``recap compress --json``)."""
         return cls(
-            action=str(payload["action"]),
+            action=Action(str(payload["action"])),
             reason=str(payload.get("reason", "")),
             summary_id=payload.get("summary_id"),
             cutoff_message_id=payload.get("cutoff_message_id"),
             tokens_before=int(payload.get("tokens_before", 0)),
             tokens_after=int(payload.get("tokens_after", 0)),
         )
+
+
+PUBLIC_COMPRESS_FIELDS = (
+    "action",
+    "reason",
+    "summary_id",
+    "cutoff_message_id",
+    "tokens_before",
+    "tokens_after",
+)
 
 
 @dataclass(frozen=True, eq=False)

@@ -165,3 +165,78 @@ def test_compress_needs_no_celery(tmp_path: Path) -> None:
     )
     lines = [line for line in done.stdout.splitlines() if not line.startswith("20")]  # no logs
     assert lines == ["skipped", "[]"], done.stdout + done.stderr
+
+
+class _Recording:
+    """A host's own summarizer and reporter (``core.compression.run.Parts``)."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.spans: list[int] = []
+
+    def summarizers(self, settings: Settings, attempt: int, deadline: float) -> Any:
+        return self
+
+    def summarize(self, snapshot: Any, split: Any) -> Any:
+        from core.compression.summarizer import SummaryText
+
+        self.spans.append(len(split.older))
+        return SummaryText(text="The user asked about things; " * 3, model="host", retention=1.0)
+
+    def emit(self, settings: Settings, event: str, **fields: Any) -> None:
+        self.events.append(event)
+
+
+def _long_conversation(recap: Recap) -> str:
+    cid = recap.new(max_input_tokens=4_000)
+    for n in range(30):
+        recap.add(cid, {"role": "user", "content": f"question {n} " + "about things " * 40})
+        recap.add(cid, {"role": "assistant", "content": f"answer {n} " + "with details " * 40})
+    return cid
+
+
+def test_a_host_passes_its_own_summarizer_and_reporter(tmp_path: Path) -> None:
+    """``Recap(parts=...)``: the run (core code) calls the host's summarizer and reports to the
+    host's reporter; the stored summary is the host's text."""
+    from core.compression.report import COMPLETED, STARTED
+    from core.compression.run import Parts
+
+    host = _Recording()
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'own.db'}")
+    recap = Recap(settings, create_schema=True, parts=Parts(host.summarizers, host))
+    cid = _long_conversation(recap)
+    done = recap.compress(cid, force=True)
+    assert done.action == "summarized" and done["action"] == "summarized"
+    assert host.spans and host.spans[0] > 0
+    assert host.events == [STARTED, COMPLETED]
+    assert recap.summaries(cid)[-1].model == "host"
+
+
+@pytest.mark.parametrize(
+    ("summary_model", "action"),
+    [(None, "summarized"), ("openai/gpt-4o-mini", "failed")],
+)
+def test_core_s_own_parts_never_ignore_a_summary_model(
+    tmp_path: Path, summary_model: str | None, action: str
+) -> None:
+    """Core without the workers' transport summarizes offline, and with a summary model set it
+    fails the run with one clear reason instead of silently summarizing offline."""
+    from core.compression.run import Parts
+
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'core.db'}", summary_model=summary_model
+    )
+    recap = Recap(settings, create_schema=True, parts=Parts())
+    cid = _long_conversation(recap)
+    done = recap.compress(cid, force=True)
+    assert done.action == action
+    if action == "failed":
+        assert "no model summarizer is installed" in done.reason
+
+
+def test_the_installation_provides_the_workers_parts() -> None:
+    """The ``recap.engine`` entry point gives core the workers' summarizer and publisher."""
+    from core.compression.run import installed_parts
+    from workers.compress import PARTS
+
+    assert installed_parts() is PARTS

@@ -19,8 +19,6 @@ FLOORS = ("core/counting", "core/request", "core/decision", "core/summaries", "c
 SQL_MODULES = ("sqlalchemy", "sqlmodel", "psycopg", "sqlite3")
 # Edges still to cut, with why they are there today.
 KNOWN = {
-    # Recap.compress runs the worker's compression in-process; the run moves into core next.
-    ("core/client.py", "workers.compress"),
     # serve's own append path and owner checks; they move into core/storage next.
     ("workers/serve/history.py", "sqlalchemy"),
     ("workers/serve/history.py", "sqlmodel"),

@@ -17,6 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from core.errors import RecapError
+from core.values.actions import Action
 from core.values.limits import INT32_MAX, MESSAGE_ID_MAX, TOKENS_MAX
 from workers import moments
 
@@ -696,9 +697,9 @@ def compress(
     from workers.logs import configure_logging
 
     configure_logging(json_output=False, level="WARNING")  # stdout keeps only the result
-    payload = run_with_retries(engine(), settings(), conversation, leaf, force)
+    payload = run_with_retries(engine(), settings(), conversation, leaf, force).as_dict()
     emit(payload, as_json, lambda: table("compress", list(payload), [list(payload.values())]))
-    if payload["action"] == "failed":
+    if payload["action"] == Action.FAILED:
         raise typer.Exit(1)
 
 

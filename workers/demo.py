@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.storage.private import make_folder
+from core.values.actions import ACTED, Action
 
 DEMO_FILE = Path(__file__).parent / "data" / "demo.jsonl"
 DEMO_DIR = Path(".recap") / "demo"
@@ -125,7 +126,7 @@ def run(window: int = DEMO_WINDOW, folder: Path = DEMO_DIR, progress: Any = None
             outcome = (
                 outcome
                 if isinstance(outcome, dict)
-                else {"action": "failed", "reason": str(outcome)}
+                else {"action": Action.FAILED, "reason": str(outcome)}
             )
             rows.append(
                 TurnRow(
@@ -169,7 +170,7 @@ def write_chart(rows: list[TurnRow], window: int, path: Path) -> bool:
                 fontsize=8,
                 color="firebrick",
             )
-        if row.action in ("summarized", "cleared"):
+        if row.action in ACTED:
             axes.annotate(
                 row.action,
                 (row.turn, row.with_recap),

@@ -12,18 +12,16 @@ import json
 import threading
 from typing import Any
 
-import structlog
-
+from core.compression.report import COMPLETED as COMPLETED
+from core.compression.report import FAILED as FAILED
+from core.compression.report import STARTED as STARTED
+from core.compression.report import LogReporter, masked
+from core.compression.report import log as log
 from core.redact import known_secrets, redact
 from core.settings import Settings
 
 CHANNEL = "recap:events"  # hosts SUBSCRIBE here; one JSON object per message
-STARTED = "compression_started"
-COMPLETED = "compression_completed"
-FAILED = "compression_failed"
 PUBLISH_TIMEOUT_SECONDS = 2.0  # an unreachable Redis must not hold a compression up
-
-log = structlog.get_logger("recap.compress")
 _clients: dict[str, Any] = {}
 _lock = threading.Lock()
 
@@ -49,14 +47,21 @@ def publishes(settings: Settings) -> bool:
 
 def emit(settings: Settings, event: str, **fields: Any) -> None:
     """Log the event, then publish it on ``CHANNEL`` when the broker is Redis."""
-    secrets = known_secrets(settings)
-    fields = {k: redact(v, secrets) if isinstance(v, str) else v for k, v in fields.items()}
-    level = log.warning if event == FAILED else log.info
-    level(event, **fields)
+    fields = masked(settings, fields)
+    LogReporter().emit(settings, event, **fields)
     if not publishes(settings):
         return
     payload = json.dumps({"event": event, **fields}, default=str)
     try:
         _client(settings.broker_url).publish(CHANNEL, payload)
     except Exception as exc:  # best effort: the event is already in the log
-        log.warning("event_publish_failed", event_name=event, error=redact(str(exc), secrets))
+        error = redact(str(exc), known_secrets(settings))
+        log.warning("event_publish_failed", event_name=event, error=error)
+
+
+class Publisher:
+    """The workers' ``core.compression.report.Reporter``: ``emit`` (logged, and published on
+    Redis when the broker is Redis)."""
+
+    def emit(self, settings: Settings, event: str, **fields: Any) -> None:
+        emit(settings, event, **fields)

@@ -49,10 +49,11 @@ from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.storage.models import CLEARINGS, REQUEST_PROFILES, CompactionLog, table_of, utcnow
 from core.storage.sweep import sweep_idle
+from core.values import actions
 
 KEEP_LAST_BASELINE = 3  # the common default elsewhere: all but the last 3 results, every request
 LOG = table_of(CompactionLog)
-ACTED = frozenset({"summarized", "cleared"})  # run outcomes that do something about the pressure
+ACTED = actions.ACTED  # run outcomes that do something about the pressure
 REPRESENTATIVE_SYSTEM = (
     "You are an autonomous software agent working in the user's environment. Work step by step: "
     "read the task, inspect the relevant files and state with the tools you have, make the "
@@ -259,7 +260,7 @@ def replay_conversation(
     *,
     window: int | None,
     idle_gap: bool,
-    compress: Callable[[str], dict[str, Any]],
+    compress: Callable[[str], Mapping[str, Any]],
     host: Host | None = None,
     toolset: Sequence[Mapping[str, Any]] | None = None,
 ) -> ConversationReport:
@@ -295,11 +296,11 @@ def replay_conversation(
 
 
 def _blind(
-    engine: Any, compress: Callable[[str], dict[str, Any]]
-) -> Callable[[str], dict[str, Any]]:
+    engine: Any, compress: Callable[[str], Mapping[str, Any]]
+) -> Callable[[str], Mapping[str, Any]]:
     """``compress`` after forgetting the request profile: the decision plans with history."""
 
-    def run(cid: str) -> dict[str, Any]:
+    def run(cid: str) -> Mapping[str, Any]:
         with engine.begin() as connection:
             profiles = REQUEST_PROFILES
             connection.execute(delete(profiles).where(profiles.c.conversation_id == cid))
@@ -320,7 +321,7 @@ class _Requester:
         pricer: _Pricer,
         host: Host,
         parts: HostParts | None,
-        compress: Callable[[str], dict[str, Any]],
+        compress: Callable[[str], Mapping[str, Any]],
     ) -> None:
         self.engine, self.settings, self.cid = engine, settings, cid
         self.report, self.pricer, self.host, self.parts = report, pricer, host, parts

@@ -11,23 +11,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
+from core.compression.report import log
+from core.compression.summarizer import EXTRACTIVE_MODEL as EXTRACTIVE_MODEL
+from core.compression.summarizer import ExtractiveSummarizer as ExtractiveSummarizer
+from core.compression.summarizer import OutOfTime as OutOfTime
+from core.compression.summarizer import RetryLater as RetryLater
+from core.compression.summarizer import Summarizer as Summarizer
+from core.compression.summarizer import SummaryFailed as SummaryFailed
+from core.compression.summarizer import SummaryText as SummaryText
 from core.counting import tokens
 from core.decision import policy
 from core.settings import Settings
 from core.summaries import planning
-from core.summaries.extractive import extractive_summary
 from core.summaries.identifiers import identifiers_of_span, retention
 from core.summaries.planning import Rendered, Split
-from workers import events
 
 if TYPE_CHECKING:
     from types import ModuleType
 
-EXTRACTIVE_MODEL = "extractive"
 MAX_SHRINKS = 6  # a context-window error halves the chunks sent, down to the smallest chunk
 # An unknown summary model (a local model, a proxy alias) is assumed to take 8k tokens, which any
 # current chat model does; a context-window error from it halves the chunks it is sent.
@@ -43,64 +47,12 @@ SHORTER = (
 DEADLINE_SLACK_SECONDS = 0.5  # a timeout this close to the deadline is the deadline's doing
 
 
-class RetryLater(Exception):
-    """A retryable model error: the task should run again after ``delay`` seconds."""
-
-    def __init__(self, reason: str, delay: float) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.delay = delay
-
-
-class SummaryFailed(Exception):
-    """The summarizer gave up or its summary was rejected; nothing is stored."""
-
-
-class OutOfTime(SummaryFailed):
-    """The run's own deadline (``Settings.run_seconds``) left no time for the next model call.
-
-    Celery enforces no time limit on the threads pool the compress queue runs on, so a run keeps
-    its own: each call's timeout is cut to what is left, and no call starts that could not end
-    in time. The lease outlives the deadline, so no second run starts while this one works.
-    """
-
-
-@dataclass
-class SummaryText:
-    """A summarizer's result, before it is stored."""
-
-    text: str
-    model: str
-    retention: float
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
-    calls: int = 0
-
-
-class Summarizer(Protocol):
-    """Summarizes a split's older part (text read) into the snapshot's previous summary."""
-
-    def summarize(self, snapshot: policy.Snapshot, split: Split) -> SummaryText: ...
-
-
-def summarizer_for(settings: Settings, *, attempt: int, deadline: float) -> Summarizer:
-    """The configured model's summarizer for this attempt and deadline, else the offline one."""
+def summarizer_for(settings: Settings, attempt: int, deadline: float) -> Summarizer:
+    """``Summarizers`` of the workers: the configured model's summarizer for this attempt and
+    deadline, else the offline one."""
     if settings.summary_model:
         return ModelSummarizer(settings, attempt=attempt, deadline=deadline)
     return ExtractiveSummarizer()
-
-
-class ExtractiveSummarizer:
-    """The offline summary of the older part, merged into the previous summary."""
-
-    def summarize(self, snapshot: policy.Snapshot, split: Split) -> SummaryText:
-        previous = snapshot.summary.text if snapshot.summary else None
-        text = extractive_summary(
-            split.older, previous_summary=previous, clearings=snapshot.clearings
-        )
-        score = retention(identifiers_of_span(split.older), text).score
-        return SummaryText(text=text, model=EXTRACTIVE_MODEL, retention=score)
 
 
 def summarizer_window(settings: Settings) -> int:
@@ -226,7 +178,7 @@ class ModelSummarizer:
             try:
                 self._reask(llm, result, plan, seed, score.missing, wanted, count)
             except OutOfTime:  # the first summary stands; the re-ask only ever improves on it
-                events.log.info("retention_reask_skipped", conversation_id=snapshot.conversation_id)
+                log.info("retention_reask_skipped", conversation_id=snapshot.conversation_id)
         return result
 
     def _call(self, llm: ModuleType, messages: list[Rendered], into: SummaryText) -> None:

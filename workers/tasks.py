@@ -20,6 +20,7 @@ from core.errors import NotFoundError, RecapError
 from core.redact import error_text, known_secrets, redact
 from core.settings import Settings, get_settings
 from core.storage.db import dispose_engines, get_engine, size_pool
+from core.values.actions import Action
 from workers import compress, events
 from workers.app import app, task
 from workers.celery_types import TaskHandle, celeryd_init, task_received, worker_process_init
@@ -92,7 +93,7 @@ def compress_session(
     if isinstance(outcome, compress.RetryLater):
         reason = CompressionRetry(redact(outcome.reason, known_secrets(settings)))
         raise self.retry(exc=reason, countdown=outcome.delay, max_retries=settings.max_attempts)
-    if outcome["action"] == "failed":
+    if outcome["action"] == Action.FAILED:
         raise CompressionFailed(outcome["reason"])
     return outcome
 
@@ -103,7 +104,7 @@ def _run(
     """The run's JSON with every text masked, or the ``RetryLater`` it asked for."""
     secrets = known_secrets(settings)
     try:
-        payload = compress.compress_session(
+        result = compress.compress_session(
             engine(),
             settings,
             conversation_id,
@@ -116,21 +117,21 @@ def _run(
     except compress.RetryLater as exc:
         return exc
     except NotFoundError as exc:
-        payload = _unknown(settings, conversation_id, exc)
+        result = _unknown(settings, conversation_id, exc)
     except (RecapError, UnknownModelError) as exc:
         reason = redact(str(exc), secrets)
         events.log.warning(
             "compress_session_rejected", conversation_id=conversation_id, error=reason
         )
-        payload = compress.Outcome("failed", reason, 0, 0).as_dict()
+        result = compress.Outcome(Action.FAILED, reason, 0, 0)
     except Exception as exc:  # an unexpected error still ends as one masked FAILURE
         reason = error_text(exc, secrets)
         events.log.exception("compress_session_error", conversation_id=conversation_id)
-        payload = compress.Outcome("failed", reason, 0, 0).as_dict()
-    return {k: redact(v, secrets) if isinstance(v, str) else v for k, v in payload.items()}
+        result = compress.Outcome(Action.FAILED, reason, 0, 0)
+    return {k: redact(v, secrets) if isinstance(v, str) else v for k, v in result.as_dict().items()}
 
 
-def _unknown(settings: Settings, conversation_id: str, exc: NotFoundError) -> dict[str, Any]:
+def _unknown(settings: Settings, conversation_id: str, exc: NotFoundError) -> compress.Outcome:
     """A queued run whose conversation is not stored (deleted since it was enqueued, by
     ``recap delete`` or the retention policy) ends as skipped, writing nothing; an unknown leaf
     of a stored conversation is still a failure."""
@@ -141,9 +142,9 @@ def _unknown(settings: Settings, conversation_id: str, exc: NotFoundError) -> di
         events.log.warning(
             "compress_session_rejected", conversation_id=conversation_id, error=reason
         )
-        return compress.Outcome("failed", reason, 0, 0).as_dict()
+        return compress.Outcome(Action.FAILED, reason, 0, 0)
     events.log.info("compress_session_unknown_conversation", conversation_id=conversation_id)
-    return compress.Outcome("skipped", f"{reason}: deleted, or never stored", 0, 0).as_dict()
+    return compress.Outcome(Action.SKIPPED, f"{reason}: deleted, or never stored", 0, 0)
 
 
 @task_received.connect

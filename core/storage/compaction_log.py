@@ -37,9 +37,10 @@ from sqlalchemy import Connection, Engine, bindparam, delete, insert, select, up
 from core.storage.db import session_scope
 from core.storage.models import CompactionLog, table_of
 from core.storage.store import as_utc
+from core.values.actions import Action
 
 LOG = table_of(CompactionLog)
-SKIPPED = "skipped"
+SKIPPED = Action.SKIPPED
 PRUNE_BATCH = 5_000  # rows looked at per transaction: a few ms, a short write lock on SQLite
 PRUNE_MAX_BATCHES = 20  # batches per run; a larger backlog continues in the next run
 

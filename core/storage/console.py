@@ -27,12 +27,13 @@ from core.storage.models import (
     table_of,
 )
 from core.storage.store import as_utc
+from core.values.actions import Action
 
 LOG = table_of(CompactionLog)
 USAGE = table_of(Usage)
 C, M, L = CONVERSATIONS.c, MESSAGES.c, LOG.c
 
-FAILED = "failed"
+FAILED = Action.FAILED
 SORTS = ("activity", "id", "messages", "tokens", "failures")  # what the list can sort by
 PAGE_SIZE_MAX = 200  # rows one page may ask for
 SEARCH_CHARS_MAX = 255  # a conversation id is at most this long, so a longer search finds nothing

@@ -29,6 +29,7 @@ from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLo
 from core.storage.profile import load_profile
 from core.storage.reads import branch_path
 from core.summaries.planning import COOLDOWN_MAX_FACTOR
+from core.values.actions import Action
 from core.values.records import SYSTEM_ROLES, Msg
 
 COMPACTION_LOG = table_of(CompactionLog)
@@ -245,13 +246,14 @@ def recent_failures(
     c = COMPACTION_LOG.c
     statement = (
         select(c.action, c.created_at, c.reason)
-        .where(c.conversation_id == conversation_id, c.action.in_(("failed", "summarized")))
+        .where(c.conversation_id == conversation_id)
+        .where(c.action.in_((Action.FAILED, Action.SUMMARIZED)))
         .order_by(c.id.desc())
         .limit(streak + COOLDOWN_DOUBLINGS)
     )
     failures: list[policy.Failure] = []
     for action, at, reason in connection.execute(statement):
-        if action != "failed":
+        if action != Action.FAILED:
             break
         failures.append(policy.Failure(store.as_utc(at) or utcnow(), str(reason)))
     return failures

@@ -39,6 +39,7 @@ from core.storage.models import (
     utcnow,
 )
 from core.values import limits
+from core.values.actions import SETTLING, Action
 from core.values.limits import MESSAGE_ID_MAX as MAX_ID
 from core.values.records import ClearingRec, Msg, SummaryRec
 
@@ -574,7 +575,7 @@ def latest_usage(session: Session, conversation_id: str) -> Usage | None:
 
 FAILED_RUNS_LIMIT = 1_000  # one screen of an operator's list; more means a wider outage to fix
 # Runs after a failure that settle it: the conversation was brought under its trigger since.
-SETTLING_ACTIONS = ("failed", "summarized", "cleared")
+SETTLING_ACTIONS = SETTLING
 
 
 @dataclass(frozen=True)
@@ -620,13 +621,13 @@ def failed_runs(
         .where(
             retry.c.conversation_id == run.c.conversation_id,
             retry.c.task_id == run.c.task_id,
-            retry.c.action == "retry",
+            retry.c.action == Action.RETRY,
         )
         .scalar_subquery()
     )
     statement = (
         sa_select(run.c.conversation_id, run.c.created_at, run.c.reason, run.c.task_id, retries)
-        .where(run.c.action == "failed", run.c.created_at >= since, ~settled.exists())
+        .where(run.c.action == Action.FAILED, run.c.created_at >= since, ~settled.exists())
         .order_by(run.c.created_at.desc(), run.c.id.desc())
         .limit(limit)
     )

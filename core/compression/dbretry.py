@@ -15,9 +15,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
+import structlog
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-
-from workers import events
 
 DB_RETRY_FIRST_SECONDS = 0.25  # a restart drops connections for a second or two
 DB_RETRY_MAX_SECONDS = 4.0  # one wait between write attempts is at most this
@@ -28,6 +27,7 @@ LEASE_SAFETY_SECONDS = 5.0  # stop retrying while the lease is surely still ours
 UNAVAILABLE_SQLSTATES = ("08", "57P")
 
 T = TypeVar("T")
+log = structlog.get_logger("recap.compress")
 
 
 def database_unavailable(exc: BaseException) -> bool:
@@ -67,7 +67,7 @@ def durably(write: Callable[[], T], *, window: float, step: str, **fields: Any) 
             left = ends - time.monotonic()
             if not database_unavailable(exc) or left <= 0:
                 raise
-            events.log.warning(
+            log.warning(
                 "database_unavailable_retrying",
                 **fields,
                 step=step,

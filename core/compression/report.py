@@ -1,0 +1,42 @@
+"""What a compression run reports as it goes: one protocol, and the log-only reporter.
+
+A run emits ``STARTED`` when it decides to act and one canonical ``COMPLETED`` or ``FAILED`` line
+when it ends, each with its fields; every text field is masked (``core.redact``) before it leaves.
+``LogReporter`` writes them as structlog lines; the workers' reporter (``workers.events``) also
+publishes them on Redis for hosts that show a "compressing..." toast.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import structlog
+
+from core.redact import known_secrets, redact
+from core.settings import Settings
+
+STARTED = "compression_started"
+COMPLETED = "compression_completed"
+FAILED = "compression_failed"
+
+log = structlog.get_logger("recap.compress")
+
+
+class Reporter(Protocol):
+    """Where a run's events go."""
+
+    def emit(self, settings: Settings, event: str, **fields: Any) -> None: ...
+
+
+def masked(settings: Settings, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with every string masked of the known secrets."""
+    secrets = known_secrets(settings)
+    return {k: redact(v, secrets) if isinstance(v, str) else v for k, v in fields.items()}
+
+
+class LogReporter:
+    """Each event as one structlog line (a warning for a failure)."""
+
+    def emit(self, settings: Settings, event: str, **fields: Any) -> None:
+        level = log.warning if event == FAILED else log.info
+        level(event, **masked(settings, fields))

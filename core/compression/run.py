@@ -1,0 +1,654 @@
+"""``compress_session`` as core code: claim, read, decide, call the summarizer with no session,
+write; the summarizer (``Parts.summarizers``), the reporter of its events and the clock injected.
+
+The claim takes the conversation's lease in one short transaction (``core.storage.lease``),
+committed before anything is read. Phase 1 is a short read session of the content-free snapshot
+(``core.storage.snapshot``), decided by ``core.decision.policy``; the text of the messages to
+summarize is read only then. Phase 2 calls the summarizer (``core.compression.summarizer``: the
+offline extractive one, a litellm model through ``workers.summarizers``, or a host's own) with no
+session or connection held. Phase 3 is one short
+write transaction (``core.storage.summaries.write_run``): the summary (a conflict on
+(conversation, cutoff) means another run already did it), the log row, the lease let go.
+
+Escalation, cheapest first, stopping once under the trigger: clear eligible old tool results, then
+summarize, in chunks when the summarizer's input does not fit its window; otherwise fail clearly.
+A run never loops: a bounded number of passes (a re-check when the conversation turned dirty
+meanwhile), of chunk shrinks and of retention re-asks; model errors worth retrying surface as
+``RetryLater`` for Celery to retry with backoff, a bounded number of times. A write that finds the
+database away is retried in place (``core.compression.dbretry``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from functools import lru_cache, partial
+from importlib.metadata import entry_points
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+
+from core.compression import report
+from core.compression.dbretry import DB_RETRY_MAX_SECONDS, database_unavailable, durably, first_line
+from core.compression.dbretry import retry_window as _window
+from core.compression.report import LogReporter, Reporter
+from core.compression.summarizer import RetryLater, Summarizers, SummaryFailed, SummaryText, offline
+from core.counting import tokens
+from core.decision import policy
+from core.decision.toolresults import ClearingPlan
+from core.errors import ConversationGone, NotFoundError
+from core.redact import known_secrets, redact
+from core.request.refs import summary_note
+from core.results import CompressResult
+from core.settings import Settings
+from core.storage import lease, store, sweep
+from core.storage import snapshot as snapshots
+from core.storage.db import session_scope
+from core.storage.models import CompactionLog, table_of, utcnow
+from core.storage.summaries import Written
+from core.storage.summaries import write_run as write_transaction
+from core.summaries import planning
+from core.summaries.planning import Split
+from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from core.values.actions import Action
+from core.values.records import ClearingRec, Msg
+
+__all__ = [  # what the workers' wiring (workers.compress) and the host API import from here
+    "COMPACTION_LOG",
+    "DELETED_REASON",
+    "Outcome",
+    "Parts",
+    "RetryLater",
+    "compress_now",
+    "compress_session",
+    "run_with_retries",
+]
+
+COMPACTION_LOG = table_of(CompactionLog)
+MAX_PASSES = 3  # the first pass plus up to two re-checks when new turns arrived meanwhile
+ERROR_CHARS = 500  # an error stored in the log is cut here
+BUSY_FIRST_PAUSE = 0.05  # a host waiting for a worker's run checks the lease this soon
+BUSY_MAX_PAUSE = 1.0  # and then at most this far apart
+
+Clock = Callable[[], datetime]
+Snapshot = policy.Snapshot  # what a run decides from (no message text) and summarizes with
+T = TypeVar("T")
+
+
+Outcome = CompressResult  # what one run did: the contract's JSON plus what the log row records
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a run is given rather than builds: the summarizer for an attempt and where its events
+    go (the workers pass litellm's summarizer and a reporter that also publishes on Redis)."""
+
+    summarizers: Summarizers = offline
+    reporter: Reporter = field(default_factory=LogReporter)
+
+
+@dataclass(frozen=True)
+class Run:
+    """The fixed inputs of one ``compress_session`` call."""
+
+    engine: Engine
+    settings: Settings
+    conversation_id: str
+    leaf: int | None
+    force: bool
+    attempt: int
+    trigger: str
+    task_id: str | None
+    clock: Clock
+    deadline: float  # time.monotonic() by which the run ends: Settings.run_seconds from its start
+    parts: Parts = field(default_factory=Parts)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.parts.reporter.emit(self.settings, event, **fields)
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """One pass: its outcome, the summary row to insert, and (after a summary) the messages the
+    request now carries after the new cutoff, with their clearings."""
+
+    outcome: Outcome
+    row: dict[str, Any] | None = None
+    recent: tuple[Msg, ...] = ()
+    clearings: Mapping[int, ClearingRec] = field(default_factory=dict)
+
+
+ENTRY_POINT_GROUP = "recap.engine"  # the distribution names its parts here (pyproject.toml)
+
+
+@lru_cache(maxsize=1)
+def installed_parts() -> Parts:
+    """The parts this installation provides (the ``recap.engine`` entry point ``parts``: in the
+    recap distribution, litellm's summarizer and the Redis publisher), else core's own (the
+    extractive summary, events as log lines)."""
+    for entry in entry_points(group=ENTRY_POINT_GROUP, name="parts"):
+        made = entry.load()()
+        if isinstance(made, Parts):
+            return made
+    return Parts()
+
+
+# --- claim, then read --------------------------------------------------------------------------
+
+
+def claim(engine: Engine, settings: Settings, run: Run) -> lease.Lease | None:
+    """Take the conversation's lease in one short transaction, committed before anything is
+    read; None, with the conversation marked dirty for its holder, when another run holds it.
+    Raises ``NotFoundError`` for an unknown conversation or leaf (no lease taken for either)."""
+    if run.leaf is not None:
+        with session_scope(engine) as session:
+            snapshots.check_leaf(session, run.conversation_id, run.leaf)
+    return lease.acquire(
+        engine,
+        run.conversation_id,
+        owner=lease.new_owner(),
+        now=run.clock(),
+        seconds=settings.lease_seconds,
+    )
+
+
+def snapshot_for(run: Run) -> Snapshot:
+    """One short read session of the content-free snapshot, with the failed runs the cooldown
+    needs."""
+    with session_scope(run.engine) as session:
+        return snapshots.read_snapshot(
+            session,
+            run.conversation_id,
+            run.leaf,
+            now=run.clock(),
+            failures=run.settings.failure_streak,
+        )
+
+
+def early_skip(run: Run) -> tuple[policy.Decision, int | None, int] | None:
+    """The decision's skip when an upper bound on the latest branch's history is under the
+    trigger (two aggregate reads, no message row), with the latest message id and the history
+    in provider tokens as ``stats`` shows it (what the run reports); else None."""
+    knobs = policy.Knobs.from_settings(run.settings)
+    with session_scope(run.engine) as session:
+        bound = snapshots.history_bound(session, run.conversation_id)
+        if bound is None:
+            return None
+        head = snapshots.head_snapshot(session, run.conversation_id, now=run.clock())
+    decision = policy.early_skip(head, knobs, bound.tokens)
+    if decision is None:
+        return None
+    return decision, bound.leaf, decision.pressure.budget.history(bound.history)
+
+
+def with_text(engine: Engine, conversation_id: str, split: Split) -> Split:
+    """The split with its messages' text: the only content a run reads."""
+    ids = [m.id for m in (*split.older, *split.recent)]
+    with session_scope(engine) as session:
+        rows = snapshots.load_contents(session, conversation_id, ids)
+    if len(rows) < len(set(ids)):  # deleted since the snapshot was read
+        raise ConversationGone(f"conversation {conversation_id!r} was deleted")
+    return Split(
+        tuple(rows[m.id] for m in split.older),
+        tuple(rows[m.id] for m in split.recent),
+        split.at_user,
+    )
+
+
+def clearing_step(
+    engine: Engine, conversation_id: str, plan: ClearingPlan, now: datetime
+) -> tuple[int, int]:
+    """Record a decision's clearings; (results newly cleared, tokens they reclaim)."""
+    if not plan:
+        return 0, 0
+    with session_scope(engine) as session:
+        if not store.lock_conversation(session, conversation_id):
+            raise ConversationGone(f"conversation {conversation_id!r} was deleted")
+        applied = sweep.apply_clearings(session, conversation_id, plan, now=now)
+    return applied.cleared, applied.tokens_reclaimed
+
+
+# --- one pass ----------------------------------------------------------------------------------
+
+
+def one_pass(run: Run) -> PassResult:
+    """Read, decide (``core.decision.policy``), clear and maybe summarize; the outcome and what
+    to write. Without a leaf or force, a conversation far under its trigger is skipped from two
+    aggregates before its branch is read."""
+    knobs = policy.Knobs.from_settings(run.settings)
+    if run.leaf is None and not run.force:
+        early = early_skip(run)
+        if early is not None:
+            decision, leaf, size = early
+            return PassResult(
+                Outcome(Action.SKIPPED, decision.reason, size, size, leaf_message_id=leaf)
+            )
+    snapshot = snapshot_for(run)
+    decision = policy.decide(snapshot, knobs, force=run.force)
+    before = decision.pressure.history
+    base = Outcome(Action.SKIPPED, "", before, before, leaf_message_id=snapshot.leaf_id)
+    if decision.action == policy.SKIP and not decision.pressure.over_trigger and not run.force:
+        return PassResult(replace(base, reason=decision.reason))
+    started = {k: v for k, v in _event_fields(run, base).items() if k != "action"}
+    run.emit(report.STARTED, **started, forced=run.force, urgent=decision.urgent)
+    if decision.clear:
+        cleared, reclaimed = clearing_step(
+            run.engine, run.conversation_id, decision.clear, run.clock()
+        )
+        after = before - decision.pressure.budget.history(reclaimed)
+        if decision.action == policy.CLEAR and cleared:
+            reason = f"cleared {cleared} old tool results ({reclaimed} tokens)"
+            return PassResult(
+                replace(base, action=Action.CLEARED, reason=reason, tokens_after=after)
+            )
+        base = replace(base, tokens_after=after)
+    if decision.action != policy.SUMMARIZE or decision.split is None:
+        return PassResult(replace(base, reason=decision.reason))
+    return summarize(run, replace(snapshot, clearings=decision.clearings), decision, base)
+
+
+def summarize(run: Run, snapshot: Snapshot, decision: policy.Decision, base: Outcome) -> PassResult:
+    """Read the split's text, call the summarizer (no session held), validate; the row to
+    insert."""
+    assert decision.split is not None
+    split = with_text(run.engine, run.conversation_id, decision.split)
+    try:
+        summarizer = run.parts.summarizers(run.settings, run.attempt, run.deadline)
+        result = summarizer.summarize(snapshot, split)
+    except SummaryFailed as exc:  # a provider's error can quote the key: masked here
+        reason = redact(str(exc), known_secrets(run.settings))
+        return PassResult(replace(base, action=Action.FAILED, reason=reason, error=reason))
+    return _validated(run, snapshot, split, result, base)
+
+
+def _validated(
+    run: Run, snapshot: Snapshot, split: Split, result: SummaryText, base: Outcome
+) -> PassResult:
+    clearings = snapshot.clearings
+    encoding = tokens.encoding_name_for(snapshot.model)
+    sent = SUMMARY_MESSAGE_PREFIX + result.text + summary_note(split.cutoff_message_id)
+    summary_tokens = tokens.count_message({"role": "user", "content": sent}, encoding)
+    replaced = (snapshot.summary.tokens if snapshot.summary else 0) + sum(
+        planning.message_tokens(m, clearings) for m in split.older
+    )
+    base = replace(
+        base,
+        model=result.model,
+        input_tokens=result.input_tokens,
+        output_tokens=result.output_tokens,
+        cost=result.cost,
+    )
+    problem = planning.rejection_reason(
+        result.text, summary_tokens=summary_tokens, replaced_tokens=replaced
+    )
+    if problem is not None:
+        reason = f"summary rejected: {problem}"
+        return PassResult(replace(base, action=Action.FAILED, reason=reason, error=reason))
+    factor = policy.budget_of(snapshot, policy.Knobs.from_settings(run.settings)).calibration
+    after = base.tokens_after - math.ceil(replaced * factor) + math.ceil(summary_tokens * factor)
+    outcome = replace(
+        base,
+        calibration=factor,
+        action=Action.SUMMARIZED,
+        reason=f"summarized {len(split.older)} messages in {max(result.calls, 1)} call(s)",
+        cutoff_message_id=split.cutoff_message_id,
+        tokens_after=after,
+    )
+    row = {
+        "conversation_id": snapshot.conversation_id,
+        "cutoff_message_id": split.cutoff_message_id,
+        "previous_summary_id": snapshot.summary.id if snapshot.summary else None,
+        "text": result.text,
+        "tokens": summary_tokens,
+        "encoding": encoding,
+        "model": result.model,
+        "input_tokens": result.input_tokens,
+        "output_tokens": result.output_tokens,
+        "identifier_retention": result.retention,
+        "created_at": run.clock(),
+    }
+    return PassResult(outcome, row, split.recent, snapshot.clearings)
+
+
+# --- phase 3: write ---------------------------------------------------------------------------
+
+
+def write_run(
+    run: Run,
+    result: PassResult,
+    *,
+    held: lease.Lease | None,
+    force_release: bool = False,
+    duration_ms: int,
+) -> tuple[Outcome, str]:
+    """Phase 3 in one short transaction (``core.storage.summaries.write_run``): the summary, the
+    clearings a new summary makes free, the log row, and the lease let go (or kept when the
+    conversation turned dirty). Returns the outcome and the lease's state."""
+    now = run.clock()
+    clear_after = None
+    if result.row is not None:
+        knobs = policy.Knobs.from_settings(run.settings)
+        clear_after = policy.post_summary_clearing(result.recent, result.clearings, knobs)
+
+    def log_row(written: Written) -> dict[str, Any]:
+        return _log_values(run, _written(result.outcome, written, result.row), duration_ms, now)
+
+    written = write_transaction(
+        run.engine,
+        run.conversation_id,
+        summary=result.row,
+        clear_after=clear_after,
+        log_row=log_row,
+        held=held,
+        force_release=force_release,
+        now=now,
+    )
+    return _written(result.outcome, written, result.row), written.lease
+
+
+def _written(outcome: Outcome, written: Written, row: Mapping[str, Any] | None) -> Outcome:
+    """The pass's outcome once its summary is written: its id, a conflict with another run, or
+    the tool results cleared after it."""
+    if row is None:
+        return outcome
+    if written.conflict:
+        cutoff = row["cutoff_message_id"]
+        return replace(
+            outcome,
+            action=Action.SKIPPED,
+            reason=f"already summarized up to message {cutoff} by another run",
+            summary_id=written.summary_id,
+        )
+    outcome = replace(outcome, summary_id=written.summary_id)
+    if not written.cleared:
+        return outcome
+    return replace(
+        outcome,
+        reason=f"{outcome.reason}, then cleared {written.cleared} old tool results",
+        tokens_after=outcome.tokens_after
+        - math.ceil(written.tokens_reclaimed * outcome.calibration),
+    )
+
+
+def _log_values(run: Run, outcome: Outcome, duration_ms: int, now: datetime) -> dict[str, Any]:
+    secrets = known_secrets(run.settings)
+    return {
+        "conversation_id": run.conversation_id,
+        "task_id": run.task_id,
+        "trigger": run.trigger,
+        "leaf_message_id": outcome.leaf_message_id,
+        "action": outcome.action,
+        "reason": redact(outcome.reason, secrets),  # the row is a sink too: masked before stored
+        "tokens_before": outcome.tokens_before,
+        "tokens_after": outcome.tokens_after,
+        "summary_id": outcome.summary_id,
+        "model": outcome.model,
+        "input_tokens": outcome.input_tokens,
+        "output_tokens": outcome.output_tokens,
+        "cost": outcome.cost,
+        "duration_ms": duration_ms,
+        "error": redact(outcome.error or "", secrets)[:ERROR_CHARS] or None,
+        "created_at": now,
+    }
+
+
+def _durably(run: Run, held: lease.Lease | None, write: Callable[[], T], step: str) -> T:
+    """``write()`` retried while the database is away (``workers.dbretry.durably``), never past
+    the point where the lease might no longer be ours."""
+    window = _window(held.expires_at if held else None, run.clock())
+    fields = {"conversation_id": run.conversation_id, "task_id": run.task_id}
+    return durably(write, window=window, step=step, **fields)
+
+
+def _db_retry(run: Run, exc: DBAPIError) -> RetryLater | None:
+    """A database that stayed unavailable: a Celery retry with backoff while attempts are left
+    (None: let the error end the run)."""
+    if not database_unavailable(exc) or run.attempt + 1 >= run.settings.max_attempts:
+        return None
+    ceiling = min(run.settings.retry_backoff_max, DB_RETRY_MAX_SECONDS * 2**run.attempt)
+    return RetryLater(
+        f"the database is unavailable: {first_line(exc)}", random.uniform(ceiling / 2, ceiling)
+    )
+
+
+def _release_after_failure(run: Run, held: lease.Lease, exc: BaseException) -> None:
+    """A run that raised lets its lease go (retried while the database is away) and says so; a
+    release that still fails leaves the lease to expire, and reconcile to pick it up."""
+    try:
+        state = _durably(run, held, partial(lease.release, run.engine, held, force=True), "release")
+    except Exception as release_error:  # best effort: the run's own error is what is raised
+        state = f"not released ({first_line(release_error)}); it expires at {held.expires_at}"
+    if not isinstance(exc, RetryLater):
+        report.log.error(
+            "compression_run_error",
+            conversation_id=run.conversation_id,
+            task_id=run.task_id,
+            error=first_line(exc),
+            lease=state,
+        )
+
+
+# --- the whole run -----------------------------------------------------------------------------
+
+
+def _event_fields(run: Run, outcome: Outcome) -> dict[str, Any]:
+    return {
+        "conversation_id": run.conversation_id,
+        "task_id": run.task_id,
+        "action": outcome.action,
+        "tokens_before": outcome.tokens_before,
+        "tokens_after": outcome.tokens_after,
+    }
+
+
+def compress_session(
+    engine: Engine,
+    settings: Settings,
+    conversation_id: str,
+    leaf_message_id: int | None = None,
+    force: bool = False,
+    *,
+    attempt: int = 0,
+    trigger: str = "enqueue",
+    task_id: str | None = None,
+    clock: Clock = utcnow,
+    parts: Parts | None = None,
+) -> CompressResult:
+    """One ``compress_session`` run under the conversation's lease; what it did.
+
+    Raises ``NotFoundError`` for an unknown conversation or leaf, and ``RetryLater`` when the
+    model failed in a way worth retrying and attempts are left (the lease is released first).
+    """
+    started = time.monotonic()
+    deadline = started + settings.run_seconds
+    run = Run(
+        engine,
+        settings,
+        conversation_id,
+        leaf_message_id,
+        force,
+        attempt,
+        trigger,
+        task_id,
+        clock,
+        deadline,
+        parts or Parts(),
+    )
+    try:
+        held = claim(engine, settings, run)
+    except DBAPIError as exc:  # the read failed: Celery tries again later
+        retry = _db_retry(run, exc)
+        if retry is None:
+            raise
+        _log_retry_if_possible(run, retry, started)
+        raise retry from exc
+    if held is None:
+        return _busy(run, started)
+    try:
+        outcome = _passes_unless_deleted(run, held, started)
+    except BaseException as exc:
+        _release_after_failure(run, held, exc)
+        later = _db_retry(run, exc) if isinstance(exc, DBAPIError) else exc
+        if not isinstance(later, RetryLater):
+            raise
+        _log_retry_if_possible(run, later, started)
+        if later is exc:
+            raise
+        raise later from exc
+    fields = {**_event_fields(run, outcome), "reason": outcome.reason}
+    fields["duration_ms"] = _ms(started)
+    run.emit(report.FAILED if outcome.action == Action.FAILED else report.COMPLETED, **fields)
+    return outcome
+
+
+def _passes(run: Run, held: lease.Lease, started: float) -> Outcome:
+    """The first pass, then a re-check for each time the conversation turned dirty meanwhile."""
+    first: Outcome | None = None
+    current: Run = run
+    for number in range(MAX_PASSES):
+        result = one_pass(current)
+        outcome = result.outcome
+        out_of_time = time.monotonic() >= run.deadline  # a dirty flag is left for reconcile
+        last = number == MAX_PASSES - 1 or outcome.action == Action.FAILED or out_of_time
+        if number == 0 or outcome.action != Action.SKIPPED or result.row is not None:
+            write = partial(write_run, current, result, held=held, force_release=last)
+            outcome, state = _durably(run, held, partial(write, duration_ms=_ms(started)), "write")
+        else:
+            release = partial(lease.release, run.engine, held, force=last)
+            state = _durably(run, held, release, "release")
+        first = _merge(first, outcome)
+        if state != "dirty":
+            break
+        current = replace(run, leaf=None, force=False, trigger="recheck")
+    assert first is not None
+    return first
+
+
+DELETED_REASON = "the conversation was deleted during the run; nothing was written"
+
+
+def _passes_unless_deleted(run: Run, held: lease.Lease, started: float) -> Outcome:
+    """``_passes``, ending as skipped with nothing written when the conversation is deleted
+    while the run works on it (``recap delete``, the retention policy): its lease went with
+    its row, and its write transaction finds it gone (``ConversationGone``)."""
+    from core.storage.erase import conversation_exists
+
+    try:
+        return _passes(run, held, started)
+    except NotFoundError:
+        if conversation_exists(run.engine, run.conversation_id):
+            raise
+    report.log.info(
+        "compression_conversation_deleted",
+        conversation_id=run.conversation_id,
+        task_id=run.task_id,
+        duration_ms=_ms(started),
+    )
+    return Outcome(Action.SKIPPED, DELETED_REASON, 0, 0)
+
+
+def _merge(first: Outcome | None, later: Outcome) -> Outcome:
+    """The run's result: the first pass that acted, with the latest token count."""
+    if first is None:
+        return later
+    if first.action == Action.SKIPPED and later.action != Action.SKIPPED:
+        return later
+    return replace(first, tokens_after=later.tokens_after)
+
+
+def _busy(run: Run, started: float) -> Outcome:
+    outcome = Outcome(Action.BUSY, "another run holds this conversation; it will re-check", 0, 0)
+    run.emit(report.COMPLETED, **_event_fields(run, outcome), duration_ms=_ms(started))
+    return outcome
+
+
+def _log_retry(run: Run, exc: RetryLater, started: float) -> None:
+    reason = redact(exc.reason, known_secrets(run.settings))
+    report.log.warning(
+        "compression_retry",
+        conversation_id=run.conversation_id,
+        task_id=run.task_id,
+        attempt=run.attempt + 1,
+        delay_s=round(exc.delay, 2),
+        error=reason,
+        duration_ms=_ms(started),
+    )
+    outcome = Outcome(Action.RETRY, f"retrying in {exc.delay:.1f} s", 0, 0, error=reason)
+    write_run(run, PassResult(outcome), held=None, duration_ms=_ms(started))
+
+
+def _log_retry_if_possible(run: Run, exc: RetryLater, started: float) -> None:
+    """``_log_retry``, whose row cannot be written while the database is away (the log line
+    still is)."""
+    try:
+        _log_retry(run, exc, started)
+    except NotFoundError:  # deleted meanwhile: no row to write, the retry will skip
+        return
+    except DBAPIError as error:
+        if not database_unavailable(error):
+            raise
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def compress_now(
+    engine: Engine,
+    settings: Settings,
+    conversation_id: str,
+    leaf_message_id: int | None = None,
+    force: bool = False,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    parts: Parts | None = None,
+) -> CompressResult:
+    """``run_with_retries`` for a host that needs the next request to fit: when another run
+    holds the lease, wait for it to let go (at most a lease's lifetime), then run once more."""
+    again = partial(run_with_retries, engine, settings, conversation_id, leaf_message_id, force)
+    result = again(parts=parts)
+    if result.action != Action.BUSY:
+        return result
+    give_up = time.monotonic() + settings.lease_seconds
+    pause = BUSY_FIRST_PAUSE
+    while time.monotonic() < give_up:
+        sleep(pause)
+        pause = min(pause * 2, BUSY_MAX_PAUSE)
+        if lease.is_free(engine, conversation_id, utcnow()):
+            result = again(parts=parts)
+            if result.action != Action.BUSY:
+                return result
+    return result
+
+
+def run_with_retries(
+    engine: Engine,
+    settings: Settings,
+    conversation_id: str,
+    leaf_message_id: int | None = None,
+    force: bool = False,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    parts: Parts | None = None,
+) -> CompressResult:
+    """``compress_session`` in this process, retrying in place (the CLI has no Celery to do it)."""
+    for attempt in range(settings.max_attempts):
+        try:
+            return compress_session(
+                engine,
+                settings,
+                conversation_id,
+                leaf_message_id,
+                force,
+                attempt=attempt,
+                trigger="manual" if force else "cli",
+                parts=parts,
+            )
+        except RetryLater as exc:
+            sleep(exc.delay)
+    raise AssertionError("unreachable: the last attempt never raises RetryLater")
