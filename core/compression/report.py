@@ -1,9 +1,10 @@
 """What a compression run reports as it goes: one protocol, and the log-only reporter.
 
 A run emits ``STARTED`` when it decides to act and one canonical ``COMPLETED`` or ``FAILED`` line
-when it ends, each with its fields; every text field is masked (``core.redact``) before it leaves.
-``LogReporter`` writes them as structlog lines; the workers' reporter (``workers.events``) also
-publishes them on Redis for hosts that show a "compressing..." toast.
+when it ends (a run with nothing to do emits only the canonical line), each with its fields;
+every text field is masked (``core.redact``) before it leaves. ``LogReporter`` writes them as
+structlog lines; the workers' reporter (``workers.events``) also publishes them on Redis for hosts
+that show a "compressing..." toast.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def masked(settings: Settings, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 class LogReporter:
-    """Each event as one structlog line (a warning for a failure)."""
+    """Each event as one structlog line: the run's canonical line (``COMPLETED``, or ``FAILED``
+    as a warning) at info, ``STARTED`` at debug (it is for subscribers, not for the log)."""
 
     def emit(self, settings: Settings, event: str, **fields: Any) -> None:
-        level = log.warning if event == FAILED else log.info
+        level = {FAILED: log.warning, STARTED: log.debug}.get(event, log.info)
         level(event, **masked(settings, fields))

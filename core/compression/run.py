@@ -107,6 +107,10 @@ class Run:
     clock: Clock
     deadline: float  # time.monotonic() by which the run ends: Settings.run_seconds from its start
     parts: Parts = field(default_factory=Parts)
+    knobs: policy.Knobs = field(init=False)  # the decision's knobs, read from the settings once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "knobs", policy.Knobs.from_settings(self.settings))
 
     def emit(self, event: str, **fields: Any) -> None:
         self.parts.reporter.emit(self.settings, event, **fields)
@@ -174,13 +178,12 @@ def early_skip(run: Run) -> tuple[policy.Decision, int | None, int] | None:
     """The decision's skip when an upper bound on the latest branch's history is under the
     trigger (two aggregate reads, no message row), with the latest message id and the history
     in provider tokens as ``stats`` shows it (what the run reports); else None."""
-    knobs = policy.Knobs.from_settings(run.settings)
     with session_scope(run.engine) as session:
         bound = snapshots.history_bound(session, run.conversation_id)
         if bound is None:
             return None
         head = snapshots.head_snapshot(session, run.conversation_id, now=run.clock())
-    decision = policy.early_skip(head, knobs, bound.tokens)
+    decision = policy.early_skip(head, run.knobs, bound.tokens)
     if decision is None:
         return None
     return decision, bound.leaf, decision.pressure.budget.history(bound.history)
@@ -220,7 +223,6 @@ def one_pass(run: Run) -> PassResult:
     """Read, decide (``core.decision.policy``), clear and maybe summarize; the outcome and what
     to write. Without a leaf or force, a conversation far under its trigger is skipped from two
     aggregates before its branch is read."""
-    knobs = policy.Knobs.from_settings(run.settings)
     if run.leaf is None and not run.force:
         early = early_skip(run)
         if early is not None:
@@ -229,10 +231,10 @@ def one_pass(run: Run) -> PassResult:
                 Outcome(Action.SKIPPED, decision.reason, size, size, leaf_message_id=leaf)
             )
     snapshot = snapshot_for(run)
-    decision = policy.decide(snapshot, knobs, force=run.force)
+    decision = policy.decide(snapshot, run.knobs, force=run.force)
     before = decision.pressure.history
     base = Outcome(Action.SKIPPED, "", before, before, leaf_message_id=snapshot.leaf_id)
-    if decision.action == policy.SKIP and not decision.pressure.over_trigger and not run.force:
+    if decision.action == policy.SKIP:  # nothing to do: no started event, nothing written
         return PassResult(replace(base, reason=decision.reason))
     started = {k: v for k, v in _event_fields(run, base).items() if k != "action"}
     run.emit(report.STARTED, **started, forced=run.force, urgent=decision.urgent)
@@ -289,7 +291,7 @@ def _validated(
     if problem is not None:
         reason = f"summary rejected: {problem}"
         return PassResult(replace(base, action=Action.FAILED, reason=reason, error=reason))
-    factor = policy.budget_of(snapshot, policy.Knobs.from_settings(run.settings)).calibration
+    factor = policy.budget_of(snapshot, run.knobs).calibration
     after = base.tokens_after - math.ceil(replaced * factor) + math.ceil(summary_tokens * factor)
     outcome = replace(
         base,
@@ -332,8 +334,7 @@ def write_run(
     now = run.clock()
     clear_after = None
     if result.row is not None:
-        knobs = policy.Knobs.from_settings(run.settings)
-        clear_after = policy.post_summary_clearing(result.recent, result.clearings, knobs)
+        clear_after = policy.post_summary_clearing(result.recent, result.clearings, run.knobs)
 
     def log_row(written: Written) -> dict[str, Any]:
         return _log_values(run, _written(result.outcome, written, result.row), duration_ms, now)
