@@ -24,7 +24,7 @@ from core.request import assembly
 from core.request.validate import parse_json_line
 from core.results import ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from core.settings import Settings, get_settings
-from core.storage import outputs, reads, recount, store
+from core.storage import outputs, reads, recount, spans, store
 from core.storage import profile as profiles
 from core.storage import snapshot as snapshots
 from core.storage.db import is_schema_missing, session_scope
@@ -344,7 +344,7 @@ def assemble(
     request, and any with ``record=False``, writes nothing (no profile, ageing or recount).
     ``reserve_tokens`` keeps that much more of the budget free (the timeline's stand-in for the
     host parts it was not given). The files and media of a summarized span are listed in
-    ``forgotten_files`` after any context file left out (``core.lifecycle.span_forgotten``).
+    ``forgotten_files`` after any context file left out (``core.storage.spans.span_forgotten``).
     """
     if max_input_tokens is not None and max_input_tokens <= 0:
         raise InputError(f"--max-input-tokens must be positive, got {max_input_tokens}")
@@ -449,12 +449,10 @@ def _span_forgotten(
     settings: Settings,
 ) -> list[str]:
     """The files and media of the span the applicable summary covers, for ``forgotten_files``
-    (``core.lifecycle.span_forgotten``); none without a summary."""
+    (``core.storage.spans.span_forgotten``); none without a summary."""
     if loaded.summary is None:
         return []
-    from core.lifecycle import span_forgotten
-
-    return span_forgotten(session, conversation_id, loaded.summary, leaf, settings.output_dir)
+    return spans.span_forgotten(session, conversation_id, loaded.summary, leaf, settings.output_dir)
 
 
 def _assembled(
