@@ -15,7 +15,7 @@ POSTGRES_ADMIN_URL = os.environ.get(
 @contextmanager
 def database() -> Iterator[str]:
     """A fresh PostgreSQL database on the shared server, dropped afterwards."""
-    from tests.services import postgres_database
+    from tests.support.services import postgres_database
 
     with postgres_database(POSTGRES_ADMIN_URL, prefix="recap_load_") as url:
         yield url
@@ -24,7 +24,7 @@ def database() -> Iterator[str]:
 @contextmanager
 def broker(kind: str) -> Iterator[str]:
     """A broker of the benchmark's own: a Redis server, or a RabbitMQ node (a fresh vhost)."""
-    from tests.services import RabbitNode, RedisServer
+    from tests.support.services import RabbitNode, RedisServer
     from workers.enqueue import reset
 
     try:

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, create_engine, text
 from core.settings import Settings, get_settings
 from core.storage.db import dispose_engines, make_engine
 from core.storage.migrate import upgrade
-from tests.services import (
+from tests.support.services import (
     RabbitNode,
     RedisServer,
     missing_rabbitmq,
@@ -198,9 +198,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def rabbitmq_node() -> Iterator[RabbitNode]:
-    """A RabbitMQ node of this test run's own (``tests.services.RabbitNode``: rabbitmq-server on
-    free ports, its own node name, cookie and folders), started once and shared by the tests
-    that need RabbitMQ; each takes a fresh vhost. The machine's RabbitMQ is never touched."""
+    """A RabbitMQ node of this test run's own (``tests.support.services.RabbitNode``:
+    rabbitmq-server on free ports, its own node name, cookie and folders), started once and shared
+    by the tests that need RabbitMQ; each takes a fresh vhost. The machine's RabbitMQ is never
+    touched."""
     problem = missing_rabbitmq()
     if problem is not None:
         need_service("RabbitMQ", problem)
@@ -215,7 +216,7 @@ def amqp_url(rabbitmq_node: RabbitNode) -> str:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """The worker suite on Redis and RabbitMQ alike (``tests/brokers.py``)."""
-    from tests.brokers import parametrize_all_brokers
+    """The worker suite on Redis and RabbitMQ alike (``tests/support/brokers.py``)."""
+    from tests.support.brokers import parametrize_all_brokers
 
     parametrize_all_brokers(metafunc)

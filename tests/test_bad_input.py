@@ -23,7 +23,7 @@ from core.errors import InputError, SchemaMissingError
 from core.settings import get_settings
 from core.storage.db import dispose_engines, make_engine
 from core.values import limits
-from tests.cli_helpers import Result, recap, recap_process
+from tests.support.cli_helpers import Result, recap, recap_process
 
 USAGE = 2  # click's exit code for a usage error (bad option value, missing option)
 FAILED = 1  # Recap's exit code for bad input it checked itself

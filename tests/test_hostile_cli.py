@@ -21,7 +21,7 @@ from sqlalchemy import Engine, MetaData, select
 
 from core.settings import get_settings
 from core.storage.db import make_engine
-from tests.cli_helpers import Result, recap, recap_process
+from tests.support.cli_helpers import Result, recap, recap_process
 
 FAILED = 1  # Recap's exit code for bad input it checked itself
 DB = "recap.db"

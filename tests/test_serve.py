@@ -32,9 +32,9 @@ from core.storage.hashing import message_hash
 from core.storage.migrate import upgrade
 from core.storage.models import MESSAGES, CompactionLog, Usage, table_of
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from tests.llm_server import LLMServer, Reply
-from tests.processes import wait_for
-from tests.serve_stack import serve_process
+from tests.support.llm_server import LLMServer, Reply
+from tests.support.processes import wait_for
+from tests.support.serve_stack import serve_process
 from workers.serve import direct, upstream
 from workers.serve.history import SeenRequests, checked_and_hashed, known_path
 from workers.serve.prefix import longest_stored_prefix, open_calls, split_system
@@ -802,7 +802,7 @@ def test_forty_turns_resent_stored_once_and_requests_shrink(
     from celery.contrib.testing.worker import start_worker
 
     from core.settings import get_settings
-    from tests.celery_helpers import configured_app
+    from tests.support.celery_helpers import configured_app
     from workers.app import app
 
     url = f"sqlite:///{tmp_path / 'recap.db'}"

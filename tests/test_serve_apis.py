@@ -25,9 +25,10 @@ import pytest
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from tests.llm_server import LLMServer, Reply
-from tests.processes import free_port
-from tests.serve_stack import ROOT, serve_process
+from tests.support.llm_server import LLMServer, Reply
+from tests.support.processes import free_port
+from tests.support.serve_stack import ROOT, serve_process
+from tests.support.worker_stack import WorkerProcess, worker_env
 from tests.test_serve import (
     KEY_A,
     KEY_B,
@@ -38,7 +39,6 @@ from tests.test_serve import (
     running_serve,
     wait_until,
 )
-from tests.worker_stack import WorkerProcess, worker_env
 from workers.serve import messages_api, responses_api
 from workers.serve.errors import ServeError
 

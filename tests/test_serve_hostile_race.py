@@ -14,9 +14,9 @@ import pytest
 
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
-from tests.hostile_clients import first_turn_rounds
-from tests.hostile_upstream import HostileUpstream
-from tests.serve_stack import serve_process
+from tests.support.hostile_clients import first_turn_rounds
+from tests.support.hostile_upstream import HostileUpstream
+from tests.support.serve_stack import serve_process
 
 KEY = "client-key-race-1111"
 MODEL = "openai/stand-in"

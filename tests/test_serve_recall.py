@@ -17,7 +17,7 @@ import pytest
 from core.decision.toolresults import ClearingPlan, PlannedClearing
 from core.storage.db import session_scope
 from core.storage.sweep import apply_clearings
-from tests.llm_server import LLMServer, Reply
+from tests.support.llm_server import LLMServer, Reply
 from tests.test_serve import SYSTEM, Serve, as_message, new_id, reply_to, running_serve, turn
 
 OUTPUT = "\n".join(f"src/module_{n}.py: def handler_{n}(request): ..." for n in range(60))

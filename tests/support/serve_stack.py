@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.processes import free_port, stop_group, wait_for
+from tests.support.processes import free_port, stop_group, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 120.0  # seconds for a serve process to answer its health check (imports litellm)
 
 

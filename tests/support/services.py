@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import ClassVar, Self
 from urllib.parse import urlsplit, urlunsplit
 
-from tests.processes import WaitTimeout, accepts, free_port, wait_for
+from tests.support.processes import WaitTimeout, accepts, free_port, wait_for
 
 START_TIMEOUT = 30.0  # seconds a server may take to accept connections
 STOP_TIMEOUT = 30.0  # seconds a shutdown may take before the server is killed
