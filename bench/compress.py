@@ -29,6 +29,7 @@ from typing import Any
 
 from bench import Figure
 from bench.data import load_all
+from bench.services import REDIS_URL
 from tests.support.processes import wait_for
 from tests.support.worker_stack import CELERY, WorkerProcess, worker_env
 
@@ -41,7 +42,6 @@ THROUGHPUT_WINDOW = 3_000  # small synthetic conversations, each over its trigge
 POLL_SECONDS = 0.05  # how often the throughput run reads the log for finished runs
 WORKER_START_SECONDS = 120  # a worker process imports litellm before its first task
 CONNECTIONS_MODEL_SECONDS = 0.3  # the concurrent connection check only needs overlapping calls
-REDIS_URL = os.environ.get("RECAP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 class ThreadConnections:

@@ -34,18 +34,17 @@ SEED = 27
 
 
 def _env(db_url: str, upstream: str, folder: Path, client: str = "auto") -> dict[str, str]:
-    return {
-        "RECAP_DATABASE_URL": db_url,
-        "RECAP_SERVE_KEYS": KEY,
-        "RECAP_UPSTREAM_API_BASE": upstream,
-        "RECAP_UPSTREAM_API_KEY": "sk-upstream-bench-0123456789abcdef",
-        "RECAP_UPSTREAM_CLIENT": client,
-        "RECAP_SERVE_MAX_INPUT_TOKENS": "8000",
-        "RECAP_RESERVE_OUTPUT_TOKENS": "256",
-        "RECAP_BROKER_FOLDER": str(folder / "broker"),
-        "RECAP_OUTPUT_DIR": str(folder / "outputs"),
-        "RECAP_LOG_JSON": "true",
-    }
+    from tests.support.serve_stack import serve_env
+
+    return serve_env(
+        db_url,
+        folder,
+        keys=KEY,
+        upstream=upstream,
+        upstream_key="sk-upstream-bench-0123456789abcdef",
+        window=8_000,
+        RECAP_UPSTREAM_CLIENT=client,
+    )
 
 
 def race(root: Path, upstream: str) -> list[Figure]:

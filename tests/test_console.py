@@ -21,8 +21,8 @@ from core.storage.console import list_conversations
 from core.storage.db import session_scope
 from core.storage.models import CONVERSATIONS
 from core.values.records import ClearingRec, Msg
-from tests.conftest import DATA_DIR
 from tests.support.cli_helpers import assert_one_line_error, recap, recap_process
+from tests.support.data import DATA_DIR
 from tests.support.processes import free_port, stop_group, wait_for
 from tests.support.serve_stack import ROOT
 from workers.serve.auth import fingerprint

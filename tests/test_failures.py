@@ -24,10 +24,10 @@ from core.settings import get_settings
 from core.storage.db import session_scope
 from core.storage.models import CompactionLog, table_of, utcnow
 from core.storage.store import failed_runs
-from tests.conftest import migrated
 from tests.support.brokers import broker_url_for
 from tests.support.celery_helpers import configured_app
 from tests.support.cli_helpers import assert_one_line_error, recap
+from tests.support.data import migrated
 from tests.support.llm_server import Reply
 from tests.support.processes import stop_group
 from tests.test_compress_worker import RESULT_TIMEOUT, Harness, chat, harness_for

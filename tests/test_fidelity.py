@@ -28,10 +28,9 @@ from core.settings import Settings
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.storage.models import CompactionLog, table_of
-from tests.conftest import need_redis_server
 from tests.support.cli_helpers import Result, recap, recap_process
 from tests.support.llm_server import LLMServer
-from tests.support.services import RedisServer
+from tests.support.services import RedisServer, need_redis_server
 from tests.support.worker_stack import WorkerProcess, wait_for, worker_env
 from tests.test_host_loop import agent_turn, assert_cuts_at_step_boundaries
 from workers import replay

@@ -16,7 +16,7 @@ from core.request.shorten import SHORTENED
 from core.settings import Settings
 from core.storage import store
 from core.storage.db import session_scope
-from tests.conftest import load_data
+from tests.support.data import load_data
 
 
 @pytest.fixture

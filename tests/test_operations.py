@@ -2,7 +2,7 @@
 failed task is in test_failures.py, which shares this module's stack and Flower helpers.
 
 A real worker runs as a child process (``celery -A workers.app worker``) on a database of the
-shared Redis server that the test holds alone, over a real database, calling the local model
+test run's Redis server that the test holds alone, over a real database, calling the local model
 server through litellm; Flower runs as another child process.
 """
 

@@ -31,9 +31,14 @@ from core.settings import get_settings
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.storage.models import CONVERSATIONS, CompactionLog, table_of
-from tests.conftest import need_redis_server, need_service
 from tests.support.llm_server import LLMServer
-from tests.support.services import PostgresCluster, RedisServer, missing_postgres
+from tests.support.services import (
+    PostgresCluster,
+    RedisServer,
+    missing_postgres,
+    need_redis_server,
+    need_service,
+)
 from tests.support.worker_stack import Gate, WorkerProcess, wait_for, worker_env
 from workers import patches
 from workers.enqueue import compress_later, reset

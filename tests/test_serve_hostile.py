@@ -37,7 +37,7 @@ from tests.support.hostile_upstream import (
     text_chunks,
 )
 from tests.support.processes import wait_for
-from tests.support.serve_stack import serve_process
+from tests.support.serve_stack import serve_env, serve_process
 
 KEY = "client-key-hostile-1111"
 UPSTREAM_KEY = "sk-upstream-hostile-0123456789abcdef"
@@ -193,21 +193,18 @@ def _running(folder: Path, upstream: HostileUpstream, client: str) -> Iterator[S
     url = f"sqlite:///{folder / 'recap.db'}"
     engine = make_engine(url)
     upgrade(engine)
-    env = {
-        "RECAP_DATABASE_URL": url,
-        "RECAP_SERVE_KEYS": KEY,
-        "RECAP_UPSTREAM_API_BASE": upstream.url,
-        "RECAP_UPSTREAM_API_KEY": UPSTREAM_KEY,
-        "RECAP_UPSTREAM_CLIENT": client,
-        "RECAP_SUMMARY_API_KEY": SUMMARY_KEY,
-        "RECAP_RESULT_BACKEND": f"redis://recap:{DB_PASSWORD}@127.0.0.1:1/0",
-        "RECAP_SERVE_MAX_INPUT_TOKENS": str(WINDOW),
-        "RECAP_SERVE_MAX_BODY_BYTES": str(BODY_LIMIT),
-        "RECAP_RESERVE_OUTPUT_TOKENS": "256",
-        "RECAP_BROKER_FOLDER": str(folder / "broker"),
-        "RECAP_OUTPUT_DIR": str(folder / "outputs"),
-        "RECAP_LOG_JSON": "true",
-    }
+    env = serve_env(
+        url,
+        folder,
+        keys=KEY,
+        upstream=upstream.url,
+        upstream_key=UPSTREAM_KEY,
+        window=WINDOW,
+        RECAP_UPSTREAM_CLIENT=client,
+        RECAP_SUMMARY_API_KEY=SUMMARY_KEY,
+        RECAP_RESULT_BACKEND=f"redis://recap:{DB_PASSWORD}@127.0.0.1:1/0",
+        RECAP_SERVE_MAX_BODY_BYTES=str(BODY_LIMIT),
+    )
     try:
         with serve_process(env, folder) as process:
             yield Serve(process.base_url, engine, upstream, process.log, client)
