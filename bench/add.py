@@ -13,13 +13,13 @@ committed on its own) into a third conversation. The figures are medians of the 
 SQLite is timed in CPU time of this process (the database runs in it, and CPU time is steadier
 than wall time on a shared machine); PostgreSQL in wall time (the server does its share in
 another process). The ``_postgres`` figures are reported when a server answers at
-``RECAP_TEST_POSTGRES_URL`` (default: the local test server), in a database made for the run.
+``RECAP_TEST_POSTGRES_URL`` (default: the local test server, ``bench.services``), in a database
+made for the run.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -32,6 +32,7 @@ from typing import Any
 from bench import Figure
 from bench.assemble import long_conversation
 from bench.data import load_all
+from bench.services import POSTGRES_ADMIN_URL
 
 MODEL = "gpt-4o-mini"
 SHORT, LONG = 500, 5_000  # the two conversation lengths compared
@@ -39,9 +40,7 @@ ROUNDS = 41  # rounds timed per conversation; the median of an odd count is one 
 WARMUP_ROUNDS = 3  # untimed first rounds: statement caches and the tokenizer warm up
 GROWTH_BOUND = "<= 1.3"  # an add at 5,000 messages costs about what it costs at 500
 INSERT_BOUND = "<= 4"  # an add costs a few raw inserts at most
-POSTGRES_URL = os.environ.get(
-    "RECAP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
+POSTGRES_URL = POSTGRES_ADMIN_URL
 RESULT_TEXT = (  # a typical small tool result (well under the truncation limits)
     "collected 48 items\n\ntests/test_store.py ........................ [ 50%]\n"
     "tests/test_reads.py ........................ [100%]\n\n48 passed in 1.92s\n"

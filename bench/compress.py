@@ -29,8 +29,9 @@ from typing import Any
 
 from bench import Figure
 from bench.data import load_all
-from tests.processes import wait_for
-from tests.worker_stack import CELERY, WorkerProcess, worker_env
+from bench.services import REDIS_URL
+from tests.support.processes import wait_for
+from tests.support.worker_stack import CELERY, WorkerProcess, worker_env
 
 WINDOW = 12_000  # the replay's context window
 STAND_IN_MODEL = "openai/gpt-4o-mini"  # a known window for the summarizer; the server answers
@@ -41,7 +42,6 @@ THROUGHPUT_WINDOW = 3_000  # small synthetic conversations, each over its trigge
 POLL_SECONDS = 0.05  # how often the throughput run reads the log for finished runs
 WORKER_START_SECONDS = 120  # a worker process imports litellm before its first task
 CONNECTIONS_MODEL_SECONDS = 0.3  # the concurrent connection check only needs overlapping calls
-REDIS_URL = os.environ.get("RECAP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 class ThreadConnections:
@@ -161,7 +161,7 @@ def _conversation_tokens(session: Any) -> dict[str, int]:
 
 def summarizer_figures(folder: Path, connections: ThreadConnections) -> list[Figure]:
     from core.counting import tokens
-    from tests.llm_server import LLMServer
+    from tests.support.llm_server import LLMServer
 
     server = LLMServer().start()
     try:
@@ -249,8 +249,8 @@ def prepared(url: str, count: int, tag: str) -> tuple[Any, list[str]]:
 def throughput_figure(folder: Path) -> Figure:
     """64 compressions on a worker process of its own (threads pool, concurrency 16, Redis)."""
     from core.settings import get_settings
-    from tests.celery_helpers import configured_app
-    from tests.services import redis_database
+    from tests.support.celery_helpers import configured_app
+    from tests.support.services import redis_database
     from workers.app import app
     from workers.enqueue import CompressJob, send
 
@@ -295,7 +295,7 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
     from celery.contrib.testing.worker import start_worker
 
     from core.settings import get_settings
-    from tests.celery_helpers import configured_app
+    from tests.support.celery_helpers import configured_app
     from workers.app import app
     from workers.enqueue import CompressJob, send
 
@@ -379,7 +379,7 @@ def model_process(delay: float) -> subprocess.Popen[bytes]:
     """The local model server in a process of its own, as a real model is: its work does not
     compete with the worker's threads. Its first output line is its URL."""
     root = Path(__file__).resolve().parent.parent
-    command = [sys.executable, "-m", "tests.llm_server", "--delay", str(delay)]
+    command = [sys.executable, "-m", "tests.support.llm_server", "--delay", str(delay)]
     return subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE)
 
 

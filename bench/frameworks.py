@@ -167,7 +167,7 @@ class Servers:
     users: list[str]
 
     def script_tool(self, turn: int) -> None:
-        from tests.frameworks_stack import tool_call_reply
+        from tests.support.frameworks_stack import tool_call_reply
 
         if turn % TOOL_EVERY == TOOL_EVERY - 1:
             arguments = json.dumps({"reservation_id": f"R{turn:04d}"})
@@ -349,8 +349,8 @@ def _figures(prefix: str, peer_name: str, ours_name: str, peer: Side, ours: Side
 def run() -> list[Figure]:
     from core.client import Recap
     from core.settings import get_settings
-    from tests.frameworks_stack import start_stack
-    from tests.llm_server import LLMServer, stand_in_summary
+    from tests.support.frameworks_stack import start_stack
+    from tests.support.llm_server import LLMServer, stand_in_summary
     from workers import enqueue
     from workers.logs import configure_logging
 

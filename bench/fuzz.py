@@ -1,4 +1,4 @@
-"""The live-loop fuzz, full run: 500 seeded host sessions (``tests/livefuzz.py``).
+"""The live-loop fuzz, full run: 500 seeded host sessions (``tests/support/livefuzz.py``).
 
 Windows 2k-200k, a provider counting a constant 0.6-1.6x tiktoken whose reading is recorded after
 a random share of requests, random system prompts and tools, the shared agent runs and generated
@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from bench import Figure
-from tests import livefuzz
+from tests.support import livefuzz
 
 SESSIONS = 500
 PROCESSES = 2  # sessions are independent counts, not timings: two at once

@@ -47,14 +47,13 @@ from sqlalchemy import Engine, create_engine, text
 from bench import Figure
 from bench.assemble import long_conversation
 from bench.data import load_all
+from bench.services import POSTGRES_ADMIN_URL
 
 MODEL = "gpt-4o-mini"
 GENERATOR_VERSION = 1  # bump when the data changes: a database of another version is rebuilt
 LARGE_DATABASE = "recap_bench_large"
 SMALL_DATABASE = "recap_bench_large_empty"  # the 5,000-message conversation and nothing else
-SERVER_URL = os.environ.get(
-    "RECAP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-).rsplit("/", 1)[0]
+SERVER_URL = POSTGRES_ADMIN_URL.rsplit("/", 1)[0]
 REBUILD_SETTING = "RECAP_BENCH_LARGE_REBUILD"
 MARKER_TABLE = "bench_large_dataset"
 

@@ -72,7 +72,7 @@ def stack(
     from bench.services import broker, database
     from core.storage.db import make_engine
     from core.storage.migrate import upgrade
-    from tests.worker_stack import WorkerProcess, stop_workers, worker_env
+    from tests.support.worker_stack import WorkerProcess, stop_workers, worker_env
 
     model = model_process(MODEL_SECONDS)
     try:
@@ -188,7 +188,7 @@ def one_load(
     folder: Path, broker_kind: str, processes: int, conversations: int
 ) -> dict[str, float]:
     """Run the load once; its counts, lost messages and tasks per second."""
-    from tests.worker_stack import wait_for
+    from tests.support.worker_stack import wait_for
 
     with stack(folder, broker_kind, processes) as (engine, broker_url, workers):
         enqueued, started = host(engine, broker_url, conversations)
@@ -208,7 +208,7 @@ def one_load(
 
 
 def run(_data: list[Path] | None = None) -> list[Figure]:
-    from tests.services import missing_rabbitmq
+    from tests.support.services import missing_rabbitmq
 
     with tempfile.TemporaryDirectory(prefix="recap-load-") as tmp:
         folder = Path(tmp)

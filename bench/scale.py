@@ -77,7 +77,7 @@ def command_of(pid: int) -> str:
 
 def settled_rss(root: int) -> dict[int, float]:
     """RSS per process of the tree once two readings a second apart agree."""
-    from tests.worker_stack import wait_for
+    from tests.support.worker_stack import wait_for
 
     last: list[dict[int, float]] = [{}]
 
@@ -95,8 +95,8 @@ def memory_figures(folder: Path) -> list[Figure]:
     from bench.compress import stand_in_env
     from core.storage.db import make_engine
     from core.storage.migrate import upgrade
-    from tests.services import RedisServer
-    from tests.worker_stack import WorkerProcess, worker_env
+    from tests.support.services import RedisServer
+    from tests.support.worker_stack import WorkerProcess, worker_env
 
     url = f"sqlite:///{folder / 'memory.db'}"
     upgrade(make_engine(url))
@@ -180,7 +180,7 @@ def one_configuration(
     """``timed_runs`` for ``RUNS`` compressions on ``processes`` workers."""
     from bench.compress import prepared, stand_in_env
     from bench.services import broker, database
-    from tests.worker_stack import WorkerProcess, stop_workers, worker_env
+    from tests.support.worker_stack import WorkerProcess, stop_workers, worker_env
 
     with database() as url, broker(kind) as broker_url:
         engine, ids = prepared(url, RUNS + WARM_UP_RUNS, f"{kind}{processes}-")
@@ -220,7 +220,7 @@ def scale_figure(folder: Path, kind: str, api_base: str) -> Figure:
 
 def run(_data: list[Path] | None = None) -> list[Figure]:
     from bench.compress import model_process, quiet_logs
-    from tests.services import missing_rabbitmq
+    from tests.support.services import missing_rabbitmq
 
     quiet_logs()
     with tempfile.TemporaryDirectory(prefix="recap-scale-") as tmp:

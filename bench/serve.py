@@ -102,7 +102,7 @@ def model_process() -> subprocess.Popen[bytes]:
     """The local model server in a process of its own, answering every request at once with a
     fixed short text; its first output line is its URL."""
     root = Path(__file__).resolve().parent.parent
-    command = [sys.executable, "-m", "tests.llm_server", "--reply", REPLY]
+    command = [sys.executable, "-m", "tests.support.llm_server", "--reply", REPLY]
     return subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE)
 
 
@@ -111,7 +111,7 @@ def serve_process(url: str, upstream: str, folder: Path) -> Iterator[str]:
     """`recap serve` on a migrated ``url``; its base URL (``.../v1``)."""
     from core.storage.db import make_engine
     from core.storage.migrate import upgrade
-    from tests.serve_stack import serve_process as started
+    from tests.support.serve_stack import serve_process as started
 
     engine = make_engine(url)
     upgrade(engine)
@@ -135,7 +135,7 @@ def serve_process(url: str, upstream: str, folder: Path) -> Iterator[str]:
 def passthrough_process(upstream: str, *, lean: bool = False) -> Iterator[str]:
     """``bench.passthrough`` (a bare proxy on serve's stack; with ``lean``, its orjson and
     aiohttp variant) on a free port; its base URL."""
-    from tests.processes import free_port, stop_group, wait_for
+    from tests.support.processes import free_port, stop_group, wait_for
 
     port = free_port()
     command = [sys.executable, "-m", "bench.passthrough", upstream, str(port)]

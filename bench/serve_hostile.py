@@ -6,8 +6,8 @@
   several clients on both processes at once). Errors are any answer but a 200; a fork is a second
   child of one message, a duplicate one message stored twice. All must be 0.
 - ``hostile_fuzz_500s`` over ``hostile_fuzz_cases``: hypothesis over the chat-completions request
-  model (``tests.hostile_clients.request_bodies``: wrong types, unknown parts, NaN, odd JSON,
-  conversation ids of any script), seeded, against serve on SQLite on each upstream path, in
+  model (``tests.support.hostile_clients.request_bodies``: wrong types, unknown parts, NaN, odd
+  JSON, conversation ids of any script), seeded, against serve on SQLite on each upstream path, in
   front of a stand-in upstream; no response may be a 500.
 
 Counts, not timings: they mean the same on any machine.
@@ -34,18 +34,17 @@ SEED = 27
 
 
 def _env(db_url: str, upstream: str, folder: Path, client: str = "auto") -> dict[str, str]:
-    return {
-        "RECAP_DATABASE_URL": db_url,
-        "RECAP_SERVE_KEYS": KEY,
-        "RECAP_UPSTREAM_API_BASE": upstream,
-        "RECAP_UPSTREAM_API_KEY": "sk-upstream-bench-0123456789abcdef",
-        "RECAP_UPSTREAM_CLIENT": client,
-        "RECAP_SERVE_MAX_INPUT_TOKENS": "8000",
-        "RECAP_RESERVE_OUTPUT_TOKENS": "256",
-        "RECAP_BROKER_FOLDER": str(folder / "broker"),
-        "RECAP_OUTPUT_DIR": str(folder / "outputs"),
-        "RECAP_LOG_JSON": "true",
-    }
+    from tests.support.serve_stack import serve_env
+
+    return serve_env(
+        db_url,
+        folder,
+        keys=KEY,
+        upstream=upstream,
+        upstream_key="sk-upstream-bench-0123456789abcdef",
+        window=8_000,
+        RECAP_UPSTREAM_CLIENT=client,
+    )
 
 
 def race(root: Path, upstream: str) -> list[Figure]:
@@ -54,8 +53,8 @@ def race(root: Path, upstream: str) -> list[Figure]:
 
     from core.storage.db import make_engine
     from core.storage.migrate import upgrade
-    from tests.hostile_clients import first_turn_rounds
-    from tests.serve_stack import serve_process
+    from tests.support.hostile_clients import first_turn_rounds
+    from tests.support.serve_stack import serve_process
 
     database = _postgres_database()
     if database is None:
@@ -108,8 +107,8 @@ def fuzz(root: Path, upstream: str) -> list[Figure]:
 
     from core.storage.db import make_engine
     from core.storage.migrate import upgrade
-    from tests.hostile_clients import fuzz_once, request_bodies
-    from tests.serve_stack import serve_process
+    from tests.support.hostile_clients import fuzz_once, request_bodies
+    from tests.support.serve_stack import serve_process
 
     statuses: Counter[int] = Counter()
     for path, cases in FUZZ_CASES.items():
@@ -150,7 +149,7 @@ def fuzz(root: Path, upstream: str) -> list[Figure]:
 
 
 def run() -> list[Figure]:
-    from tests.hostile_upstream import HostileUpstream
+    from tests.support.hostile_upstream import HostileUpstream
 
     upstream = HostileUpstream().start()
     try:

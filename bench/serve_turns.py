@@ -81,7 +81,7 @@ def run() -> list[Figure]:
 def slow_model() -> tuple[subprocess.Popen[bytes], str]:
     """A model server taking ``SLOW_FIRST_BYTE`` seconds to its first byte; and its URL."""
     root = Path(__file__).resolve().parent.parent
-    command = [sys.executable, "-m", "tests.llm_server", "--reply", REPLY]
+    command = [sys.executable, "-m", "tests.support.llm_server", "--reply", REPLY]
     command += ["--delay", str(SLOW_FIRST_BYTE)]
     process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE)
     assert process.stdout is not None
@@ -118,7 +118,7 @@ def added(base: str, upstream: str, history: list[dict[str, Any]]) -> list[Figur
 def litellm_proxy(upstream: str, folder: Path) -> Iterator[str | None]:
     """The LiteLLM proxy forwarding ``MODEL`` to the model server, or None (with the reason on
     stderr) when it cannot start here."""
-    from tests.processes import free_port, stop_group, wait_for
+    from tests.support.processes import free_port, stop_group, wait_for
 
     executable = shutil.which("litellm") or str(Path(sys.executable).parent / "litellm")
     check = subprocess.run(

@@ -123,7 +123,7 @@ def _wait_for_console(port: int, process: subprocess.Popen[bytes], log: Path) ->
 def run() -> list[Figure]:
     import httpx
 
-    from tests.processes import free_port, stop_group
+    from tests.support.processes import free_port, stop_group
 
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)

@@ -1,60 +1,39 @@
-"""Shared fixtures: databases (SQLite, PostgreSQL), Redis (the shared server, a database of it held
-alone, or a server of the test's own), RabbitMQ, settings, the test data.
+"""Shared fixtures: databases (SQLite, PostgreSQL), Redis (the test run's server, a database of
+it held alone, or a server of the test's own), RabbitMQ, settings.
 
-Services that are absent make their tests skip with a reason, except under ``CI=true`` where an
-absent service is a failure: CI must not go green without them.
+PostgreSQL and Redis are servers of the test run's own (``tests.support.services.SUITE``), started
+on first use when ``initdb``/``pg_ctl`` and ``redis-server`` are on PATH, unless
+``RECAP_TEST_POSTGRES_URL`` / ``RECAP_TEST_REDIS_URL`` name running servers to use instead: the
+suite never writes to a machine's own databases unless told to. Services that are absent make
+their tests skip with a reason, except under ``CI=true`` where an absent service is a failure: CI
+must not go green without them.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine
 
 from core.settings import Settings, get_settings
-from core.storage.db import dispose_engines, make_engine
-from core.storage.migrate import upgrade
-from tests.services import (
+from core.storage.db import dispose_engines
+from tests.support.data import migrated
+from tests.support.services import (
+    SUITE,
     RabbitNode,
     RedisServer,
+    Unavailable,
     missing_rabbitmq,
-    missing_redis,
+    need_redis_server,
+    need_service,
     postgres_database,
     redis_database,
 )
 
-DATA_DIR = Path(__file__).parent / "data"
-DATA_FILES = (
-    "swe_agent.jsonl",
-    "openhands.jsonl",
-    "tau_bench_airline.jsonl",
-    "toolbench_examples.jsonl",
-)
-POSTGRES_ADMIN_URL = os.environ.get(
-    "RECAP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
-REDIS_URL = os.environ.get("RECAP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
-def need_service(name: str, reason: str) -> None:
-    """Skip for a missing service, or fail under CI=true."""
-    message = f"{name} is not available ({reason})"
-    if IN_CI:
-        pytest.fail(f"{message}; under CI=true this is a failure, not a skip")
-    pytest.skip(message)
-
-
-def load_data(name: str) -> list[dict[str, Any]]:
-    """Every conversation of one test-data file."""
-    with (DATA_DIR / name).open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+pytest_plugins = ("tests.support.serving",)  # the serve test modules' shared fixtures
 
 
 @pytest.fixture(autouse=True)
@@ -81,24 +60,20 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'recap.db'}"
 
 
-def _postgres_available() -> str | None:
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> str:
+    """The PostgreSQL server the tests make their databases on: a private cluster of this run,
+    or the server ``RECAP_TEST_POSTGRES_URL`` names."""
     try:
-        engine = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-        with engine.connect() as connection:
-            connection.execute(text("select 1"))
-        engine.dispose()
-    except Exception as exc:  # any failure to connect means the server is not usable here
-        return str(exc).splitlines()[0]
-    return None
+        return SUITE.postgres_admin_url()
+    except Unavailable as exc:
+        need_service("PostgreSQL", str(exc))
 
 
 @pytest.fixture
-def postgres_url() -> Iterator[str]:
+def postgres_url(postgres_admin_url: str) -> Iterator[str]:
     """A fresh, empty PostgreSQL database, dropped afterwards."""
-    problem = _postgres_available()
-    if problem is not None:
-        need_service("PostgreSQL", problem)
-    with postgres_database(POSTGRES_ADMIN_URL) as url:
+    with postgres_database(postgres_admin_url) as url:
         yield url
 
 
@@ -107,15 +82,6 @@ def db_url(request: pytest.FixtureRequest) -> str:
     """A fresh database of each kind, not yet migrated."""
     fixture = "sqlite_url" if request.param == "sqlite" else "postgres_url"
     return str(request.getfixturevalue(fixture))
-
-
-def migrated(url: str, monkeypatch: pytest.MonkeyPatch) -> Engine:
-    """A migrated engine for ``url``, also set as RECAP_DATABASE_URL."""
-    monkeypatch.setenv("RECAP_DATABASE_URL", url)
-    get_settings.cache_clear()
-    engine = make_engine(url)
-    upgrade(engine)
-    return engine
 
 
 @pytest.fixture
@@ -130,31 +96,22 @@ def sqlite_engine(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Engine:
     return migrated(sqlite_url, monkeypatch)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def redis_url() -> str:
-    """The Redis server's URL, after checking that it answers."""
+    """The URL of this run's Redis server (database 0): a private redis-server, or the server
+    ``RECAP_TEST_REDIS_URL`` names."""
     try:
-        import redis
-
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
-    except Exception as exc:  # any failure to reach Redis means it is not usable here
-        need_service("Redis", str(exc).splitlines()[0])
-    return REDIS_URL
+        return SUITE.redis_url()
+    except Unavailable as exc:
+        need_service("Redis", str(exc))
 
 
 @pytest.fixture
 def private_redis_db(redis_url: str) -> Iterator[str]:
-    """A database of the shared Redis server that this test holds alone (no concurrent run uses
+    """A database of the run's Redis server that this test holds alone (no concurrent run uses
     or flushes it), empty; its URL."""
     with redis_database(redis_url) as url:
         yield url
-
-
-def need_redis_server() -> None:
-    """Skip (fail under CI=true) where a Redis server of the test's own cannot be started."""
-    problem = missing_redis()
-    if problem is not None:
-        need_service("redis-server", problem)
 
 
 @pytest.fixture
@@ -189,7 +146,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A node launched for tests that never ran is stopped too."""
+    """The run's private PostgreSQL and Redis are stopped, and a RabbitMQ node launched for tests
+    that never ran."""
+    SUITE.stop()
     while _booting:
         node = _booting.pop()
         node.stop()
@@ -198,9 +157,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def rabbitmq_node() -> Iterator[RabbitNode]:
-    """A RabbitMQ node of this test run's own (``tests.services.RabbitNode``: rabbitmq-server on
-    free ports, its own node name, cookie and folders), started once and shared by the tests
-    that need RabbitMQ; each takes a fresh vhost. The machine's RabbitMQ is never touched."""
+    """A RabbitMQ node of this test run's own (``tests.support.services.RabbitNode``:
+    rabbitmq-server on free ports, its own node name, cookie and folders), started once and shared
+    by the tests that need RabbitMQ; each takes a fresh vhost. The machine's RabbitMQ is never
+    touched."""
     problem = missing_rabbitmq()
     if problem is not None:
         need_service("RabbitMQ", problem)
@@ -215,7 +175,7 @@ def amqp_url(rabbitmq_node: RabbitNode) -> str:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """The worker suite on Redis and RabbitMQ alike (``tests/brokers.py``)."""
-    from tests.brokers import parametrize_all_brokers
+    """The worker suite on Redis and RabbitMQ alike (``tests/support/brokers.py``)."""
+    from tests.support.brokers import parametrize_all_brokers
 
     parametrize_all_brokers(metafunc)

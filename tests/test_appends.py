@@ -26,7 +26,7 @@ from core.request.validate import Step, calls_needed, check_tool_pairing, open_c
 from core.settings import Settings
 from core.storage import store
 from core.storage.db import make_engine
-from tests.cli_helpers import assert_one_line_error, recap
+from tests.support.cli_helpers import assert_one_line_error, recap
 
 PROCESSES = 8
 ADDS_PER_PROCESS = 50

@@ -24,7 +24,7 @@ from core.storage.db import make_engine, session_scope
 from core.storage.migrate import upgrade
 from core.storage.models import Clearing, Summary, utcnow
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from tests.conftest import DATA_FILES, load_data
+from tests.support.data import DATA_FILES, load_data
 from tests.test_assembly import check_request
 
 WINDOWS = (3_000, 12_000, 60_000)

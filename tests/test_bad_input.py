@@ -9,7 +9,6 @@ same way on SQLite, so behaviour does not depend on the database.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -17,20 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, MetaData, select
+from sqlalchemy import Engine
 
 from core.errors import InputError, SchemaMissingError
 from core.settings import get_settings
 from core.storage.db import dispose_engines, make_engine
 from core.values import limits
-from tests.cli_helpers import Result, recap, recap_process
+from tests.support.cli_helpers import FAILED, assert_refused, recap, run_with_paths, snapshot
 
 USAGE = 2  # click's exit code for a usage error (bad option value, missing option)
-FAILED = 1  # Recap's exit code for bad input it checked itself
 OVER_INT64 = str(2**63)
 OVER_INT32 = str(2**31)
 DEEP = 100_000  # nesting of the deep JSON inputs
-SEEDED_DB = "recap.db"  # the file name of conftest's sqlite_url
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
 SEED = {
     "id": "c",
@@ -403,28 +400,6 @@ CASES = [
 ]
 
 
-def snapshot(engine: Engine, tmp: Path) -> dict[str, Any]:
-    """Every row of every table, and every file under ``tmp`` with its content hash and time,
-    except the seeded SQLite database's own files (a checkpoint rewrites them without changing
-    a row; the rows are compared instead)."""
-    metadata = MetaData()
-    metadata.reflect(engine)
-    with engine.connect() as connection:
-        tables = {
-            name: sorted(map(repr, connection.execute(select(table))))
-            for name, table in metadata.tables.items()
-        }
-    files = {
-        str(path.relative_to(tmp)): (
-            hashlib.sha256(path.read_bytes()).hexdigest(),
-            path.stat().st_mtime_ns,
-        )
-        for path in sorted(tmp.rglob("*"))
-        if path.is_file() and not path.name.startswith(SEEDED_DB)
-    }
-    return {"tables": tables, "files": files}
-
-
 @pytest.fixture
 def seeded(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """A database of the row's kind with conversation ``c`` (and one saved tool output), the
@@ -445,22 +420,6 @@ def seeded(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_
     return make_engine(url), paths
 
 
-def _resolve(value: str, paths: dict[str, str]) -> str:
-    for key, path in paths.items():
-        value = value.replace("{" + key + "}", path)
-    return value
-
-
-def _run(row: Row, paths: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Result:
-    args = [_resolve(arg, paths) for arg in row.args]
-    env = {name: _resolve(value, paths) for name, value in row.env.items()}
-    if row.process:
-        return recap_process(*args, env={**os.environ, **env}, timeout=60)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    return recap(*args)
-
-
 @pytest.mark.parametrize(
     ("row", "seeded"),
     [(c.values[0], c.values[1]) for c in CASES],
@@ -474,13 +433,8 @@ def test_bad_input_is_one_line_and_changes_nothing(
     and the same rows and files afterwards."""
     engine, paths = seeded
     before = snapshot(engine, tmp_path)
-    result = _run(row, paths, monkeypatch)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.code == row.code, result.stderr[-2000:]
-    assert len(lines) == 1, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    assert lines[0].startswith("recap: error: "), lines[0]
-    assert row.fragment.lower() in lines[0].lower(), lines[0]
+    result = run_with_paths(row.args, row.env, paths, monkeypatch, process=row.process)
+    assert_refused(result, row.code, row.fragment)
     get_settings.cache_clear()
     assert snapshot(engine, tmp_path) == before
 

@@ -11,7 +11,7 @@ from sqlalchemy import Engine, text
 
 from core.request.refs import summary_note
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from tests.cli_helpers import assert_one_line_error, recap, recap_process
+from tests.support.cli_helpers import assert_one_line_error, recap, recap_process
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"c":"ls"}'}}
 CONVERSATION = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA_DIR
+from tests.support.data import DATA_DIR
 
 PROBE = """
 import sys

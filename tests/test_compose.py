@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from core.settings import Settings
-from tests.conftest import need_service
+from tests.support.services import need_service
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = {

@@ -1,7 +1,7 @@
 """compress_session on a real Celery worker, a real broker and a real database, with litellm
 calling the local OpenAI-compatible server over HTTP.
 
-The broker is Redis, and RabbitMQ too for a core of the tests (``tests.brokers``: a summary
+The broker is Redis, and RabbitMQ too for a core of the tests (``tests.support.brokers``: a summary
 lands, one summary under concurrent enqueues, retries, a worker killed mid-call). On Redis each
 test gets its own key prefix, so runs sharing the server do not see each other's messages (the
 worker-kill test's child workers use a Redis database of their own); on RabbitMQ each test has a
@@ -34,17 +34,17 @@ from core.storage.db import get_engine, make_engine, session_scope
 from core.storage.migrate import upgrade
 from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
 from core.summaries.prompts import CUTOFF_MARKER, NO_PREVIOUS_SUMMARY, SUMMARY_MESSAGE_PREFIX
-from tests.brokers import (
+from tests.support.brokers import (
     broker_url_for,
     result_backend_for,
     stop_promptly,
 )
-from tests.celery_helpers import configured_app
-from tests.cli_helpers import assert_one_line_error, recap
-from tests.llm_server import LLMServer, Reply
-from tests.processes import wait_for
-from tests.services import redis_database
-from tests.worker_stack import CELERY, WorkerProcess
+from tests.support.celery_helpers import configured_app
+from tests.support.cli_helpers import assert_one_line_error, recap
+from tests.support.llm_server import LLMServer, Reply
+from tests.support.processes import wait_for
+from tests.support.services import redis_database
+from tests.support.worker_stack import CELERY, WorkerProcess
 from workers.app import app, is_redis
 from workers.errors import CompressionFailed
 
@@ -193,7 +193,7 @@ def harness_for(
 
 @pytest.fixture
 def broker(request: pytest.FixtureRequest) -> str:
-    """The worker's broker: each of Redis and RabbitMQ (``tests/brokers.py``)."""
+    """The worker's broker: each of Redis and RabbitMQ (``tests/support/brokers.py``)."""
     return broker_url_for(request)
 
 

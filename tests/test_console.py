@@ -21,10 +21,10 @@ from core.storage.console import list_conversations
 from core.storage.db import session_scope
 from core.storage.models import CONVERSATIONS
 from core.values.records import ClearingRec, Msg
-from tests.cli_helpers import assert_one_line_error, recap, recap_process
-from tests.conftest import DATA_DIR
-from tests.processes import free_port, stop_group, wait_for
-from tests.serve_stack import ROOT
+from tests.support.cli_helpers import assert_one_line_error, recap, recap_process
+from tests.support.data import DATA_DIR
+from tests.support.processes import free_port, stop_group, wait_for
+from tests.support.serve_stack import ROOT
 from workers.serve.auth import fingerprint
 from workers.ui.app import standalone
 from workers.ui.bar import apportion
@@ -422,7 +422,7 @@ def test_a_failed_run_shows_masked_and_can_be_retried(
 ) -> None:
     """A run the summarizer failed (a 401 that quotes the key) is in the page's log with the
     key masked, never in full; the retry button sends it again through compress_later."""
-    from tests.llm_server import LLMServer, Reply
+    from tests.support.llm_server import LLMServer, Reply
 
     secret = "sk-console-test-abcdefghijklmnop-wxyz"
     server = LLMServer().start()

@@ -24,13 +24,14 @@ from core import service
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.storage.models import CompactionLog, table_of
-from tests.browser import WIDTHS, chromium, missing_browser, screenshot, watch
-from tests.cli_helpers import recap_process
-from tests.conftest import DATA_DIR, need_service
-from tests.llm_server import LLMServer
-from tests.processes import wait_for
-from tests.serve_stack import serve_process
-from tests.worker_stack import WorkerProcess, worker_env
+from tests.support.browser import WIDTHS, chromium, missing_browser, screenshot, watch
+from tests.support.cli_helpers import recap_process
+from tests.support.data import DATA_DIR
+from tests.support.llm_server import LLMServer
+from tests.support.processes import wait_for
+from tests.support.serve_stack import serve_process
+from tests.support.services import need_service
+from tests.support.worker_stack import WorkerProcess, worker_env
 
 UI_KEY = "console-operator-key"
 KEY_A, KEY_B = "client-key-a", "client-key-b"

@@ -11,7 +11,7 @@ from core.summaries.extractive import extractive_summary, parse_sections
 from core.summaries.identifiers import identifiers_of_span, retention
 from core.summaries.prompts import EXTRACTIVE_NOTE, SUMMARY_SECTIONS
 from core.values.records import Msg
-from tests.conftest import DATA_FILES, load_data
+from tests.support.data import DATA_FILES, load_data
 
 
 def as_msgs(messages: list[dict[str, object]]) -> list[Msg]:

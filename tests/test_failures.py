@@ -24,12 +24,12 @@ from core.settings import get_settings
 from core.storage.db import session_scope
 from core.storage.models import CompactionLog, table_of, utcnow
 from core.storage.store import failed_runs
-from tests.brokers import broker_url_for
-from tests.celery_helpers import configured_app
-from tests.cli_helpers import assert_one_line_error, recap
-from tests.conftest import migrated
-from tests.llm_server import Reply
-from tests.processes import stop_group
+from tests.support.brokers import broker_url_for
+from tests.support.celery_helpers import configured_app
+from tests.support.cli_helpers import assert_one_line_error, recap
+from tests.support.data import migrated
+from tests.support.llm_server import Reply
+from tests.support.processes import stop_group
 from tests.test_compress_worker import RESULT_TIMEOUT, Harness, chat, harness_for
 from tests.test_operations import (
     READY_TIMEOUT,
@@ -145,7 +145,7 @@ def test_failed_runs_lists_the_unsettled_latest_failure_of_each(
 
 @pytest.fixture
 def broker(request: pytest.FixtureRequest) -> str:
-    """The worker's broker: each of Redis and RabbitMQ (``tests/brokers.py``)."""
+    """The worker's broker: each of Redis and RabbitMQ (``tests/support/brokers.py``)."""
     return broker_url_for(request)
 
 

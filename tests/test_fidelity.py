@@ -28,12 +28,11 @@ from core.settings import Settings
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.storage.models import CompactionLog, table_of
-from tests.cli_helpers import Result, recap, recap_process
-from tests.conftest import need_redis_server
-from tests.llm_server import LLMServer
-from tests.services import RedisServer
+from tests.support.cli_helpers import Result, recap, recap_process
+from tests.support.llm_server import LLMServer
+from tests.support.services import RedisServer, need_redis_server
+from tests.support.worker_stack import WorkerProcess, wait_for, worker_env
 from tests.test_host_loop import agent_turn, assert_cuts_at_step_boundaries
-from tests.worker_stack import WorkerProcess, wait_for, worker_env
 from workers import replay
 from workers.enqueue import compress_later
 

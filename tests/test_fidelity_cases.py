@@ -16,7 +16,7 @@ from core.request.shorten import SHORTENED
 from core.settings import Settings
 from core.storage import store
 from core.storage.db import session_scope
-from tests.conftest import load_data
+from tests.support.data import load_data
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ def test_the_truncation_reports_the_tokens_left_out(recap: Recap, caplog: Any) -
 def test_a_context_error_from_the_summarizer_sends_smaller_chunks(tmp_path: Path) -> None:
     """A summary model no map knows (8,192 tokens assumed) that answers one context-length
     error: the run asks again with smaller chunks and summarizes, instead of failing."""
-    from tests.llm_server import LLMServer, Reply
+    from tests.support.llm_server import LLMServer, Reply
 
     server = LLMServer().start()
     try:

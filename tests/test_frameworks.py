@@ -23,7 +23,7 @@ import pytest
 
 from core.client import Recap
 from core.settings import get_settings
-from tests.frameworks_stack import (
+from tests.support.frameworks_stack import (
     FrameworkStack,
     carries_summary,
     start_stack,

@@ -9,22 +9,17 @@ table's rows and every file under the test's folder before and after.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, MetaData, select
 
 from core.settings import get_settings
 from core.storage.db import make_engine
-from tests.cli_helpers import Result, recap, recap_process
+from tests.support.cli_helpers import FAILED, assert_refused, recap, run_with_paths, snapshot
 
-FAILED = 1  # Recap's exit code for bad input it checked itself
-DB = "recap.db"
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
 SEED = {
     "id": "c",
@@ -223,27 +218,6 @@ def _message_rows() -> list[Row]:
 ROWS = [*_file_rows(), *_setting_rows(), *_assemble_rows(), *_message_rows()]
 
 
-def snapshot(engine: Engine, tmp: Path) -> dict[str, Any]:
-    """Every row of every table, and every file under ``tmp`` with its content hash and time
-    (the SQLite database's own files aside: a checkpoint rewrites them without changing a row)."""
-    metadata = MetaData()
-    metadata.reflect(engine)
-    with engine.connect() as connection:
-        tables = {
-            name: sorted(map(repr, connection.execute(select(table))))
-            for name, table in metadata.tables.items()
-        }
-    files = {
-        str(path.relative_to(tmp)): (
-            hashlib.sha256(path.read_bytes()).hexdigest(),
-            path.stat().st_mtime_ns,
-        )
-        for path in sorted(tmp.rglob("*"))
-        if path.is_file() and not path.name.startswith(DB)
-    }
-    return {"tables": tables, "files": files}
-
-
 @pytest.fixture
 def seeded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sqlite_url: str) -> Any:
     """Conversation ``c`` with one saved tool output and a recorded request profile, and the
@@ -261,22 +235,6 @@ def seeded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sqlite_url: str) -> 
     return make_engine(sqlite_url), paths
 
 
-def _resolve(value: str, paths: dict[str, str]) -> str:
-    for key, path in paths.items():
-        value = value.replace("{" + key + "}", path)
-    return value
-
-
-def _run(row: Row, paths: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Result:
-    args = [_resolve(arg, paths) for arg in row.args]
-    env = {name: _resolve(value, paths) for name, value in row.env.items()}
-    if row.process:
-        return recap_process(*args, env={**os.environ, **env}, timeout=60)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    return recap(*args)
-
-
 @pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
 def test_hostile_input_is_one_line_and_changes_nothing(
     row: Row, seeded: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -285,12 +243,7 @@ def test_hostile_input_is_one_line_and_changes_nothing(
     rows and files afterwards."""
     engine, paths = seeded
     before = snapshot(engine, tmp_path)
-    result = _run(row, paths, monkeypatch)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.code == FAILED, result.stderr[-2000:]
-    assert len(lines) == 1, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    assert lines[0].startswith("recap: error: "), lines[0]
-    assert row.fragment.lower() in lines[0].lower(), lines[0]
+    result = run_with_paths(row.args, row.env, paths, monkeypatch, process=row.process)
+    assert_refused(result, FAILED, row.fragment)
     get_settings.cache_clear()
     assert snapshot(engine, tmp_path) == before

@@ -28,8 +28,7 @@ from core.inputs import read_bytes, read_text
 from core.request import shape
 from core.settings import BROKER_SCHEMES, SettingsError, broker_url_problem, load_settings
 from core.values.records import ROLES
-from tests.cli_helpers import recap, recap_process
-from tests.test_hostile_cli import snapshot
+from tests.support.cli_helpers import recap, recap_process, snapshot
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
 USER = {"role": "user", "content": "hi"}

@@ -26,7 +26,7 @@ from core.settings import Settings
 from core.storage.db import session_scope
 from core.storage.outputs import output_exists, read_output, save_output
 from core.storage.sweep import apply_clearings
-from tests.cli_helpers import assert_one_line_error, recap, recap_process
+from tests.support.cli_helpers import assert_one_line_error, recap, recap_process
 
 EXPORT_SECONDS = 60  # a FIFO or /dev/zero that were opened would hang or fill memory instead
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}

@@ -26,7 +26,7 @@ from core.settings import SettingsError, get_settings, load_settings
 from core.storage.db import session_scope
 from core.storage.models import CONVERSATIONS, utcnow
 from core.storage.sweep import apply_clearings
-from tests.cli_helpers import assert_one_line_error, recap
+from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat, harness_for
 from tests.test_media import data_url, image_part, png_bytes
 from workers.app import TASK_ROUTES, app, beat_schedule
@@ -189,7 +189,7 @@ def test_running_compression_finds_its_conversation_gone_and_writes_nothing(
 ) -> None:
     """A run whose model call is in flight when the conversation is deleted ends as skipped,
     and no summary, log row or lease of it is written; a run queued for it later skips too."""
-    from tests.llm_server import Reply
+    from tests.support.llm_server import Reply
 
     with harness_for(db_url, redis_url, monkeypatch) as h:
         cid = h.new(turns=12)

@@ -1,4 +1,5 @@
-"""The live-loop fuzz, a seeded subset (``tests/livefuzz.py``; the full run is ``bench fuzz``).
+"""The live-loop fuzz, a seeded subset (``tests/support/livefuzz.py``; the full run is
+``bench fuzz``).
 
 Random host sessions assemble, call a provider that counts 0.6-1.6x tiktoken, record its reading
 after some requests and add the reply: no request goes over the window by the provider's count
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import livefuzz
+from tests.support import livefuzz
 
 SEEDS = range(24)  # a fast subset: about 10 s here
 

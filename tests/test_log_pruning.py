@@ -15,7 +15,7 @@ from core import service
 from core.settings import Settings, get_settings
 from core.storage.compaction_log import LOG, cuts, doomed, prune_log, record_run
 from core.storage.snapshot import recent_failures
-from tests.celery_helpers import follow_runs, solo_worker
+from tests.support.celery_helpers import follow_runs, solo_worker
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 RETENTION, HISTORY = 3, 90  # the defaults, in days

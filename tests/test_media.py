@@ -34,7 +34,7 @@ from core.summaries.extractive import extractive_summary
 from core.summaries.identifiers import identifiers_of_message
 from core.summaries.planning import render_message
 from core.values.records import Msg
-from tests.cli_helpers import assert_one_line_error, recap
+from tests.support.cli_helpers import assert_one_line_error, recap
 
 SCREEN = (1280, 800)  # a laptop screenshot
 SCREEN_BYTES = 300_000  # binary size of the "Why" case's PNG: 400 KB once in base64

@@ -15,7 +15,7 @@ import pytest
 from core import service
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests import test_compress_worker
-from tests.cli_helpers import recap
+from tests.support.cli_helpers import recap
 from tests.test_compress_worker import Harness
 from tests.test_media import screenshot_turns
 

@@ -2,7 +2,7 @@
 failed task is in test_failures.py, which shares this module's stack and Flower helpers.
 
 A real worker runs as a child process (``celery -A workers.app worker``) on a database of the
-shared Redis server that the test holds alone, over a real database, calling the local model
+test run's Redis server that the test holds alone, over a real database, calling the local model
 server through litellm; Flower runs as another child process.
 """
 
@@ -27,10 +27,10 @@ from core import service
 from core.settings import get_settings
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
-from tests.llm_server import LLMServer
-from tests.processes import free_port, wait_for
-from tests.services import redis_database
-from tests.worker_stack import CELERY, ROOT, WorkerProcess, worker_env
+from tests.support.llm_server import LLMServer
+from tests.support.processes import free_port, wait_for
+from tests.support.services import redis_database
+from tests.support.worker_stack import CELERY, ROOT, WorkerProcess, worker_env
 
 __all__ = ["free_port"]  # test_failures takes it from here
 API_KEY = "sk-test-do-not-log-7f3a91"

@@ -20,7 +20,7 @@ from core.settings import get_settings
 from core.storage.db import session_scope
 from core.storage.outputs import Ingest, cleanup_outputs, read_output, save_output
 from core.storage.sweep import apply_clearings
-from tests.cli_helpers import assert_one_line_error, recap
+from tests.support.cli_helpers import assert_one_line_error, recap
 
 DAY = 86_400
 CALL = {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import need_service
+from tests.support.services import need_service
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ and a real ``recap worker`` retrying through the broker and surviving its restar
 The broker is a RabbitMQ node of the test run's own (``rabbitmq_node`` in conftest: started on
 free ports, a fresh vhost per test), never the machine's server. With ``tests/test_routing.py``
 (a plain ``send_task`` by name and ``compress_later`` served) and every worker test that takes
-the ``broker`` fixture (``tests/brokers.py``: test_compress_worker, test_failures,
+the ``broker`` fixture (``tests/support/brokers.py``: test_compress_worker, test_failures,
 test_media_worker), the worker suite runs on RabbitMQ as well as Redis. The restart test
 comes last: it restarts the node.
 """
@@ -23,11 +23,11 @@ import structlog
 from kombu import Connection
 
 from core.settings import Settings, load_settings
-from tests.cli_helpers import assert_one_line_error, recap_process
-from tests.llm_server import Reply
-from tests.services import RabbitNode
+from tests.support.cli_helpers import assert_one_line_error, recap_process
+from tests.support.llm_server import Reply
+from tests.support.services import RabbitNode
+from tests.support.worker_stack import ROOT, wait_for
 from tests.test_restarts import Stack, held_run, stack_on
-from tests.worker_stack import ROOT, wait_for
 from workers import enqueue, events
 from workers.app import (
     COMPRESS_QUEUE,

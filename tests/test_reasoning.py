@@ -24,7 +24,7 @@ from core.storage.models import CLEARINGS, MESSAGES
 from core.storage.snapshot import read_snapshot
 from core.summaries.planning import request_history_tokens
 from core.values.records import Msg
-from tests.token_check import assert_counts_cover, plain_count
+from tests.support.token_check import assert_counts_cover, plain_count
 
 WORDS = 500  # the block: 500 words of reasoning per assistant turn
 TURNS = 4  # user turns in the shared conversation: enough for older and in-progress turns

@@ -19,7 +19,7 @@ from core.request import refs
 from core.settings import get_settings
 from core.storage.db import session_scope
 from core.storage.sweep import apply_clearings
-from tests.cli_helpers import assert_one_line_error, recap
+from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat
 from tests.test_lifecycle import big_output, rich_conversation, tool_turn
 from tests.test_media import data_url, png_bytes

@@ -18,7 +18,7 @@ from core.storage.db import session_scope
 from core.storage.models import CLEARINGS, MESSAGES
 from core.storage.reads import load_request_branch
 from core.storage.sweep import apply_clearings
-from tests.token_check import assert_counts_cover
+from tests.support.token_check import assert_counts_cover
 
 OLD, NEW = "gpt-4o", "gpt-4"  # o200k_base, then cl100k_base
 # Text the two encodings split differently (code, CJK, numbers), so every count changes.

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import assert_one_line_error, recap
-from tests.conftest import DATA_DIR
+from tests.support.cli_helpers import assert_one_line_error, recap
+from tests.support.data import DATA_DIR
 
 TOTAL_KEYS = {
     "peak_tokens",

@@ -31,10 +31,15 @@ from core.settings import get_settings
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.storage.models import CONVERSATIONS, CompactionLog, table_of
-from tests.conftest import need_redis_server, need_service
-from tests.llm_server import LLMServer
-from tests.services import PostgresCluster, RedisServer, missing_postgres
-from tests.worker_stack import Gate, WorkerProcess, wait_for, worker_env
+from tests.support.llm_server import LLMServer
+from tests.support.services import (
+    PostgresCluster,
+    RedisServer,
+    missing_postgres,
+    need_redis_server,
+    need_service,
+)
+from tests.support.worker_stack import Gate, WorkerProcess, wait_for, worker_env
 from workers import patches
 from workers.enqueue import compress_later, reset
 from workers.runner import RestartPolicy, Supervisor
@@ -402,7 +407,7 @@ def _error_of(url: str, statement: str) -> Exception:
 
 def test_database_unavailable_tells_a_missing_server_from_a_bad_statement(tmp_path: Path) -> None:
     """A refused connection is retried; a missing table, bad SQL or a constraint is not."""
-    from tests.processes import free_port
+    from tests.support.processes import free_port
     from workers.dbretry import database_unavailable
 
     sqlite = f"sqlite:///{tmp_path / 'x.db'}"

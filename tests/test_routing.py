@@ -25,8 +25,8 @@ from core import service
 from core.settings import get_settings
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
-from tests.services import RedisServer
-from tests.worker_stack import WorkerProcess, wait_for, worker_env
+from tests.support.services import RedisServer
+from tests.support.worker_stack import WorkerProcess, wait_for, worker_env
 from workers import enqueue
 from workers.app import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE
 from workers.enqueue import compress_later

@@ -33,11 +33,10 @@ from core.settings import get_settings
 from core.storage.db import make_engine, pool_settings, size_pool
 from core.storage.migrate import upgrade
 from core.storage.models import CONVERSATIONS, SUMMARIES, CompactionLog, table_of
-from tests.conftest import need_redis_server
-from tests.llm_server import LLMServer, stand_in_summary
-from tests.processes import children_of
-from tests.services import RedisServer
-from tests.worker_stack import WorkerProcess, stop_workers, wait_for, worker_env
+from tests.support.llm_server import LLMServer, stand_in_summary
+from tests.support.processes import children_of
+from tests.support.services import RedisServer, need_redis_server
+from tests.support.worker_stack import WorkerProcess, stop_workers, wait_for, worker_env
 from workers.enqueue import compress_later, producer_app, reset
 from workers.queues import MAINTENANCE_QUEUE
 from workers.tasks import consumes_compressions, pool_connections

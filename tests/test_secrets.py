@@ -20,8 +20,8 @@ from core.redact import MASK, error_text, known_secrets, mask_value, redact
 from core.settings import Settings, load_settings
 from core.storage.db import session_scope
 from core.storage.models import CompactionLog, table_of
-from tests.cli_helpers import recap, recap_process
-from tests.llm_server import LLMServer, Reply
+from tests.support.cli_helpers import recap, recap_process
+from tests.support.llm_server import LLMServer, Reply
 from tests.test_compress_worker import WINDOW, chat
 from tests.test_operations import DB_PASSWORD, _wait, stack
 from workers.events import CHANNEL

@@ -13,41 +13,39 @@ import os
 import shutil
 import subprocess
 import threading
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from sqlalchemy import Engine, func, select
 
-from core import service
 from core.errors import InputError
-from core.storage.db import make_engine
 from core.storage.hashing import message_hash
-from core.storage.migrate import upgrade
-from core.storage.models import MESSAGES, CompactionLog, Usage, table_of
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from tests.llm_server import LLMServer, Reply
-from tests.processes import wait_for
-from tests.serve_stack import serve_process
+from tests.support.llm_server import LLMServer, Reply
+from tests.support.serving import (
+    BODY_LIMIT,
+    KEY_A,
+    KEY_B,
+    MODEL,
+    SYSTEM,
+    UPSTREAM_KEY,
+    Serve,
+    as_message,
+    new_id,
+    reply_to,
+    running_serve,
+    runs,
+    turn,
+    wait_until,
+)
 from workers.serve import direct, upstream
 from workers.serve.history import SeenRequests, checked_and_hashed, known_path
 from workers.serve.prefix import longest_stored_prefix, open_calls, split_system
 from workers.serve.turns import ConversationLocks
-
-KEY_A, KEY_B = "client-key-aaaa-1111", "client-key-bbbb-2222"
-UPSTREAM_KEY = "sk-upstream-secret-0123456789abcdef"
-MODEL = "openai/stand-in"
-WAIT_TIMEOUT = 60.0  # seconds any other condition may take
-BODY_LIMIT = 200_000  # small, so the oversized-body test sends little
-WINDOW = 8_000  # the window serve gives the stand-in model
-USAGE = table_of(Usage)
-
 
 # --- the pure parts ----------------------------------------------------------------------------
 
@@ -310,137 +308,12 @@ def test_conversation_locks_serialize_and_are_dropped() -> None:
 # --- a real serve process ----------------------------------------------------------------------
 
 
-def wait_until(condition: Any, what: str) -> None:
-    wait_for(condition, WAIT_TIMEOUT, what)
-
-
-def reply_to(body: dict[str, Any]) -> str:
-    """The stand-in model's answer: it names the last user message, so each is distinct."""
-    users = [m for m in body.get("messages", []) if m.get("role") == "user"]
-    last = str(users[-1].get("content")) if users else ""
-    return f"reply to: {last[:80]} | with extra words for a few stream chunks"
-
-
-@dataclass
-class Serve:
-    """A running `recap serve` and what a test reads back."""
-
-    base_url: str
-    engine: Engine
-    llm: LLMServer
-    log: Path
-    path: str = "direct"
-
-    def client(self, key: str = KEY_A) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=60)
-
-    def branch(self, cid: str) -> list[dict[str, Any]]:
-        return list(service.export_conversation(self.engine, cid)["messages"])
-
-    def count(self, cid: str) -> int:
-        with self.engine.connect() as connection:
-            statement = select(func.count()).where(MESSAGES.c.conversation_id == cid)
-            return int(connection.execute(statement).scalar_one())
-
-    def rows(self, cid: str) -> list[tuple[Any, ...]]:
-        m = MESSAGES.c
-        with self.engine.connect() as connection:
-            statement = (
-                select(m.id, m.parent_id, m.role, m.content)
-                .where(m.conversation_id == cid)
-                .order_by(m.id)
-            )
-            return [tuple(row) for row in connection.execute(statement)]
-
-    def usage(self, cid: str) -> list[tuple[int, int]]:
-        with self.engine.connect() as connection:
-            statement = select(USAGE.c.prompt_tokens, USAGE.c.completion_tokens).where(
-                USAGE.c.conversation_id == cid
-            )
-            return [(int(a), int(b)) for a, b in connection.execute(statement)]
-
-
-@contextmanager
-def running_serve(db_url: str, folder: Path, llm: LLMServer, **env: str) -> Iterator[Serve]:
-    """`recap serve` on a free port against ``db_url`` and ``llm``, stopped afterwards."""
-    engine = make_engine(db_url)
-    upgrade(engine)
-    values = {
-        "RECAP_DATABASE_URL": db_url,
-        "RECAP_SERVE_KEYS": f"{KEY_A},{KEY_B}",
-        "RECAP_UPSTREAM_API_BASE": llm.url,
-        "RECAP_UPSTREAM_API_KEY": UPSTREAM_KEY,
-        "RECAP_SERVE_MAX_INPUT_TOKENS": str(WINDOW),
-        "RECAP_SERVE_MAX_BODY_BYTES": str(BODY_LIMIT),
-        "RECAP_RESERVE_OUTPUT_TOKENS": "256",
-        "RECAP_BROKER_FOLDER": str(folder / "broker"),
-        "RECAP_OUTPUT_DIR": str(folder / "outputs"),
-        "RECAP_LOG_JSON": "true",
-        **env,
-    }
-    try:
-        with serve_process(values, folder) as process:
-            yield Serve(process.base_url, engine, llm, process.log)
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[LLMServer]:
-    server = LLMServer(default=reply_to).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(scope="module")
 def serve(llm: LLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     """One serve process on SQLite for the tests that only need distinct conversations."""
     folder = tmp_path_factory.mktemp("serve")
     with running_serve(f"sqlite:///{folder / 'recap.db'}", folder, llm) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def serve_litellm(llm: LLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
-    """A second serve process that sends every request through litellm."""
-    folder = tmp_path_factory.mktemp("serve-litellm")
-    db_url = f"sqlite:///{folder / 'recap.db'}"
-    with running_serve(db_url, folder, llm, RECAP_UPSTREAM_CLIENT="litellm") as running:
-        running.path = "litellm"
-        yield running
-
-
-@pytest.fixture(params=["direct", "litellm"])
-def either(request: pytest.FixtureRequest) -> Serve:
-    """Both upstream paths: the default (direct, for an `openai/` model with a base URL) and
-    litellm; the upstream's User-Agent tells which one sent a request."""
-    name = "serve" if request.param == "direct" else "serve_litellm"
-    running: Serve = request.getfixturevalue(name)
-    return running
-
-
-def new_id() -> str:
-    return f"conv-{uuid.uuid4().hex[:10]}"
-
-
-def turn(
-    serve: Serve, cid: str | None, messages: list[dict[str, Any]], key: str = KEY_A, **kwargs: Any
-) -> Any:
-    headers = {"X-Recap-Conversation": cid} if cid is not None else {}
-    return serve.client(key).chat.completions.with_raw_response.create(
-        model=MODEL,
-        messages=messages,
-        extra_headers=headers,
-        **kwargs,  # type: ignore[arg-type]
-    )
-
-
-def as_message(reply: Any) -> dict[str, Any]:
-    """A reply message as the openai SDK user appends it to the history."""
-    return dict(reply.choices[0].message.model_dump(exclude_none=True))
-
-
-SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 
 
 def test_non_streaming_turn_is_stored(either: Serve) -> None:
@@ -802,7 +675,7 @@ def test_forty_turns_resent_stored_once_and_requests_shrink(
     from celery.contrib.testing.worker import start_worker
 
     from core.settings import get_settings
-    from tests.celery_helpers import configured_app
+    from tests.support.celery_helpers import configured_app
     from workers.app import app
 
     url = f"sqlite:///{tmp_path / 'recap.db'}"
@@ -832,7 +705,7 @@ def test_forty_turns_resent_stored_once_and_requests_shrink(
                 before = len(llm.requests)
                 messages.append(as_message(turn(serve, cid, messages).parse()))
                 sizes.append(len(json.dumps(llm.requests[before].messages)))
-                wait_until(lambda n=n: _runs(serve, cid) > n, what=f"the worker's run {n}")
+                wait_until(lambda n=n: runs(serve, cid) > n, what=f"the worker's run {n}")
             assert serve.count(cid) == 80
             stored = serve.branch(cid)
             assert [m["content"] for m in stored] == [m["content"] for m in messages[1:]]
@@ -844,16 +717,6 @@ def test_forty_turns_resent_stored_once_and_requests_shrink(
             assert max(sizes[first:]) < max(sizes[:first]) * 1.5
     finally:
         llm.stop()
-
-
-def _runs(serve: Serve, cid: str) -> int:
-    """compress_session runs the worker has logged for the conversation (consecutive skips
-    share a row, counted by its ``repeats``)."""
-    log = table_of(CompactionLog)
-    with serve.engine.connect() as connection:
-        total = func.coalesce(func.sum(log.c.repeats), 0)
-        statement = select(total).where(log.c.conversation_id == cid)
-        return int(connection.execute(statement).scalar_one())
 
 
 # --- the npm package -----------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,20 +24,22 @@ import pytest
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from tests.llm_server import LLMServer, Reply
-from tests.processes import free_port
-from tests.serve_stack import ROOT, serve_process
-from tests.test_serve import (
+from tests.support.llm_server import LLMServer, Reply
+from tests.support.processes import free_port
+from tests.support.serve_stack import ROOT, serve_process
+from tests.support.serving import (
     KEY_A,
     KEY_B,
     MODEL,
+    UPSTREAM_KEY,
     Serve,
-    _runs,
+    new_id,
     reply_to,
     running_serve,
+    runs,
     wait_until,
 )
-from tests.worker_stack import WorkerProcess, worker_env
+from tests.support.worker_stack import WorkerProcess, worker_env
 from workers.serve import messages_api, responses_api
 from workers.serve.errors import ServeError
 
@@ -432,41 +433,10 @@ def test_anthropic_error_format(status: int, kind: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def llm() -> Iterator[LLMServer]:
-    server = LLMServer(default=reply_to).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def serve(llm: LLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     folder = tmp_path_factory.mktemp("serve-apis")
     with running_serve(f"sqlite:///{folder / 'recap.db'}", folder, llm) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def serve_litellm(llm: LLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
-    """A second serve process that sends every request through litellm."""
-    folder = tmp_path_factory.mktemp("serve-apis-litellm")
-    db_url = f"sqlite:///{folder / 'recap.db'}"
-    with running_serve(db_url, folder, llm, RECAP_UPSTREAM_CLIENT="litellm") as running:
-        running.path = "litellm"
-        yield running
-
-
-@pytest.fixture(params=["direct", "litellm"])
-def either(request: pytest.FixtureRequest) -> Serve:
-    """Both upstream paths: chunks and replies of litellm are converted as well as the JSON of
-    the direct path."""
-    running: Serve = request.getfixturevalue(
-        "serve" if request.param == "direct" else "serve_litellm"
-    )
-    return running
-
-
-def new_id() -> str:
-    return f"conv-{uuid.uuid4().hex[:10]}"
 
 
 def conversation_of(response_id: str) -> str:
@@ -901,7 +871,7 @@ def test_forty_responses_turns_shrink_after_the_worker_summarizes(
                 previous = reply.id
                 sizes.append(len(json.dumps(llm.requests[before].messages)))
                 cid = conversation_of(reply.id)
-                wait_until(lambda n=n, cid=cid: _runs(serve, cid) > n, what=f"the worker's run {n}")
+                wait_until(lambda n=n, cid=cid: runs(serve, cid) > n, what=f"the worker's run {n}")
             assert serve.count(cid) == 80
             marker = SUMMARY_MESSAGE_PREFIX.strip()[:20]
             summarized = [i for i, r in enumerate(llm.requests[-40:]) if marker in r.text]
@@ -1033,8 +1003,6 @@ def test_the_reply_limit_is_capped_to_the_room_the_request_leaves(serve: Serve) 
 def test_a_secret_in_a_streamed_reply_is_masked_in_every_api(serve: Serve) -> None:
     """The upstream key echoed in a reply's text never reaches a Responses or Messages client
     that streams it, nor the stored reply."""
-    from tests.test_serve import UPSTREAM_KEY
-
     leak = f"the key is {UPSTREAM_KEY} ok"
     serve.llm.script(Reply(text=leak))
     with serve.client().responses.stream(

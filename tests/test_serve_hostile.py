@@ -2,7 +2,7 @@
 stored, never a secret echoed, never a traceback or a server path shown.
 
 A real serve process on each upstream path (direct and litellm) in front of a stand-in upstream
-scripted to misbehave (``tests.hostile_upstream``); requests sent with the official `openai`
+scripted to misbehave (``tests.support.hostile_upstream``); requests sent with the official `openai`
 client where it can send them and as raw HTTP where it cannot (a body nested 100,000 deep, a
 5,000-digit number, bytes that are not UTF-8).
 """
@@ -27,7 +27,7 @@ from sqlalchemy import Engine, select
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
 from core.storage.models import MESSAGES
-from tests.hostile_upstream import (
+from tests.support.hostile_upstream import (
     Answer,
     HostileUpstream,
     chunk,
@@ -36,8 +36,8 @@ from tests.hostile_upstream import (
     stream_answer,
     text_chunks,
 )
-from tests.processes import wait_for
-from tests.serve_stack import serve_process
+from tests.support.processes import wait_for
+from tests.support.serve_stack import serve_env, serve_process
 
 KEY = "client-key-hostile-1111"
 UPSTREAM_KEY = "sk-upstream-hostile-0123456789abcdef"
@@ -193,21 +193,18 @@ def _running(folder: Path, upstream: HostileUpstream, client: str) -> Iterator[S
     url = f"sqlite:///{folder / 'recap.db'}"
     engine = make_engine(url)
     upgrade(engine)
-    env = {
-        "RECAP_DATABASE_URL": url,
-        "RECAP_SERVE_KEYS": KEY,
-        "RECAP_UPSTREAM_API_BASE": upstream.url,
-        "RECAP_UPSTREAM_API_KEY": UPSTREAM_KEY,
-        "RECAP_UPSTREAM_CLIENT": client,
-        "RECAP_SUMMARY_API_KEY": SUMMARY_KEY,
-        "RECAP_RESULT_BACKEND": f"redis://recap:{DB_PASSWORD}@127.0.0.1:1/0",
-        "RECAP_SERVE_MAX_INPUT_TOKENS": str(WINDOW),
-        "RECAP_SERVE_MAX_BODY_BYTES": str(BODY_LIMIT),
-        "RECAP_RESERVE_OUTPUT_TOKENS": "256",
-        "RECAP_BROKER_FOLDER": str(folder / "broker"),
-        "RECAP_OUTPUT_DIR": str(folder / "outputs"),
-        "RECAP_LOG_JSON": "true",
-    }
+    env = serve_env(
+        url,
+        folder,
+        keys=KEY,
+        upstream=upstream.url,
+        upstream_key=UPSTREAM_KEY,
+        window=WINDOW,
+        RECAP_UPSTREAM_CLIENT=client,
+        RECAP_SUMMARY_API_KEY=SUMMARY_KEY,
+        RECAP_RESULT_BACKEND=f"redis://recap:{DB_PASSWORD}@127.0.0.1:1/0",
+        RECAP_SERVE_MAX_BODY_BYTES=str(BODY_LIMIT),
+    )
     try:
         with serve_process(env, folder) as process:
             yield Serve(process.base_url, engine, upstream, process.log, client)
@@ -571,7 +568,7 @@ def test_fuzzed_requests_never_get_a_500(serve: Serve) -> None:
     script), seeded: no response is a 500, and nothing the upstream is sent is non-JSON."""
     from hypothesis import HealthCheck, given, seed, settings
 
-    from tests.hostile_clients import fuzz_once, request_bodies
+    from tests.support.hostile_clients import fuzz_once, request_bodies
 
     statuses: Counter[int] = Counter()
 

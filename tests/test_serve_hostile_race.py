@@ -14,12 +14,13 @@ import pytest
 
 from core.storage.db import make_engine
 from core.storage.migrate import upgrade
-from tests.hostile_clients import first_turn_rounds
-from tests.hostile_upstream import HostileUpstream
-from tests.serve_stack import serve_process
+from tests.support.hostile_clients import first_turn_rounds
+from tests.support.hostile_upstream import HostileUpstream
+from tests.support.serve_stack import serve_env, serve_process
 
 KEY = "client-key-race-1111"
 MODEL = "openai/stand-in"
+UPSTREAM_KEY = "sk-upstream-race-0123456789"
 SUITE_ROUNDS = 5  # seeded; bench.serve_hostile runs 100
 
 
@@ -34,7 +35,7 @@ def two_serves(postgres_url: str, tmp_path: Path) -> Iterator[list[str]]:
         with ExitStack() as stack:
             urls = [
                 stack.enter_context(
-                    serve_process(serve_env(postgres_url, upstream.url, tmp_path / f"s{n}"),
+                    serve_process(_env(postgres_url, upstream.url, tmp_path / f"s{n}"),
                                   tmp_path / f"s{n}")
                 ).base_url
                 for n in range(2)
@@ -44,18 +45,10 @@ def two_serves(postgres_url: str, tmp_path: Path) -> Iterator[list[str]]:
         upstream.stop()
 
 
-def serve_env(db_url: str, upstream_url: str, folder: Path) -> dict[str, str]:
-    return {
-        "RECAP_DATABASE_URL": db_url,
-        "RECAP_SERVE_KEYS": KEY,
-        "RECAP_UPSTREAM_API_BASE": upstream_url,
-        "RECAP_UPSTREAM_API_KEY": "sk-upstream-race-0123456789",
-        "RECAP_SERVE_MAX_INPUT_TOKENS": "8000",
-        "RECAP_RESERVE_OUTPUT_TOKENS": "256",
-        "RECAP_BROKER_FOLDER": str(folder / "broker"),
-        "RECAP_OUTPUT_DIR": str(folder / "outputs"),
-        "RECAP_LOG_JSON": "true",
-    }
+def _env(db_url: str, upstream_url: str, folder: Path) -> dict[str, str]:
+    return serve_env(
+        db_url, folder, keys=KEY, upstream=upstream_url, upstream_key=UPSTREAM_KEY, window=8_000
+    )
 
 
 def test_first_turns_from_two_processes_at_once(postgres_url: str, two_serves: list[str]) -> None:

@@ -20,7 +20,7 @@ from core.settings import get_settings
 from core.storage import store
 from core.storage.models import CONVERSATIONS, utcnow
 from core.storage.outputs import Ingest
-from tests.conftest import migrated
+from tests.support.data import migrated
 from workers.serve import history
 
 MODEL = "gpt-4o-mini"

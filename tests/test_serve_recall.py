@@ -17,19 +17,12 @@ import pytest
 from core.decision.toolresults import ClearingPlan, PlannedClearing
 from core.storage.db import session_scope
 from core.storage.sweep import apply_clearings
-from tests.llm_server import LLMServer, Reply
-from tests.test_serve import SYSTEM, Serve, as_message, new_id, reply_to, running_serve, turn
+from tests.support.llm_server import LLMServer, Reply
+from tests.support.serving import SYSTEM, Serve, as_message, new_id, running_serve, turn
 
 OUTPUT = "\n".join(f"src/module_{n}.py: def handler_{n}(request): ..." for n in range(60))
 TOOLS = [{"type": "function", "function": {"name": "grep", "parameters": {"type": "object"}}}]
 MAX_CALLS = 2
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[LLMServer]:
-    server = LLMServer(default=reply_to).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from core.settings import Settings
 from core.storage.db import session_scope
 from core.storage.migrate import current_revision, head_revision, schema_drift
 from core.storage.models import Message, Summary, utcnow
-from tests.cli_helpers import assert_one_line_error, recap
-from tests.conftest import DATA_FILES, load_data
+from tests.support.cli_helpers import assert_one_line_error, recap
+from tests.support.data import DATA_FILES, load_data
 
 TABLES = {"conversations", "messages", "summaries", "clearings", "compaction_log", "usage"}
 

@@ -21,9 +21,9 @@ from core.storage import reads, store
 from core.storage.db import session_scope
 from core.storage.models import CONVERSATIONS, utcnow
 from core.storage.sweep import apply_clearings, sweep_idle
-from tests.celery_helpers import follow_runs, solo_worker
-from tests.cli_helpers import assert_one_line_error, recap
-from tests.conftest import load_data
+from tests.support.celery_helpers import follow_runs, solo_worker
+from tests.support.cli_helpers import assert_one_line_error, recap
+from tests.support.data import load_data
 
 BIG = "result line with some numbers 12345 and words\n" * 120
 

@@ -26,7 +26,7 @@ from core.storage.db import session_scope
 from core.storage.models import REQUEST_PROFILES
 from core.storage.sweep import apply_clearings
 from core.values.records import ClearingRec, Msg, SummaryRec
-from tests.cli_helpers import assert_one_line_error, recap
+from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat
 from tests.test_lifecycle import big_output, rich_conversation, tool_turn
 

@@ -27,7 +27,7 @@ from core.decision.toolresults import (
 from core.request.placeholders import cleared_placeholder
 from core.request.refs import message_ref
 from core.values.records import ClearingRec, Msg
-from tests.conftest import DATA_FILES, load_data
+from tests.support.data import DATA_FILES, load_data
 
 LIMITS = Limits(max_lines=2_000, max_bytes=50_000)
 WHERE = "/var/recap/outputs/ab/abcdef.txt"

@@ -1,5 +1,6 @@
 """A `recap serve` process for tests and benchmarks: started on a free port with the given
-environment, ready when its health check answers, stopped by its process group."""
+environment (``serve_env`` builds the usual one), ready when its health check answers, stopped by
+its process group."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.processes import free_port, stop_group, wait_for
+from tests.support.processes import free_port, stop_group, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 120.0  # seconds for a serve process to answer its health check (imports litellm)
 
 
@@ -27,6 +28,33 @@ class ServeProcess:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+
+def serve_env(
+    db_url: str,
+    folder: Path,
+    *,
+    keys: str,
+    upstream: str,
+    upstream_key: str,
+    window: int,
+    **extra: str,
+) -> dict[str, str]:
+    """The environment of a `recap serve` under test: its database, client keys, upstream and
+    window, its folders under ``folder``, 256 tokens kept for the reply, JSON logs; ``extra`` (more
+    ``RECAP_*`` values) on top."""
+    return {
+        "RECAP_DATABASE_URL": db_url,
+        "RECAP_SERVE_KEYS": keys,
+        "RECAP_UPSTREAM_API_BASE": upstream,
+        "RECAP_UPSTREAM_API_KEY": upstream_key,
+        "RECAP_SERVE_MAX_INPUT_TOKENS": str(window),
+        "RECAP_RESERVE_OUTPUT_TOKENS": "256",
+        "RECAP_BROKER_FOLDER": str(folder / "broker"),
+        "RECAP_OUTPUT_DIR": str(folder / "outputs"),
+        "RECAP_LOG_JSON": "true",
+        **extra,
+    }
 
 
 def _healthy(port: int, process: subprocess.Popen[bytes], log: Path) -> bool:

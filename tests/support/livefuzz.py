@@ -44,7 +44,7 @@ from core.settings import Settings
 from core.storage import store
 from core.storage.db import session_scope
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 SOURCES = ("swe_agent", "openhands", "tau_bench_airline", "toolbench_examples")
 MODELS = ("gpt-4o", "gpt-4o-mini", "gpt-4")
 MARK = re.compile(r"⟦(\d+)⟧")

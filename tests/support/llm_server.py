@@ -419,8 +419,9 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Serve in this process until killed: ``python -m tests.llm_server [--delay S]``; prints the
-    ``api_base`` URL as its first line (benchmarks run it apart from the worker under test)."""
+    """Serve in this process until killed: ``python -m tests.support.llm_server [--delay S]``;
+    prints the ``api_base`` URL as its first line (benchmarks run it apart from the worker under
+    test)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -3,8 +3,8 @@
 ``WorkerProcess`` is the one way the tests and benchmarks start a worker: ``recap worker`` (the
 default) or ``celery -A workers.app worker`` (``program=CELERY``), in a new session, with the
 environment ``worker_env`` builds, its log in a file the test can read and quote, ready when the
-log says so, stopped by its process group. ``wait_for`` (from ``tests.processes``) is how a test
-waits for anything the worker does. ``Gate`` holds the local model server's replies until the
+log says so, stopped by its process group. ``wait_for`` (from ``tests.support.processes``) is how a
+test waits for anything the worker does. ``Gate`` holds the local model server's replies until the
 test opens it, so a test can restart a server "during the model call" without a fixed sleep.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.llm_server import stand_in_summary
-from tests.processes import WaitTimeout, children_of, stop_group, stop_groups, wait_for
+from tests.support.llm_server import stand_in_summary
+from tests.support.processes import WaitTimeout, children_of, stop_group, stop_groups, wait_for
 
 __all__ = [
     "CELERY",
@@ -32,7 +32,7 @@ __all__ = [
     "wait_for",
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 120.0  # a worker that calls a model imports litellm before it is ready
 GATE_TIMEOUT = 120.0  # a held reply is let go after this, so a failed test never hangs a thread
 RECAP = ("workers.cli", "worker")  # `recap worker`: the supervisor and its Celery children

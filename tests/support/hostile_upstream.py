@@ -1,7 +1,7 @@
 """A stand-in OpenAI-compatible upstream that misbehaves on cue, on 127.0.0.1, in a thread.
 
-Where ``tests.llm_server`` plays a well-behaved model, this one answers each request with the
-next scripted ``Answer``: bytes written exactly as given, as one body or as HTTP/1.1 chunks, and
+Where ``tests.support.llm_server`` plays a well-behaved model, this one answers each request with
+the next scripted ``Answer``: bytes written exactly as given, as one body or as HTTP/1.1 chunks, and
 optionally a connection closed before the body ends. The helpers build the usual misbehaviours:
 plain JSON to a streamed request (``json_answer``), a stream whose chunks are given one by one
 (``stream_answer``, with or without a ``finish_reason`` and ``[DONE]``), a stream cut off mid-way.

@@ -20,9 +20,9 @@ from typing import Any
 from core.client import Recap
 from core.settings import Settings
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from tests.llm_server import LLMServer, Recorded, Reply
-from tests.processes import wait_for
-from tests.worker_stack import WorkerProcess, worker_env
+from tests.support.llm_server import LLMServer, Recorded, Reply
+from tests.support.processes import wait_for
+from tests.support.worker_stack import WorkerProcess, worker_env
 
 RUN_TIMEOUT = 60.0  # seconds for the worker to finish the run a turn enqueued
 SUMMARY_MARK = SUMMARY_MESSAGE_PREFIX.strip()[:30]

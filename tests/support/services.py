@@ -1,5 +1,5 @@
-"""Private Redis, RabbitMQ and PostgreSQL servers for worker and fault tests: started on a free
-port, restarted and stopped by their own pid, never touching the shared servers.
+"""Private Redis, RabbitMQ and PostgreSQL servers for the tests: started on a free
+port, restarted and stopped by their own pid, never touching a machine's own servers.
 
     with RedisServer.started() as broker:      # redis-server --port N --save ''
         ... broker.url ... broker.restart() ...
@@ -10,13 +10,18 @@ port, restarted and stopped by their own pid, never touching the shared servers.
 
 All three are a ``PrivateServer``: a free port, a folder of their own, ready when the port
 accepts, stopped by pid, restarted on the same port. ``redis_database(url)`` is the other way
-to a broker of one's own: a database number of the shared Redis server that no concurrent run
-uses or flushes while it is held.
+to a broker of one's own: a database number of a Redis server (the test run's, or a benchmark's)
+that no concurrent run uses or flushes while it is held.
 
 ``missing_redis()`` / ``missing_rabbitmq()`` / ``missing_postgres()`` say why a server cannot be
 started here (None when it can), for ``need_service``. PostgreSQL refuses to run as root, so as
 root the cluster runs as the ``postgres`` user (``runuser -u postgres --``) under a folder that
 user owns.
+
+``SUITE`` holds the PostgreSQL and Redis servers of one test run (``SuiteServers``): the ones
+``RECAP_TEST_POSTGRES_URL`` / ``RECAP_TEST_REDIS_URL`` name, else private ones started on first use
+and stopped when the run ends; ``need_service`` skips a test whose service is missing, or fails it
+under ``CI=true``.
 """
 
 from __future__ import annotations
@@ -31,13 +36,13 @@ import signal
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Self
+from typing import ClassVar, NoReturn, Self
 from urllib.parse import urlsplit, urlunsplit
 
-from tests.processes import WaitTimeout, accepts, free_port, wait_for
+from tests.support.processes import WaitTimeout, accepts, free_port, wait_for
 
 START_TIMEOUT = 30.0  # seconds a server may take to accept connections
 STOP_TIMEOUT = 30.0  # seconds a shutdown may take before the server is killed
@@ -210,7 +215,7 @@ class RedisServer(PrivateServer):
         super().restart()
 
 
-# A database number of the shared Redis server that a test run holds alone: claimed with an
+# A database number of a Redis server that a test run holds alone: claimed with an
 # expiring SET NX in database 0 (a crashed run's claim lapses), emptied when taken and when let go.
 REDIS_DATABASES = range(1, 8)  # 8-15 are left to code that picks one of them at random
 REDIS_CLAIM_PREFIX = "recap-test:database:"
@@ -524,3 +529,147 @@ class PostgresCluster(PrivateServer):
         if self.postmaster is not None:
             stop_pid(self.postmaster, sig)
             self.postmaster = None
+
+
+# --- The suite's servers -----------------------------------------------------------------------
+
+POSTGRES_SETTING = "RECAP_TEST_POSTGRES_URL"  # a running server the suite may use instead
+REDIS_SETTING = "RECAP_TEST_REDIS_URL"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def need_service(name: str, reason: str) -> NoReturn:
+    """Skip for a missing service, or fail under CI=true."""
+    import pytest
+
+    message = f"{name} is not available ({reason})"
+    if IN_CI:
+        pytest.fail(f"{message}; under CI=true this is a failure, not a skip")
+    pytest.skip(message)
+
+
+def need_redis_server() -> None:
+    """Skip (fail under CI=true) where a Redis server of the test's own cannot be started."""
+    problem = missing_redis()
+    if problem is not None:
+        need_service("redis-server", problem)
+
+
+class Unavailable(Exception):
+    """A server the suite cannot have here; the message says why."""
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def postgres_problem(url: str) -> str | None:
+    """Why the PostgreSQL server at ``url`` cannot be used, or None when it answers."""
+    from sqlalchemy import create_engine, text
+
+    try:
+        engine = create_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as connection:
+                connection.execute(text("select 1"))
+        finally:
+            engine.dispose()
+    except Exception as exc:  # any failure to connect means the server is not usable here
+        return _first_line(exc)
+    return None
+
+
+def redis_problem(url: str) -> str | None:
+    """Why the Redis server at ``url`` cannot be used, or None when it answers."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:  # any failure to reach Redis means it is not usable here
+        return _first_line(exc)
+    return None
+
+
+@dataclass
+class SuiteServers:
+    """The PostgreSQL and Redis servers of one test run, each found once on first use: the server
+    its ``RECAP_TEST_*_URL`` names when that is set (a machine's running server, used only when
+    asked), else a private one started here (``PostgresCluster``, ``RedisServer``) when its
+    programs are on PATH, stopped by its pid when the run ends. The URL, or why there is none, is
+    kept for the rest of the run."""
+
+    postgres: PostgresCluster | None = None
+    redis: RedisServer | None = None
+    found: dict[str, str | Unavailable] = field(default_factory=dict)
+
+    def postgres_admin_url(self) -> str:
+        """A URL of the PostgreSQL server on which the suite creates its databases."""
+        return self._once("postgres", self._postgres)
+
+    def redis_url(self) -> str:
+        """The URL of the Redis server (database 0) the suite's brokers use."""
+        return self._once("redis", self._redis)
+
+    def _once(self, name: str, find: Callable[[], str]) -> str:
+        if name not in self.found:
+            try:
+                self.found[name] = find()
+            except Unavailable as exc:
+                self.found[name] = exc
+        answer = self.found[name]
+        if isinstance(answer, Unavailable):
+            raise answer
+        return answer
+
+    def _postgres(self) -> str:
+        given = os.environ.get(POSTGRES_SETTING)
+        if given:
+            problem = postgres_problem(given)
+            if problem is not None:
+                raise Unavailable(f"{POSTGRES_SETTING}: {problem}")
+            return given
+        problem = missing_postgres()
+        if problem is not None:
+            raise Unavailable(f"{problem} and {POSTGRES_SETTING} is not set")
+        cluster = PostgresCluster()
+        try:
+            cluster.start()
+        except Exception as exc:  # a cluster that cannot start here is a missing service
+            cluster.remove()
+            raise Unavailable(f"a private PostgreSQL did not start: {_first_line(exc)}") from exc
+        self.postgres = cluster
+        return cluster.url()
+
+    def _redis(self) -> str:
+        given = os.environ.get(REDIS_SETTING)
+        if given:
+            problem = redis_problem(given)
+            if problem is not None:
+                raise Unavailable(f"{REDIS_SETTING}: {problem}")
+            return given
+        problem = missing_redis()
+        if problem is not None:
+            raise Unavailable(f"{problem} and {REDIS_SETTING} is not set")
+        server = RedisServer()
+        try:
+            server.start()
+        except Exception as exc:  # a server that cannot start here is a missing service
+            server.remove()
+            raise Unavailable(f"a private redis-server did not start: {_first_line(exc)}") from exc
+        self.redis = server
+        return server.url
+
+    def stop(self) -> None:
+        """Stop and remove the private servers started here (never a server the settings name)."""
+        for server in (self.postgres, self.redis):
+            if server is not None:
+                server.remove()
+        self.postgres = self.redis = None
+        self.found.clear()
+
+
+SUITE = SuiteServers()  # the test run's servers; conftest stops them when the run ends

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM_NAMES = ("chromium", "chromium-browser")  # Debian's binary, and Ubuntu's older name
 WIDTHS = (1280, 390)  # a laptop and a phone, the widths every page must be readable at

@@ -2,11 +2,11 @@
 
 A test module defines a ``broker`` fixture as ``broker_url_for(request)``, and every test that
 takes it runs on both brokers (ids ``[redis]`` and ``[rabbitmq]``, from ``pytest_generate_tests``
-in conftest) unless it names its broker through an indirect parametrization. Redis is the shared
-server (a key prefix of the test's own, from ``configured_app``); RabbitMQ is a fresh vhost of the
-test run's node (``amqp_url`` in conftest: a skip with a reason where RabbitMQ is absent, a failure
-under ``CI=true``). Results are kept in Redis on both, as a deployment on RabbitMQ would keep them
-in a result backend of its own.
+in conftest) unless it names its broker through an indirect parametrization. Redis is the test
+run's server (a key prefix of the test's own, from ``configured_app``); RabbitMQ is a fresh vhost
+of the test run's node (``amqp_url`` in conftest: a skip with a reason where RabbitMQ is absent, a
+failure under ``CI=true``). Results are kept in Redis on both, as a deployment on RabbitMQ would
+keep them in a result backend of its own.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REDIS_URL
+from tests.support.services import SUITE
 from workers.app import is_redis
 
 BROKERS = ("redis", "rabbitmq")
@@ -44,8 +44,9 @@ def broker_url_for(request: pytest.FixtureRequest) -> str:
 
 
 def result_backend_for(broker_url: str) -> str:
-    """The broker itself on Redis; the Redis server beside RabbitMQ."""
-    return broker_url if is_redis(broker_url) else REDIS_URL
+    """The broker itself on Redis; the run's Redis server beside RabbitMQ (``broker_url_for``
+    has found it already)."""
+    return broker_url if is_redis(broker_url) else SUITE.redis_url()
 
 
 def stop_promptly(worker: Any) -> None:
