@@ -407,8 +407,8 @@ def _error_of(url: str, statement: str) -> Exception:
 
 def test_database_unavailable_tells_a_missing_server_from_a_bad_statement(tmp_path: Path) -> None:
     """A refused connection is retried; a missing table, bad SQL or a constraint is not."""
+    from core.compression.dbretry import database_unavailable
     from tests.support.processes import free_port
-    from workers.dbretry import database_unavailable
 
     sqlite = f"sqlite:///{tmp_path / 'x.db'}"
     refused = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none?connect_timeout=2"
