@@ -401,22 +401,96 @@ def stream_text(serve: Serve, cid: str, **kwargs: Any) -> str:
     return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
 
-def test_plain_json_to_a_streamed_request_is_one_chunk(serve: Serve) -> None:
-    """An upstream that ignores ``stream``: on the direct path the reply is relayed as a valid
-    stream of one chunk and stored once; litellm reads such a body as an empty stream, which
-    ends with an error event and stores no reply (never an empty one)."""
+# A whole JSON reply to a streamed request, and what the client's stream then reads: the text,
+# the tool call names, and whether the reply is stored (None: the stream ends with an error).
+WHOLE_REPLIES: list[tuple[str, Answer, str | None]] = [
+    ("text", json_answer(completion("a whole answer at once")), "a whole answer at once"),
+    (
+        "a tool call",
+        json_answer(completion(None, tool_calls=[CALL], finish="tool_calls")),
+        "call:ls",
+    ),
+    (
+        "reasoning and text",
+        json_answer(completion("the answer", reasoning_content="thought first")),
+        "the answer",
+    ),
+    ("no usage", json_answer({**completion("no usage here"), "usage": None}), "no usage here"),
+    ("no choices", json_answer({"object": "chat.completion", "choices": []}), None),
+    ("content an object", json_answer(completion(None, content={"weird": 1})), None),
+]
+
+
+def _streamed(serve: Serve, cid: str, model: str, include_usage: bool) -> tuple[str, bool]:
+    """The text (and tool call names) a streamed request reads, and whether usage came."""
+    stream = serve.client().chat.completions.create(
+        model=model,
+        messages=user(),
+        stream=True,
+        stream_options={"include_usage": include_usage},
+        extra_headers={"X-Recap-Conversation": cid},
+    )
+    said, usage = [], False
+    for item in stream:
+        usage |= item.usage is not None
+        for choice in item.choices:
+            said.append(choice.delta.content or "")
+            said += [f"call:{c.function.name}" for c in choice.delta.tool_calls or () if c.function]
+    return "".join(said), usage
+
+
+@pytest.mark.parametrize("include_usage", [True, False], ids=["usage", "no-usage"])
+@pytest.mark.parametrize(
+    ("case", "answer", "expected"), WHOLE_REPLIES, ids=[c for c, _, _ in WHOLE_REPLIES]
+)
+def test_plain_json_to_a_streamed_request_is_one_chunk(
+    serve: Serve, case: str, answer: Answer, expected: str | None, include_usage: bool
+) -> None:
+    """An upstream that ignores ``stream`` (on either path; litellm reads such a body as an
+    empty stream, so the litellm path reads the body under it): the reply relayed as a valid
+    stream of one chunk, usage when asked for, and stored once; a malformed one ends the
+    stream with an error and stores no reply. One request upstream, never a second."""
     cid = new_id()
-    serve.upstream.script(json_answer(completion("a whole answer at once")))
-    if serve.path == "litellm":
-        with pytest.raises(openai.APIError):
-            stream_text(serve, cid)
+    before = len(serve.upstream.requests)
+    serve.upstream.script(answer)
+    if expected is None:
+        with pytest.raises(openai.APIError) as caught:
+            _streamed(serve, cid, MODEL, include_usage)
+        clean(str(caught.value))
         assert serve.rows(cid) == [("user", "hello")]
         return
-    assert stream_text(serve, cid, stream_options={"include_usage": True}) == (
-        "a whole answer at once"
-    )
+    said, usage = _streamed(serve, cid, MODEL, include_usage)
+    assert said == expected, case
+    has_usage = isinstance(json.loads(answer.pieces[0]).get("usage"), dict)
+    assert usage == (include_usage and has_usage), case
     wait_for(lambda: len(serve.rows(cid)) == 2, WAIT, "the reply stored")
-    assert serve.rows(cid) == [("user", "hello"), ("assistant", "a whole answer at once")]
+    stored = serve.rows(cid)
+    assert [role for role, _ in stored] == ["user", "assistant"]
+    assert stored[1][1] == (None if expected.startswith("call:") else expected)
+    assert len(serve.upstream.requests) == before + 1
+
+
+def test_plain_json_from_a_provider_litellm_reads_itself_is_asked_again(
+    serve_litellm: Serve,
+) -> None:
+    """A provider whose stream litellm reads itself (``hosted_vllm/``: no body left to read) and
+    that answers a stream with one JSON body: asked once more without ``stream``, the reply
+    relayed as one chunk and stored once."""
+    serve = serve_litellm
+    cid = new_id()
+    before = len(serve.upstream.requests)
+    serve.upstream.script(
+        json_answer(completion("first, lost")), json_answer(completion("asked again"))
+    )
+    try:
+        said, usage = _streamed(serve, cid, "hosted_vllm/stand-in", True)
+    finally:
+        serve.upstream.clear()
+    assert (said, usage) == ("asked again", True)
+    sent = serve.upstream.requests[before:]
+    assert [bool(body.get("stream")) for body in sent] == [True, False]
+    wait_for(lambda: len(serve.rows(cid)) == 2, WAIT, "the reply stored")
+    assert serve.rows(cid) == [("user", "hello"), ("assistant", "asked again")]
 
 
 @pytest.mark.parametrize(

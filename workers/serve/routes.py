@@ -146,7 +146,7 @@ async def passthrough(
     except Exception as exc:
         raise upstream.as_serve_error(exc, settings) from None
     if shape is not None:
-        relay = shape.relay(response)
+        relay = shape.relay(response, False)  # nothing of it is stored
     else:
         relay = Relay(response, include_usage=usage, secrets=state.turns.secrets, storable=False)
     return TurnStream(relay, relay.close, headers=PASSTHROUGH)
@@ -213,7 +213,9 @@ def _stream_turn(
 ) -> Response:
     """The reply streamed through; stored, with its usage, once the stream has finished."""
     relay = (
-        shape.relay(stream) if shape else Relay(stream, include_usage=usage, secrets=turns.secrets)
+        shape.relay(stream, True)
+        if shape
+        else Relay(stream, include_usage=usage, secrets=turns.secrets)
     )
 
     async def close() -> None:
