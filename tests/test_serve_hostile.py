@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -135,6 +136,92 @@ def test_a_stream_masker_equals_masking_the_whole_text() -> None:
         masker = StreamMasker(secrets)
         out = "".join(masker.feed("k", piece) for piece in pieces) + masker.flush("k")
         assert out == mask_known(text, secrets), pieces
+
+
+def _relayed(chunks: list[dict[str, Any]], secrets: list[str]) -> tuple[Any, list[dict[str, Any]]]:
+    """The chunks read by the relay every API shares: the relay, and the chunks it let out."""
+    import asyncio
+
+    from workers.serve.direct import Chunk
+    from workers.serve.streaming import Relay
+
+    async def stream() -> Any:
+        for data in chunks:
+            yield Chunk(json.dumps(data).encode(), data)
+
+    async def read(relay: Relay) -> list[dict[str, Any]]:
+        return [json.loads(json.dumps(data)) async for _raw, data in relay.checked()]
+
+    relay = Relay(stream(), include_usage=True, secrets=secrets)
+    return relay, asyncio.run(read(relay))
+
+
+def _split(text: str, rng: Any) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(0, 8))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+def test_every_api_relays_each_text_masked_as_a_whole() -> None:
+    """Seeded random replies (reasoning, then text, then one or two tool calls, empty chunks
+    between), each text built around known secrets and URL passwords and split at random: the
+    chunks the shared relay lets out, and the Responses and Messages events made of them, give
+    each text exactly as masking it whole would, in the order the upstream sent them."""
+    import random
+
+    from core.redact import mask_known
+    from workers.serve import messages_api, responses_api
+
+    secrets = [UPSTREAM_KEY, SUMMARY_KEY, DB_PASSWORD]
+    words = [*secrets, "sk-", "postgres://", "u:p@h", "db-", "Note:", "x", " ", "//", "@", "{"]
+    rng = random.Random(2027)
+    for _ in range(300):
+        texts = {
+            field: "".join(rng.choice(words) for _ in range(rng.randint(1, 10)))
+            for field in ("reasoning_content", "content", "call0", "call1")
+        }
+        calls = rng.randint(0, 2)
+        chunks = [chunk({"role": "assistant"})]
+        for field in ("reasoning_content", "content"):
+            for piece in _split(texts[field], rng):
+                chunks.append(chunk({field: piece}))
+                if rng.random() < 0.2:
+                    chunks.append(chunk({}))  # a keep-alive chunk between pieces
+        for number in range(calls):
+            head = {"index": number, "id": f"call_{number}", "function": {"name": "f"}}
+            chunks.append(chunk({"tool_calls": [head]}))
+            for piece in _split(texts[f"call{number}"], rng):
+                call = {"index": number, "function": {"arguments": piece}}
+                chunks.append(chunk({"tool_calls": [call]}))
+        chunks += [chunk({}, "tool_calls" if calls else "stop"), chunk(choices=[], usage={})]
+        expected = {field: mask_known(text, secrets) for field, text in texts.items()}
+        relay, out = _relayed(chunks, secrets)
+        message = relay.reply["choices"][0]["message"]
+        assert message["content"] == expected["content"]
+        assert message["reasoning_content"] == expected["reasoning_content"]
+        arguments = [c["function"]["arguments"] for c in message.get("tool_calls", [])]
+        assert arguments == [expected[f"call{n}"] for n in range(calls)]
+        head = responses_api.Head("resp_x", "m", {})
+        events = responses_api.ResponseEvents(head)
+        sent = [e for c in out for e in events.feed(c)] + events.finish()
+        items = sent[-1]["response"]["output"]
+        kinds = ["reasoning", "message", *(["function_call"] * calls)]
+        assert [item["type"] for item in items] == kinds
+        assert items[0]["content"][0]["text"] == expected["reasoning_content"]
+        assert items[1]["content"][0]["text"] == expected["content"]
+        assert [i["arguments"] for i in items[2:]] == arguments
+        blocks: dict[int, str] = {}
+        anthropic_events = messages_api.MessageEvents("msg_x", "m")
+        for c in out:
+            for e in anthropic_events.feed(c):
+                if e["type"] == "content_block_delta":
+                    delta = e["delta"]
+                    piece = delta.get("thinking") or delta.get("text") or delta["partial_json"]
+                    blocks[e["index"]] = blocks.get(e["index"], "") + piece
+        assert list(blocks.values()) == [
+            expected["reasoning_content"],
+            expected["content"],
+            *arguments,
+        ]
 
 
 @pytest.mark.parametrize(
@@ -707,3 +794,194 @@ def test_a_pass_through_reply_need_not_be_storable(serve: Serve) -> None:
     serve.upstream.script(json_answer(completion("a\u0000b")))
     reply = serve.client().chat.completions.create(model=MODEL, messages=user())
     assert reply.choices[0].message.content == "a\u0000b"
+
+
+# --- the Responses and Messages APIs: the same stream reading, the same masking -----------------
+
+
+def anthropic_client(serve: Serve, cid: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=serve.base_url.removesuffix("/v1"),
+        api_key=KEY,
+        max_retries=0,
+        timeout=60,
+        default_headers={"X-Recap-Conversation": cid},
+    )
+
+
+def responses_text(serve: Serve, cid: str) -> tuple[str, str]:
+    """responses.stream: the text deltas joined, and the final response's text."""
+    with serve.client().responses.stream(
+        model=MODEL, input="hello", extra_headers={"X-Recap-Conversation": cid}
+    ) as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    return text, final.output_text
+
+
+def messages_text(serve: Serve, cid: str) -> tuple[str, str]:
+    """messages.stream: the text deltas joined, and the final message's text."""
+    with anthropic_client(serve, cid).messages.stream(
+        model=MODEL, max_tokens=200, messages=user()
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    return text, "".join(b.text for b in final.content if b.type == "text")
+
+
+API_TEXT = {"responses": responses_text, "messages": messages_text}
+
+
+@pytest.mark.parametrize("size", [1, 3, 7])
+@pytest.mark.parametrize("api", sorted(API_TEXT))
+def test_a_secret_split_across_chunks_is_masked_in_every_api(
+    serve: Serve, api: str, size: int
+) -> None:
+    """The upstream key, the summary key and a URL password streamed a few characters at a
+    time to a Responses or Messages client: never whole in a delta, in the deltas joined, in
+    the final object the SDK assembles, nor in the stored reply."""
+    cid = new_id()
+    pieces = [LEAKY[i : i + size] for i in range(0, len(LEAKY), size)]
+    serve.upstream.script(stream_answer(text_chunks(pieces)))
+    text, final = API_TEXT[api](serve, cid)
+    _masked(text)
+    assert final == text
+    wait_for(lambda: len(serve.rows(cid)) == 2, WAIT, "the reply stored")
+    assert serve.rows(cid)[-1][1] == text
+
+
+def _call_chunks(arguments: str, size: int) -> list[dict[str, Any]]:
+    """A streamed tool call whose arguments come ``size`` characters at a time."""
+    head = {"index": 0, "id": "call_k", "type": "function"}
+    pieces = [arguments[i : i + size] for i in range(0, len(arguments), size)]
+    deltas = [{"tool_calls": [{**head, "function": {"name": "curl", "arguments": ""}}]}]
+    deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in pieces]
+    return [chunk({"role": "assistant"}), *map(chunk, deltas), chunk({}, "tool_calls")]
+
+
+def test_a_secret_in_streamed_tool_arguments_is_masked_in_every_api(serve: Serve) -> None:
+    """Tool-call arguments carrying the upstream key and a URL password in pieces: masked in
+    the argument deltas of a Responses and of a Messages stream, and in the stored call."""
+    arguments = json.dumps({"auth": f"Bearer {UPSTREAM_KEY}", "db": "postgres://a:hunter2@h/x"})
+    cid = new_id()
+    serve.upstream.script(stream_answer(_call_chunks(arguments, 4)))
+    events = list(
+        serve.client().responses.create(
+            model=MODEL, input="hi", stream=True, extra_headers={"X-Recap-Conversation": cid}
+        )
+    )
+    sent = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    assert done == [sent] and json.loads(sent)["db"] == "postgres://a:***@h/x"
+    assert UPSTREAM_KEY not in sent and "hunter2" not in sent
+    other = new_id()
+    serve.upstream.script(stream_answer(_call_chunks(arguments, 4)))
+    with anthropic_client(serve, other).messages.stream(
+        model=MODEL, max_tokens=200, messages=user()
+    ) as stream:
+        partial = "".join(
+            e.delta.partial_json
+            for e in stream
+            if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+        )
+        final = stream.get_final_message()
+    assert partial == sent
+    assert [b.input for b in final.content if b.type == "tool_use"] == [json.loads(sent)]
+    m = MESSAGES.c
+    for conversation in (cid, other):
+
+        def stored(conversation: str = conversation) -> Any:
+            with serve.engine.connect() as connection:
+                statement = select(m.tool_calls).where(
+                    m.conversation_id == conversation, m.role == "assistant"
+                )
+                return connection.execute(statement).scalar()
+
+        calls = json.dumps(wait_for(stored, WAIT, "the tool call stored"))
+        assert UPSTREAM_KEY not in calls and "hunter2" not in calls and "sk-...cdef" in calls
+
+
+def _responses_events(serve: Serve, cid: str) -> list[Any]:
+    return list(
+        serve.client().responses.create(
+            model=MODEL, input="hello", stream=True, extra_headers={"X-Recap-Conversation": cid}
+        )
+    )
+
+
+UNFINISHED: list[tuple[str, Answer]] = [
+    ("clean end, no finish", stream_answer(text_chunks(["half an ", "answer"], finish=None))),
+    (
+        "DONE, no finish",
+        stream_answer(text_chunks(["half an ", "answer"], finish=None), done=True),
+    ),
+    (
+        "cut mid-stream",
+        stream_answer(text_chunks(["half an ", "answer"], finish=None), done=False, cut=True),
+    ),
+    ("bad chunk", stream_answer([chunk({"content": "half"}), {"oops": 1}], done=False)),
+    ("content a number", stream_answer([chunk({"content": 5}), chunk({}, "stop")])),
+    ("nothing but a finish", stream_answer([chunk({}, "stop")])),
+]
+
+
+@pytest.mark.parametrize(("case", "answer"), UNFINISHED, ids=[c for c, _ in UNFINISHED])
+def test_an_unfinished_stream_stores_no_reply_in_every_api(
+    serve: Serve, case: str, answer: Answer
+) -> None:
+    """A stream the upstream never finished (or finished with no reply in it), to a Responses
+    and to a Messages client: the stream ends with that API's error event, never a completed
+    response, and no reply is stored."""
+    cid = new_id()
+    serve.upstream.script(answer)
+    kinds = [e.type for e in _responses_events(serve, cid)]
+    assert "response.completed" not in kinds and kinds[-2:] == ["error", "response.failed"], kinds
+    other = new_id()
+    serve.upstream.script(answer)
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        messages_text(serve, other)
+    clean(str(caught.value))
+    assert serve.rows(cid) == [("user", "hello")], case
+    assert serve.rows(other) == [("user", "hello")], case
+
+
+@pytest.mark.parametrize("api", sorted(API_TEXT))
+@pytest.mark.parametrize(
+    "usage",
+    [{"prompt_tokens": "lots", "completion_tokens": 3}, {"prompt_tokens": -5}, "many"],
+    ids=["a string", "negative", "usage a string"],
+)
+def test_unreadable_stream_usage_keeps_the_reply_in_every_api(
+    serve: Serve, api: str, usage: Any
+) -> None:
+    """A finished stream whose usage chunk is unreadable: the reply relayed and stored, the
+    usage left out (litellm refuses some such chunks itself: then an error and no reply)."""
+    cid = new_id()
+    chunks = [*text_chunks(["fine ", "text"])[:-1], chunk(choices=[], usage=usage)]
+    serve.upstream.script(stream_answer(chunks))
+    if serve.path == "litellm" and isinstance(usage, dict) and "completion_tokens" in usage:
+        if api == "responses":  # litellm's own usage model refuses a string count
+            kinds = [e.type for e in _responses_events(serve, cid)]
+            assert kinds[-2:] == ["error", "response.failed"], kinds
+        else:
+            with pytest.raises(anthropic.APIStatusError):
+                messages_text(serve, cid)
+        assert serve.rows(cid) == [("user", "hello")]
+        return
+    text, _ = API_TEXT[api](serve, cid)
+    assert text == "fine text"
+    wait_for(lambda: len(serve.rows(cid)) == 2, WAIT, "the reply stored")
+    assert serve.rows(cid) == [("user", "hello"), ("assistant", "fine text")]
+
+
+@pytest.mark.parametrize("api", sorted(API_TEXT))
+def test_plain_json_to_a_streamed_request_is_one_chunk_in_every_api(serve: Serve, api: str) -> None:
+    """A Responses or Messages stream answered upstream with one JSON body: the client's stream
+    carries the whole text, and the reply is stored once."""
+    cid = new_id()
+    serve.upstream.script(json_answer(completion(f"all at once, {LEAKY}")))
+    text, final = API_TEXT[api](serve, cid)
+    assert text == final and text.startswith("all at once, ")
+    _masked(text)
+    wait_for(lambda: len(serve.rows(cid)) == 2, WAIT, "the reply stored")
+    assert serve.rows(cid) == [("user", "hello"), ("assistant", text)]
