@@ -147,6 +147,23 @@ def _setting_rows() -> list[Row]:
         setting("RECAP_BROKER_URL", "redis", "compress", "c", "--enqueue", process=True),
         setting("RECAP_BROKER_URL", "", "compress", "c", "--enqueue", process=True),
         setting("RECAP_BROKER_URL", "redis://a;nope://b", "reconcile", process=True),
+        setting("RECAP_BROKER_URL", "bogus://x", "serve", process=True),
+        *(
+            setting("RECAP_RESULT_BACKEND", value, *args, process=True)
+            for value, args in [
+                ("bogus://x", ("worker",)),
+                ("bogus://x", ("worker", "--queues", "compress")),
+                ("bogus://x", ("compress", "c", "--enqueue")),
+                ("bogus://x", ("serve",)),
+                ("bogus://x", ("reconcile",)),
+                ("bogus://x", ("retry", "c")),
+                ("redis", ("compress", "c", "--enqueue")),
+                ("REDIS://h:6379/1", ("worker",)),
+                ("://h", ("serve",)),
+            ]
+        ),
+        setting("RECAP_UPSTREAM_API_BASE", "localhost:8000", "serve", process=True),
+        setting("RECAP_SUMMARY_API_BASE", "localhost:11434", "compress", "c", "--force"),
     ]
 
 
