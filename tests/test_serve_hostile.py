@@ -276,7 +276,7 @@ def upstream() -> Iterator[HostileUpstream]:
     server.stop()
 
 
-def _running(folder: Path, upstream: HostileUpstream, client: str) -> Iterator[Serve]:
+def _running(folder: Path, upstream: HostileUpstream, client: str, **extra: str) -> Iterator[Serve]:
     url = f"sqlite:///{folder / 'recap.db'}"
     engine = make_engine(url)
     upgrade(engine)
@@ -294,6 +294,7 @@ def _running(folder: Path, upstream: HostileUpstream, client: str) -> Iterator[S
         "RECAP_BROKER_FOLDER": str(folder / "broker"),
         "RECAP_OUTPUT_DIR": str(folder / "outputs"),
         "RECAP_LOG_JSON": "true",
+        **extra,
     }
     try:
         with serve_process(env, folder) as process:
@@ -314,6 +315,15 @@ def serve_litellm(
     upstream: HostileUpstream, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Serve]:
     yield from _running(tmp_path_factory.mktemp("hostile-litellm"), upstream, "litellm")
+
+
+@pytest.fixture(scope="module")
+def serve_recall(
+    upstream: HostileUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Serve]:
+    """A serve process that offers the model ``recap_recall`` and answers its calls."""
+    folder = tmp_path_factory.mktemp("hostile-recall")
+    yield from _running(folder, upstream, "direct", RECAP_SERVE_RECALL="true")
 
 
 @pytest.fixture(params=["direct", "litellm"])
@@ -637,6 +647,60 @@ def test_a_malformed_reply_is_502_and_stores_no_reply(
     assert caught.value.status_code == 502, (case, caught.value.body)
     clean(json.dumps(caught.value.body))
     assert serve.rows(cid) == [("user", "hello")]
+
+
+def test_a_malformed_reply_between_recall_rounds_is_502(serve_recall: Serve) -> None:
+    """With ``RECAP_SERVE_RECALL``, a round's reply is checked as the final one is: a malformed
+    first reply, or a malformed reply after a recall was answered, is a 502 with no reply
+    stored (it was a 500)."""
+    serve = serve_recall
+    recall_call = {
+        "id": "call_r",
+        "type": "function",
+        "function": {"name": "recap_recall", "arguments": '{"ref": "nothing-here"}'},
+    }
+    asks = json_answer(completion(None, tool_calls=[recall_call], finish="tool_calls"))
+    try:
+        for case, script in [
+            ("the first reply", [MALFORMED[0][1]]),
+            ("after a recall", [asks, json_answer({"object": "chat.completion", "choices": []})]),
+        ]:
+            cid = new_id()
+            serve.upstream.script(*script)
+            with pytest.raises(openai.APIStatusError) as caught:
+                serve.client().chat.completions.create(
+                    model=MODEL, messages=user(), extra_headers={"X-Recap-Conversation": cid}
+                )
+            assert caught.value.status_code == 502, (case, caught.value.body)
+            clean(json.dumps(caught.value.body))
+            assert serve.rows(cid) == [("user", "hello")], case
+    finally:
+        serve.upstream.clear()
+
+
+@pytest.mark.parametrize(
+    ("finish", "status", "stop_reason"),
+    [("length", "incomplete", "max_tokens"), ("stop", "completed", "end_turn")],
+)
+def test_a_reply_cut_short_says_so_in_every_api(
+    serve: Serve, finish: str, status: str, stop_reason: str
+) -> None:
+    """A whole reply the upstream cut at its token limit: a Responses object ``incomplete``
+    (``max_output_tokens``) and an Anthropic message ``stop_reason: max_tokens``, as their
+    streams say (the finish reason was read from the wrong place and lost)."""
+    serve.upstream.script(json_answer(completion("cut", finish=finish)))
+    response = serve.client().responses.create(
+        model=MODEL, input="hi", extra_headers={"X-Recap-Conversation": new_id()}
+    )
+    assert response.status == status
+    if status == "incomplete":
+        assert response.incomplete_details is not None
+        assert response.incomplete_details.reason == "max_output_tokens"
+    serve.upstream.script(json_answer(completion("cut", finish=finish)))
+    message = anthropic_client(serve, new_id()).messages.create(
+        model=MODEL, max_tokens=50, messages=user()
+    )
+    assert message.stop_reason == stop_reason
 
 
 @pytest.mark.parametrize(

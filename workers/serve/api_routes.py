@@ -91,11 +91,13 @@ class ConvertedRelay(Relay):
 
 
 def finish_reason(response: Any) -> str | None:
-    """Choice 0's finish reason, on either upstream path."""
-    data = getattr(response, "data", None)
-    if isinstance(data, dict):
-        choices = data.get("choices") or [{}]
-        reason = choices[0].get("finish_reason")
+    """Choice 0's finish reason, of a reply's JSON (the checked reply a shape is given) or of a
+    reply of either upstream path."""
+    data = response if isinstance(response, Mapping) else getattr(response, "data", None)
+    if isinstance(data, Mapping):
+        choices = data.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        reason = first.get("finish_reason") if isinstance(first, Mapping) else None
         return str(reason) if reason else None
     choices = getattr(response, "choices", None) or []
     reason = getattr(choices[0], "finish_reason", None) if choices else None
