@@ -311,3 +311,37 @@ def test_hostile_input_is_one_line_and_changes_nothing(
     assert row.fragment.lower() in lines[0].lower(), lines[0]
     get_settings.cache_clear()
     assert snapshot(engine, tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("host", "fragment"),
+    [
+        ("127.0.0.1", "address already in use"),
+        ("no.such.host.invalid", "cannot listen on no.such.host.invalid"),
+        ("192.0.2.1", "cannot listen on 192.0.2.1"),  # TEST-NET-1: on no machine
+    ],
+)
+def test_serve_where_it_cannot_listen_is_one_line(
+    host: str, fragment: str, seeded: Any, tmp_path: Path
+) -> None:
+    """``recap serve`` on a port that is taken or an address that is not this machine's: one
+    line naming the address and a non-zero exit, before it creates anything or says it started
+    (uvicorn logged the failure after the started line, and exited 3)."""
+    import socket
+
+    engine, _paths = seeded
+    before = snapshot(engine, tmp_path)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = str(taken.getsockname()[1])
+    try:
+        env = {**os.environ, "RECAP_SERVE_KEYS": "client-key-1"}
+        result = recap_process("serve", "--host", host, "--port", port, env=env, timeout=90)
+    finally:
+        taken.close()
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.code == FAILED, result.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("recap: error: "), result.stderr[-2000:]
+    assert fragment in lines[0], lines[0]
+    assert snapshot(engine, tmp_path) == before
