@@ -225,6 +225,74 @@ def test_every_api_relays_each_text_masked_as_a_whole() -> None:
 
 
 @pytest.mark.parametrize(
+    "spelled",
+    [
+        UPSTREAM_KEY,
+        UPSTREAM_KEY.replace("s", "\\u0073"),  # a JSON escape: the bytes never hold the key
+        "postgres://app:hunter2-secret@db/x",
+        "postgres:\\/\\/app:hunter2-secret@db\\/x",  # an escaped slash
+    ],
+    ids=["plain", "escaped letter", "url", "escaped slash"],
+)
+def test_a_secret_in_a_chunks_other_strings_is_masked(spelled: str) -> None:
+    """A known secret or a URL password in a chunk's other strings (the model, a tool call's
+    name), however the upstream's JSON spells it: masked in what the relay lets out."""
+    import asyncio
+
+    from workers.serve.direct import Chunk
+    from workers.serve.streaming import Relay
+
+    call = '{"index":0,"id":"k","function":{"name":"SPELLED","arguments":""}}'
+    raw = (
+        (
+            '{"id":"c","object":"chat.completion.chunk","model":"SPELLED","choices":[{"index":0,'
+            f'"delta":{{"tool_calls":[{call}]}},"finish_reason":"tool_calls"}}]}}'
+        )
+        .replace("SPELLED", spelled)
+        .encode()
+    )
+
+    async def stream() -> Any:
+        yield Chunk(raw, json.loads(raw))
+
+    async def read() -> list[Any]:
+        relay = Relay(stream(), include_usage=True, secrets=[UPSTREAM_KEY])
+        return [(sent, data) async for sent, data in relay.checked()]
+
+    [(sent, data)] = asyncio.run(read())
+    assert sent is None  # not the upstream's bytes: they were changed
+    text = json.dumps(data)
+    assert UPSTREAM_KEY not in text and "hunter2" not in text, text
+
+
+def test_streamed_thinking_blocks_join_as_litellm_joins_them() -> None:
+    """Seeded random thinking-block pieces (text, signatures, redacted blocks) as a stream's
+    deltas carry them: the stored reply's blocks equal litellm's own joining of them."""
+    import random
+
+    from litellm.litellm_core_utils.streaming_chunk_builder_utils import ChunkProcessor
+
+    from workers.serve.direct import Chunk, build_from_chunks
+
+    rng = random.Random(31)
+    for _ in range(300):
+        pieces: list[dict[str, Any]] = []
+        for _ in range(rng.randint(0, 8)):
+            roll = rng.random()
+            if roll < 0.15:
+                pieces.append({"type": "redacted_thinking", "data": f"r{rng.randint(0, 9)}"})
+            elif roll < 0.4:
+                pieces.append({"type": "thinking", "thinking": "", "signature": f"s{len(pieces)}"})
+            else:
+                pieces.append({"type": "thinking", "thinking": rng.choice(["a", "bc", " d"])})
+        chunks = [chunk({"content": "x", "thinking_blocks": [p]}) for p in pieces]
+        chunks.append(chunk({}, "stop"))
+        ours = build_from_chunks([Chunk(b"", c) for c in chunks])["choices"][0]["message"]
+        theirs = ChunkProcessor(chunks).get_combined_thinking_content(chunks) or []
+        assert ours.get("thinking_blocks", []) == [dict(b) for b in theirs], pieces
+
+
+@pytest.mark.parametrize(
     ("text", "shown"),
     [
         (

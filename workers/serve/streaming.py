@@ -16,7 +16,7 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from core.redact import StreamMasker, mask_strings
+from core.redact import StreamMasker, mask_in_place
 from workers.serve import direct, upstream
 from workers.serve.direct import Chunk
 from workers.serve.errors import UPSTREAM
@@ -62,6 +62,7 @@ class Relay:
         self.include_usage = include_usage
         self.secrets = list(secrets)
         self.masker = StreamMasker(self.secrets)
+        self._secret_bytes = [secret.encode() for secret in self.masker.secrets]
         self.chunks: list[Chunk] = []  # as relayed (masked), for the stored reply
         self.finished = False
         self.reply: dict[str, Any] | None = None
@@ -88,7 +89,7 @@ class Relay:
         raises when it did not."""
         async for item in self.stream:
             raw, data = _parts(item)
-            released, changed = self._check(data)
+            released, changed = self._check(data, raw)
             if released is not None:
                 self.chunks.append(Chunk(b"", released))
                 yield None, released
@@ -112,9 +113,12 @@ class Relay:
             return raw
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
-    def _check(self, data: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
-        """Check and mask one chunk in place: the chunk of held text to send before it (None
-        when there is none), and whether anything in it changed."""
+    def _check(
+        self, data: dict[str, Any], raw: bytes | None = None
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """Check and mask one chunk in place (``raw``: the upstream's bytes of it, when there
+        are any): the chunk of held text to send before it (None when there is none), and
+        whether anything in it changed."""
         choices = data.get("choices")
         if choices is None and "usage" not in data:
             raise upstream.MalformedReply("a streamed chunk holds neither choices nor usage")
@@ -124,13 +128,18 @@ class Relay:
         changed = False
         for choice in choices or ():
             changed |= self._choice(choice, released)
-        masked, other = mask_strings(data, self.secrets)  # the strings no text streams in
-        if other:
-            assert isinstance(masked, dict)
-            data.clear()
-            data.update(masked)
+        other = self._may_hold_secret(raw) and mask_in_place(data, self.masker.secrets)
         head = {k: data[k] for k in HEAD_FIELDS if k in data}
         return ({**head, "choices": released} if released else None), changed or other
+
+    def _may_hold_secret(self, raw: bytes | None) -> bool:
+        """Whether a chunk's other strings need masking: always for a chunk without its bytes
+        (litellm's) or with an escape in them (``\\u0073`` spells ``s``); else only when its
+        bytes hold a known secret or a ``://`` (without escapes a JSON string's bytes are its
+        text's own UTF-8, so looking in the bytes is looking in every string at once)."""
+        if raw is None or b"\\" in raw:
+            return True
+        return b"://" in raw or any(secret in raw for secret in self._secret_bytes)
 
     def _choice(self, choice: Any, released: list[dict[str, Any]]) -> bool:
         """Check and mask one choice's delta in place (text held for another of its texts
