@@ -138,90 +138,21 @@ def test_a_stream_masker_equals_masking_the_whole_text() -> None:
         assert out == mask_known(text, secrets), pieces
 
 
-def _relayed(chunks: list[dict[str, Any]], secrets: list[str]) -> tuple[Any, list[dict[str, Any]]]:
-    """The chunks read by the relay every API shares: the relay, and the chunks it let out."""
-    import asyncio
-
-    from workers.serve.direct import Chunk
-    from workers.serve.streaming import Relay
-
-    async def stream() -> Any:
-        for data in chunks:
-            yield Chunk(json.dumps(data).encode(), data)
-
-    async def read(relay: Relay) -> list[dict[str, Any]]:
-        return [json.loads(json.dumps(data)) async for _raw, data in relay.checked()]
-
-    relay = Relay(stream(), include_usage=True, secrets=secrets)
-    return relay, asyncio.run(read(relay))
-
-
-def _split(text: str, rng: Any) -> list[str]:
-    cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(0, 8))))
-    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
-
-
 def test_every_api_relays_each_text_masked_as_a_whole() -> None:
-    """Seeded random replies (reasoning, then text, then one or two tool calls, empty chunks
+    """Seeded random replies (reasoning, then text, then up to two tool calls, empty chunks
     between), each text built around known secrets and URL passwords and split at random: the
     chunks the shared relay lets out, and the Responses and Messages events made of them, give
-    each text exactly as masking it whole would, in the order the upstream sent them."""
+    each text exactly as masking it whole would, in the order the upstream sent them
+    (``tests.hostile_upstream.relay_mismatches``; ``bench.serve_hostile`` runs 20,000)."""
     import random
 
-    from core.redact import mask_known
-    from workers.serve import messages_api, responses_api
+    from tests.hostile_upstream import random_reply, relay_mismatches
 
     secrets = [UPSTREAM_KEY, SUMMARY_KEY, DB_PASSWORD]
-    words = [*secrets, "sk-", "postgres://", "u:p@h", "db-", "Note:", "x", " ", "//", "@", "{"]
     rng = random.Random(2027)
     for _ in range(300):
-        texts = {
-            field: "".join(rng.choice(words) for _ in range(rng.randint(1, 10)))
-            for field in ("reasoning_content", "content", "call0", "call1")
-        }
-        calls = rng.randint(0, 2)
-        chunks = [chunk({"role": "assistant"})]
-        for field in ("reasoning_content", "content"):
-            for piece in _split(texts[field], rng):
-                chunks.append(chunk({field: piece}))
-                if rng.random() < 0.2:
-                    chunks.append(chunk({}))  # a keep-alive chunk between pieces
-        for number in range(calls):
-            head = {"index": number, "id": f"call_{number}", "function": {"name": "f"}}
-            chunks.append(chunk({"tool_calls": [head]}))
-            for piece in _split(texts[f"call{number}"], rng):
-                call = {"index": number, "function": {"arguments": piece}}
-                chunks.append(chunk({"tool_calls": [call]}))
-        chunks += [chunk({}, "tool_calls" if calls else "stop"), chunk(choices=[], usage={})]
-        expected = {field: mask_known(text, secrets) for field, text in texts.items()}
-        relay, out = _relayed(chunks, secrets)
-        message = relay.reply["choices"][0]["message"]
-        assert message["content"] == expected["content"]
-        assert message["reasoning_content"] == expected["reasoning_content"]
-        arguments = [c["function"]["arguments"] for c in message.get("tool_calls", [])]
-        assert arguments == [expected[f"call{n}"] for n in range(calls)]
-        head = responses_api.Head("resp_x", "m", {})
-        events = responses_api.ResponseEvents(head)
-        sent = [e for c in out for e in events.feed(c)] + events.finish()
-        items = sent[-1]["response"]["output"]
-        kinds = ["reasoning", "message", *(["function_call"] * calls)]
-        assert [item["type"] for item in items] == kinds
-        assert items[0]["content"][0]["text"] == expected["reasoning_content"]
-        assert items[1]["content"][0]["text"] == expected["content"]
-        assert [i["arguments"] for i in items[2:]] == arguments
-        blocks: dict[int, str] = {}
-        anthropic_events = messages_api.MessageEvents("msg_x", "m")
-        for c in out:
-            for e in anthropic_events.feed(c):
-                if e["type"] == "content_block_delta":
-                    delta = e["delta"]
-                    piece = delta.get("thinking") or delta.get("text") or delta["partial_json"]
-                    blocks[e["index"]] = blocks.get(e["index"], "") + piece
-        assert list(blocks.values()) == [
-            expected["reasoning_content"],
-            expected["content"],
-            *arguments,
-        ]
+        reply = random_reply(rng, secrets)
+        assert relay_mismatches(reply, secrets) == [], reply.texts
 
 
 @pytest.mark.parametrize(
