@@ -10,7 +10,14 @@
   JSON, conversation ids of any script), seeded, against serve on SQLite on each upstream path, in
   front of a stand-in upstream; no response may be a 500.
 
-Counts, not timings: they mean the same on any machine.
+- ``hostile_relay_mask_mismatches`` over ``hostile_relay_mask_cases``: seeded random streamed
+  replies (reasoning, text, tool calls, each text around known secrets and URL passwords, split
+  at random) through the stream reader every API's relay shares; a mismatch is a stored reply,
+  Responses item or Messages block that differs from masking its text whole. Must be 0.
+- ``hostile_relay_mask_cost``: the relay's CPU time for a 2,000-chunk text stream with three
+  known secrets over the same relay with none (no text held, no string looked at twice).
+
+Counts, not timings, but for the one ratio: they mean the same on any machine.
 """
 
 from __future__ import annotations
@@ -148,6 +155,64 @@ def fuzz(root: Path, upstream: str) -> list[Figure]:
     ]
 
 
+RELAY_CASES = 20_000
+RELAY_CHUNKS = 2_000
+RELAY_SECRETS = [
+    "sk-upstream-bench-0123456789abcdef",
+    "sk-summary-bench-fedcba9876543210",
+    "db-pass-w0rd-bench",
+]
+
+
+def relay() -> list[Figure]:
+    """The seeded relay cases, and what masking costs the relay per stream."""
+    import asyncio
+    import json
+    import random
+
+    from bench import best_of_each
+    from tests.support.hostile_upstream import random_reply, relay_mismatches, text_chunks
+    from workers.serve.direct import Chunk
+    from workers.serve.streaming import Relay
+
+    rng = random.Random(SEED)
+    mismatched = sum(
+        bool(relay_mismatches(random_reply(rng, RELAY_SECRETS), RELAY_SECRETS))
+        for _ in range(RELAY_CASES)
+    )
+    raws = [json.dumps(c).encode() for c in text_chunks([f" w{i}" for i in range(RELAY_CHUNKS)])]
+
+    def relayed(secrets: list[str]) -> None:
+        async def stream() -> Any:
+            for raw in raws:
+                yield Chunk(raw, json.loads(raw))
+
+        async def drain() -> None:
+            async for _ in Relay(stream(), include_usage=True, secrets=secrets):
+                pass
+
+        asyncio.run(drain())
+
+    masked, plain = best_of_each([lambda: relayed(RELAY_SECRETS), lambda: relayed([])], 7)
+    return [
+        Figure(
+            "hostile_relay_mask_mismatches",
+            mismatched,
+            "== 0",
+            f"of {RELAY_CASES} seeded streamed replies, those whose stored reply, Responses "
+            "items or Messages blocks differ from masking each text whole",
+        ),
+        Figure("hostile_relay_mask_cases", RELAY_CASES, "", "seeded streamed replies relayed"),
+        Figure(
+            "hostile_relay_mask_cost",
+            round(masked / plain, 3),
+            "",
+            f"relay CPU time for a {RELAY_CHUNKS}-chunk text stream with 3 known secrets over "
+            "the same relay with none; best of 7",
+        ),
+    ]
+
+
 def run() -> list[Figure]:
     from tests.support.hostile_upstream import HostileUpstream
 
@@ -155,6 +220,6 @@ def run() -> list[Figure]:
     try:
         with tempfile.TemporaryDirectory() as folder:
             root = Path(folder)
-            return race(root, upstream.url) + fuzz(root, upstream.url)
+            return relay() + race(root, upstream.url) + fuzz(root, upstream.url)
     finally:
         upstream.stop()

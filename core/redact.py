@@ -14,7 +14,8 @@ regex backtrack badly.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, SecretStr
@@ -188,6 +189,30 @@ def mask_strings(value: object, secrets: Iterable[str] = ()) -> tuple[object, bo
             return {key: item for key, (item, _) in pairs.items()}, True
         return value, False
     return value, False
+
+
+def mask_in_place(value: object, secrets: Sequence[str]) -> bool:
+    """``mask_known`` applied to every string of a JSON object or list, in place; whether any
+    changed. ``secrets`` as ``StreamMasker.secrets`` holds them (at least ``MIN_SECRET_CHARS``
+    long, longest first): a string holding none of them and no ``://`` is left as it is without
+    running the masks (a streamed chunk's strings are short and almost never hold one)."""
+    changed = False
+    if isinstance(value, dict):
+        pairs: Iterable[tuple[Any, object]] = list(value.items())
+    elif isinstance(value, list):
+        pairs = list(enumerate(value))
+    else:
+        return False
+    for key, item in pairs:
+        if isinstance(item, str):
+            if "://" in item or any(secret in item for secret in secrets):
+                masked = mask_known(item, secrets)
+                if masked != item:
+                    value[key] = masked
+                    changed = True
+        elif isinstance(item, dict | list):
+            changed |= mask_in_place(item, secrets)
+    return changed
 
 
 class StreamMasker:

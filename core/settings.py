@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -201,6 +202,28 @@ class Settings(BaseSettings):
             raise ValueError(problem)
         return value
 
+    @field_validator("upstream_api_base", "summary_api_base")
+    @classmethod
+    def _http_base(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return value  # unset ("" from compose too): litellm's own default for the model
+        problem = api_base_problem(value.strip())
+        if problem is not None:
+            raise ValueError(problem)
+        return value.strip()
+
+    @field_validator("result_backend", mode="before")
+    @classmethod
+    def _known_result_backend(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        if not value.strip():
+            return None  # compose passes an unset variable as "": no results kept
+        problem = result_backend_problem(value.strip())
+        if problem is not None:
+            raise ValueError(problem)
+        return value.strip()
+
     @field_validator("*")
     @classmethod
     def _storable_number(cls, value: object) -> object:
@@ -295,6 +318,52 @@ def broker_url_problem(url: str) -> str | None:
         transport = scheme.split("+", 1)[0].lower()  # redis+socket://, sqla+postgresql://
         if transport not in BROKER_SCHEMES:
             return f"no broker transport is called {scheme!r}; {example}"
+    return None
+
+
+# Result backends: the names Celery 5 resolves a result backend URL's scheme by
+# (``celery.app.backends.BACKEND_ALIASES``, a test keeps this a subset of it; the part before a
+# ``+`` names it: ``db+postgresql://``, ``cache+memcached://``). Recap is tested on redis.
+RESULT_BACKENDS = frozenset(
+    {
+        *("redis", "rediss", "sentinel", "rpc", "db", "database", "cache", "mongodb", "file"),
+        *("elasticsearch", "cassandra", "couchbase", "couchdb", "cosmosdbsql", "riak"),
+        *("disabled", "consul", "dynamodb", "azureblockblob", "arangodb", "s3", "gs"),
+    }
+)
+# A result backend class of one's own, as Celery takes it: ``package.module:ClassName``.
+BACKEND_CLASS = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+:[A-Za-z_]\w*")
+
+
+def result_backend_problem(value: str) -> str | None:
+    """Why ``value`` names no result backend Celery can use, or None when it does: a URL whose
+    scheme (before any ``+``) is one of Celery's backends, or a backend class's import path.
+    The reason never repeats the value (it may hold a password)."""
+    example = "expected for example redis://host:6379/1, rpc:// or db+postgresql://user@host/db"
+    scheme, separator, _ = value.partition("://")
+    if not separator:
+        if BACKEND_CLASS.fullmatch(value):
+            return None
+        return f"not a result backend URL (no scheme://); {example}"
+    if not scheme:
+        return f"not a result backend URL (no scheme before ://); {example}"
+    backend = scheme.split("+", 1)[0]  # Celery reads the name as written: REDIS:// is no backend
+    if backend not in RESULT_BACKENDS:
+        return f"no result backend is called {backend!r}; {example}"
+    return None
+
+
+def api_base_problem(value: str) -> str | None:
+    """Why ``value`` is no base URL a model can be called at (``http://`` or ``https://`` and
+    a host), or None when it is one; the reason never repeats the value (it may hold a
+    password)."""
+    example = "expected for example http://127.0.0.1:8000/v1 or https://api.openai.com/v1"
+    scheme, separator, rest = value.partition("://")
+    if not separator or scheme.lower() not in ("http", "https"):
+        return f"must be an http:// or https:// URL; {example}"
+    host = rest.split("/", 1)[0].rpartition("@")[2]
+    if not host or host.startswith(":") or any(c.isspace() for c in value):
+        return f"must name a host (and no spaces); {example}"
     return None
 
 

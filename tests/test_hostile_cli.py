@@ -10,6 +10,7 @@ table's rows and every file under the test's folder before and after.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,14 @@ import pytest
 
 from core.settings import get_settings
 from core.storage.db import make_engine
-from tests.support.cli_helpers import FAILED, assert_refused, recap, run_with_paths, snapshot
+from tests.support.cli_helpers import (
+    FAILED,
+    assert_refused,
+    recap,
+    recap_process,
+    run_with_paths,
+    snapshot,
+)
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
 SEED = {
@@ -142,6 +150,23 @@ def _setting_rows() -> list[Row]:
         setting("RECAP_BROKER_URL", "redis", "compress", "c", "--enqueue", process=True),
         setting("RECAP_BROKER_URL", "", "compress", "c", "--enqueue", process=True),
         setting("RECAP_BROKER_URL", "redis://a;nope://b", "reconcile", process=True),
+        setting("RECAP_BROKER_URL", "bogus://x", "serve", process=True),
+        *(
+            setting("RECAP_RESULT_BACKEND", value, *args, process=True)
+            for value, args in [
+                ("bogus://x", ("worker",)),
+                ("bogus://x", ("worker", "--queues", "compress")),
+                ("bogus://x", ("compress", "c", "--enqueue")),
+                ("bogus://x", ("serve",)),
+                ("bogus://x", ("reconcile",)),
+                ("bogus://x", ("retry", "c")),
+                ("redis", ("compress", "c", "--enqueue")),
+                ("REDIS://h:6379/1", ("worker",)),
+                ("://h", ("serve",)),
+            ]
+        ),
+        setting("RECAP_UPSTREAM_API_BASE", "localhost:8000", "serve", process=True),
+        setting("RECAP_SUMMARY_API_BASE", "localhost:11434", "compress", "c", "--force"),
     ]
 
 
@@ -246,4 +271,38 @@ def test_hostile_input_is_one_line_and_changes_nothing(
     result = run_with_paths(row.args, row.env, paths, monkeypatch, process=row.process)
     assert_refused(result, FAILED, row.fragment)
     get_settings.cache_clear()
+    assert snapshot(engine, tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("host", "fragment"),
+    [
+        ("127.0.0.1", "address already in use"),
+        ("no.such.host.invalid", "cannot listen on no.such.host.invalid"),
+        ("192.0.2.1", "cannot listen on 192.0.2.1"),  # TEST-NET-1: on no machine
+    ],
+)
+def test_serve_where_it_cannot_listen_is_one_line(
+    host: str, fragment: str, seeded: Any, tmp_path: Path
+) -> None:
+    """``recap serve`` on a port that is taken or an address that is not this machine's: one
+    line naming the address and a non-zero exit, before it creates anything or says it started
+    (uvicorn logged the failure after the started line, and exited 3)."""
+    import socket
+
+    engine, _paths = seeded
+    before = snapshot(engine, tmp_path)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = str(taken.getsockname()[1])
+    try:
+        env = {**os.environ, "RECAP_SERVE_KEYS": "client-key-1"}
+        result = recap_process("serve", "--host", host, "--port", port, env=env, timeout=90)
+    finally:
+        taken.close()
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.code == FAILED, result.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("recap: error: "), result.stderr[-2000:]
+    assert fragment in lines[0], lines[0]
     assert snapshot(engine, tmp_path) == before

@@ -26,7 +26,15 @@ from core.client import Recap
 from core.errors import BudgetError, InputError
 from core.inputs import read_bytes, read_text
 from core.request import shape
-from core.settings import BROKER_SCHEMES, SettingsError, broker_url_problem, load_settings
+from core.settings import (
+    BROKER_SCHEMES,
+    RESULT_BACKENDS,
+    SettingsError,
+    api_base_problem,
+    broker_url_problem,
+    load_settings,
+    result_backend_problem,
+)
 from core.values.records import ROLES
 from tests.support.cli_helpers import recap, recap_process, snapshot
 
@@ -226,6 +234,106 @@ def test_every_broker_scheme_is_a_kombu_transport() -> None:
     from kombu.transport import TRANSPORT_ALIASES
 
     assert {name.lower() for name in TRANSPORT_ALIASES} >= BROKER_SCHEMES
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("redis://127.0.0.1:6379/1", None),
+        ("rediss://:secret@host:6380/1", None),
+        ("sentinel://host:26379", None),
+        ("rpc://", None),
+        ("db+postgresql://user:secret@host/db", None),
+        ("db+sqlite:///results.db", None),
+        ("cache+memcached://127.0.0.1:11211/", None),
+        ("file:///var/celery/results", None),
+        ("s3://", None),  # a Celery backend Recap does not test: Celery's to make work
+        ("disabled://", None),
+        ("mypackage.backends:MyBackend", None),  # a backend class of one's own
+        ("bogus://x", "'bogus'"),
+        ("nope+redis://x", "'nope'"),
+        ("REDIS://host", "'REDIS'"),  # Celery reads the name as written
+        ("redis", "no scheme"),
+        ("user:secret", "no scheme"),
+        ("user:secret@host", "no scheme"),
+        ("://host", "no scheme"),
+    ],
+)
+def test_result_backend_problem(value: str, problem: str | None) -> None:
+    """A URL whose scheme names one of Celery's result backends (or a backend class) passes;
+    any other is one reason, which never repeats the value (it may hold a password)."""
+    found = result_backend_problem(value)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found
+        assert "secret" not in found
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("http://127.0.0.1:8000/v1", None),
+        ("https://api.openai.com/v1", None),
+        ("http://user:secret@proxy:8080/v1", None),
+        ("http://[::1]:8000/v1", None),
+        ("localhost:8000", "http:// or https://"),
+        ("127.0.0.1:8000/v1", "http:// or https://"),
+        ("ftp://host/v1", "http:// or https://"),
+        ("http://", "host"),
+        ("http://:8000/v1", "host"),
+        ("http://user:secret@/v1", "host"),
+        ("http://host /v1", "host"),
+    ],
+)
+def test_api_base_problem(value: str, problem: str | None) -> None:
+    """An upstream or summarizer base URL is http(s) with a host; any other is one reason,
+    which never repeats the value."""
+    found = api_base_problem(value)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found
+        assert "secret" not in found
+
+
+@pytest.mark.parametrize("name", ["RECAP_UPSTREAM_API_BASE", "RECAP_SUMMARY_API_BASE"])
+def test_an_api_base_is_checked_at_start(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Unset or empty is litellm's own default; a value without http(s):// is a settings error
+    naming the variable, instead of a 502 on every request."""
+    monkeypatch.setenv(name, "")
+    assert getattr(load_settings(), name.removeprefix("RECAP_").lower()) == ""
+    monkeypatch.setenv(name, "localhost:8000")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert name in str(caught.value) and "localhost" not in str(caught.value)
+
+
+def test_every_result_backend_is_celerys() -> None:
+    """The backend names core accepts (listed there: core never imports Celery) are all
+    Celery's."""
+    from celery.app.backends import BACKEND_ALIASES
+
+    assert set(BACKEND_ALIASES) >= RESULT_BACKENDS
+
+
+@pytest.mark.parametrize(
+    ("value", "loaded"),
+    [("", None), ("  ", None), (" redis://h:6379/1 ", "redis://h:6379/1")],
+)
+def test_an_empty_result_backend_keeps_no_results(
+    monkeypatch: pytest.MonkeyPatch, value: str, loaded: str | None
+) -> None:
+    """An empty value (compose passes an unset variable as "") means no results kept."""
+    monkeypatch.setenv("RECAP_RESULT_BACKEND", value)
+    assert load_settings().result_backend == loaded
+
+
+def test_a_bad_result_backend_is_one_settings_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECAP_RESULT_BACKEND", "bogus://user:secret@host")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "RECAP_RESULT_BACKEND" in str(caught.value) and "secret" not in str(caught.value)
 
 
 @pytest.mark.parametrize(

@@ -966,9 +966,9 @@ def serve(
 ) -> None:
     """Serve OpenAI's chat-completions and Responses APIs and Anthropic's Messages API over
     Recap (clients authenticate with a key from RECAP_SERVE_KEYS; see docs/serve-apis.md)."""
+    settings()  # an invalid setting stops here, in one line (before the server's imports)
     from workers.serve.app import serve as run_server
 
-    settings()  # an invalid setting stops here, in one line
     run_server(host, port)
 
 
@@ -979,9 +979,9 @@ def ui(
     port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65_535)] = 8401,
 ) -> None:
     """Serve the web console at /ui (log in with a key of RECAP_UI_KEYS; docs/console.md)."""
+    settings()  # an invalid setting stops here, in one line; a missing console key in run_console
     from workers.ui.app import serve as run_console
 
-    settings()  # an invalid setting stops here, in one line; a missing console key in run_console
     run_console(host, port)
 
 

@@ -7,11 +7,18 @@ plain JSON to a streamed request (``json_answer``), a stream whose chunks are gi
 (``stream_answer``, with or without a ``finish_reason`` and ``[DONE]``), a stream cut off mid-way.
 Unscripted requests get a well-formed reply (JSON, or a stream when asked for one) whose text
 names the last user message.
+
+``random_reply`` and ``relay_mismatches`` are the seeded check of the stream reader every API's
+relay shares: random streamed replies around known secrets, and where what the relay lets out
+differs from masking each text whole (the suite runs a few hundred, ``bench.serve_hostile``
+20,000).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import threading
 import time
 from collections import deque
@@ -103,6 +110,102 @@ def text_chunks(pieces: list[str], *, finish: str | None = "stop") -> list[dict[
     usage = {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}
     chunks.append(chunk(choices=[], usage=usage))
     return chunks
+
+
+# --- random streamed replies, for the relay's masking (the suite's seeded cases and the bench) -
+
+
+@dataclass(frozen=True)
+class RandomReply:
+    """A streamed reply: its chunks, each text whole (``reasoning_content``, ``content``,
+    ``call0``, ``call1``) and how many tool calls it makes."""
+
+    chunks: list[dict[str, Any]]
+    texts: dict[str, str]
+    calls: int
+
+
+TEXTS = ("reasoning_content", "content", "call0", "call1")
+
+
+def _split(text: str, rng: random.Random) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(0, 8))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+def random_reply(rng: random.Random, secrets: list[str]) -> RandomReply:
+    """Reasoning, then text, then up to two tool calls, each text made of the secrets, pieces
+    of URLs and other words and split at random, with empty chunks between some pieces."""
+    words = [*secrets, "sk-", "postgres://", "u:p@h", "db-", "Note:", "x", " ", "//", "@", "{"]
+    texts = {f: "".join(rng.choice(words) for _ in range(rng.randint(1, 10))) for f in TEXTS}
+    calls = rng.randint(0, 2)
+    chunks = [chunk({"role": "assistant"})]
+    for name in ("reasoning_content", "content"):
+        for piece in _split(texts[name], rng):
+            chunks.append(chunk({name: piece}))
+            if rng.random() < 0.2:
+                chunks.append(chunk({}))  # a keep-alive chunk between pieces
+    for number in range(calls):
+        head = {"index": number, "id": f"call_{number}", "function": {"name": "f"}}
+        chunks.append(chunk({"tool_calls": [head]}))
+        for piece in _split(texts[f"call{number}"], rng):
+            chunks.append(
+                chunk({"tool_calls": [{"index": number, "function": {"arguments": piece}}]})
+            )
+    chunks += [chunk({}, "tool_calls" if calls else "stop"), chunk(choices=[], usage={})]
+    return RandomReply(chunks, texts, calls)
+
+
+def relay_mismatches(reply: RandomReply, secrets: list[str]) -> list[str]:
+    """Where the relay every API shares (``workers.serve.streaming.Relay.checked``) differs
+    from masking each text whole: in the stored reply, in the Responses events and in the
+    Messages events made of the chunks it lets out (their items in the upstream's order)."""
+    from core.redact import mask_known
+    from workers.serve import messages_api, responses_api
+    from workers.serve.direct import Chunk
+    from workers.serve.streaming import Relay
+
+    async def stream() -> Any:
+        for data in reply.chunks:
+            yield Chunk(json.dumps(data).encode(), json.loads(json.dumps(data)))
+
+    async def read(relay: Relay) -> list[dict[str, Any]]:
+        return [json.loads(json.dumps(data)) async for _raw, data in relay.checked()]
+
+    relay = Relay(stream(), include_usage=True, secrets=secrets)
+    out = asyncio.run(read(relay))
+    want = {name: mask_known(text, secrets) for name, text in reply.texts.items()}
+    arguments = [want[f"call{n}"] for n in range(reply.calls)]
+    problems = []
+    assert relay.reply is not None
+    message = relay.reply["choices"][0]["message"]
+    calls = [c["function"]["arguments"] for c in message.get("tool_calls", [])]
+    if (message["reasoning_content"], message["content"], calls) != (
+        want["reasoning_content"],
+        want["content"],
+        arguments,
+    ):
+        problems.append(f"stored reply {message}")
+    events = responses_api.ResponseEvents(responses_api.Head("resp_x", "m", {}))
+    items = ([e for c in out for e in events.feed(c)] + events.finish())[-1]["response"]["output"]
+    said = [
+        (i["type"], i["content"][0]["text"] if i["type"] != "function_call" else i["arguments"])
+        for i in items
+    ]
+    expected = [("reasoning", want["reasoning_content"]), ("message", want["content"])]
+    if said != expected + [("function_call", a) for a in arguments]:
+        problems.append(f"responses items {said}")
+    blocks: dict[int, str] = {}
+    anthropic = messages_api.MessageEvents("msg_x", "m")
+    for data in out:
+        for event in anthropic.feed(data):
+            if event["type"] == "content_block_delta":
+                delta = event["delta"]
+                piece = delta.get("thinking") or delta.get("text") or delta["partial_json"]
+                blocks[event["index"]] = blocks.get(event["index"], "") + piece
+    if list(blocks.values()) != [want["reasoning_content"], want["content"], *arguments]:
+        problems.append(f"messages blocks {blocks}")
+    return problems
 
 
 def reply_text(body: dict[str, Any]) -> str:

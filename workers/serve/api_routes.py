@@ -23,9 +23,7 @@ from starlette.routing import Route
 
 from core.counting.tokens import TOKENS_REPLY_PRIMING
 from core.errors import BudgetError, InputError, NotFoundError
-from core.redact import mask_strings
 from workers.serve import history, messages_api, responses_api, routes, upstream
-from workers.serve.direct import Chunk
 from workers.serve.errors import ServeError, bad_request, context_too_long, not_found
 from workers.serve.prefix import split_system
 from workers.serve.shapes import Shape
@@ -52,17 +50,11 @@ class Events(Protocol):
     def failed(self, error: ServeError) -> list[dict[str, Any]]: ...
 
 
-def chunk_json(chunk: Any) -> dict[str, Any]:
-    """A streamed chunk of either upstream path as its JSON object."""
-    if isinstance(chunk, Chunk):
-        return chunk.data
-    data: dict[str, Any] = chunk.model_dump(exclude_none=True)
-    return data
-
-
 class ConvertedRelay(Relay):
-    """The upstream's chunks as another API's events; a stream the upstream breaks off ends
-    with that API's error event (and is not stored: ``finished`` stays false)."""
+    """The upstream's chunks, checked and masked by the chat relay's own reading
+    (``Relay.checked``: secrets masked across chunk boundaries, a stream that never finished
+    refused), as another API's events; a stream that fails ends with that API's error event
+    (and is not stored: ``finished`` stays false)."""
 
     def __init__(
         self,
@@ -71,8 +63,10 @@ class ConvertedRelay(Relay):
         encode: Callable[[Mapping[str, Any]], bytes],
         error: Callable[[BaseException], ServeError],
         secrets: Iterable[str] = (),
+        *,
+        storable: bool = True,
     ) -> None:
-        super().__init__(stream, include_usage=True, secrets=secrets)
+        super().__init__(stream, include_usage=True, secrets=secrets, storable=storable)
         self.events = events
         self.encode = encode
         self.to_error = error
@@ -81,13 +75,12 @@ class ConvertedRelay(Relay):
         for event in self.events.start():
             yield self.encode(event)
         try:
-            async for chunk in self.stream:
-                self.chunks.append(chunk)
-                masked, _ = mask_strings(chunk_json(chunk), self.secrets)  # each chunk's text
-                for event in self.events.feed(masked):  # type: ignore[arg-type]
+            async for _raw, chunk in self.checked():
+                for event in self.events.feed(chunk):
                     yield self.encode(event)
         except Exception as exc:
             error = self.to_error(exc)
+            self.error = error.message
             log.warning("serve_stream_broken", status=error.status, error=error.message)
             for event in self.events.failed(error):
                 yield self.encode(event)
@@ -98,11 +91,13 @@ class ConvertedRelay(Relay):
 
 
 def finish_reason(response: Any) -> str | None:
-    """Choice 0's finish reason, on either upstream path."""
-    data = getattr(response, "data", None)
-    if isinstance(data, dict):
-        choices = data.get("choices") or [{}]
-        reason = choices[0].get("finish_reason")
+    """Choice 0's finish reason, of a reply's JSON (the checked reply a shape is given) or of a
+    reply of either upstream path."""
+    data = response if isinstance(response, Mapping) else getattr(response, "data", None)
+    if isinstance(data, Mapping):
+        choices = data.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        reason = first.get("finish_reason") if isinstance(first, Mapping) else None
         return str(reason) if reason else None
     choices = getattr(response, "choices", None) or []
     reason = getattr(choices[0], "finish_reason", None) if choices else None
@@ -163,7 +158,7 @@ def responses_shape(
         usage = upstream.usage_of(response)
         return _dumps(responses_api.response_object(head, message, usage, finish_reason(response)))
 
-    def relay(stream: Any) -> Relay:
+    def relay(stream: Any, storable: bool = True) -> Relay:
         head.id = name(None)
         return ConvertedRelay(
             stream,
@@ -171,6 +166,7 @@ def responses_shape(
             responses_api.sse,
             lambda exc: upstream.as_serve_error(exc, settings),
             state.turns.secrets,
+            storable=storable,
         )
 
     return Shape(body, relay)
@@ -334,7 +330,7 @@ def messages_shape(state: routes.State, model: str, input_tokens: Callable[[], i
         )
         return _dumps(reply)
 
-    def relay(stream: Any) -> Relay:
+    def relay(stream: Any, storable: bool = True) -> Relay:
         events = messages_api.MessageEvents(message_id, model, input_tokens())
         return ConvertedRelay(
             stream,
@@ -342,6 +338,7 @@ def messages_shape(state: routes.State, model: str, input_tokens: Callable[[], i
             messages_api.sse,
             lambda exc: upstream.as_serve_error(exc, settings),
             state.turns.secrets,
+            storable=storable,
         )
 
     return Shape(body, relay)

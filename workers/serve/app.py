@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -84,10 +85,31 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
 
     settings = get_settings()
     configure_logging(json_output=settings.log_json, level=settings.log_level)
-    revision = startup.prepare_database(settings)
-    if revision is not None:
-        log.info(
-            "serve_database_created", database=startup.database_url(settings), revision=revision
-        )
-    app = create_app(settings, address=f"http://{host}:{port}")
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    sock = listening_socket(host, port)  # before anything is created or said to be listening
+    try:
+        revision = startup.prepare_database(settings)
+        if revision is not None:
+            log.info(
+                "serve_database_created", database=startup.database_url(settings), revision=revision
+            )
+        app = create_app(settings, address=f"http://{host}:{port}")
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The socket the server will listen on, bound as uvicorn binds one; an address that is
+    taken, not this machine's or no address at all is one ``RecapError`` naming it (uvicorn
+    would log the error after the started line, and exit 3)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family=family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # a taken port, an unknown host name, an address not on this host
+        sock.close()
+        reason = exc.strerror or type(exc).__name__
+        raise RecapError(f"cannot listen on {host}:{port}: {reason.lower()}") from None
+    return sock

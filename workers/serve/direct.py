@@ -172,7 +172,7 @@ class DirectClient:
             ) from None
         streamed = response.headers.get("content-type", "").startswith(EVENT_STREAM)
         if response.status_code >= 400 or not stream or not streamed:
-            raw = await _read(response)
+            raw = await read_body(response)
             if response.status_code >= 400:
                 raise error_from(response.status_code, raw)
             reply = parse_reply(raw)
@@ -184,7 +184,7 @@ class DirectClient:
         await self._client.aclose()
 
 
-async def _read(response: httpx.Response) -> bytes:
+async def read_body(response: httpx.Response) -> bytes:
     """The whole body; a connection lost mid-way is an ``UpstreamError``."""
     try:
         return await response.aread()
@@ -260,10 +260,9 @@ def _as_delta(choice: Any) -> Any:
 
 def build_from_chunks(chunks: Sequence[Chunk]) -> dict[str, Any]:
     """The whole reply a finished stream sent, in the shape of a non-streamed one: choice 0's
-    text, reasoning and tool calls (arguments joined by index), and the usage chunk's usage."""
-    text: list[str] = []
-    reasoning: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
+    text, reasoning, refusal, tool calls (arguments joined by index) and signed thinking blocks
+    (joined as litellm joins them), and the usage chunk's usage."""
+    parts = _Joined()
     usage: Any = None
     finish: Any = None
     for chunk in chunks:
@@ -273,26 +272,74 @@ def build_from_chunks(chunks: Sequence[Chunk]) -> dict[str, Any]:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             finish = choice.get("finish_reason") or finish
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                text.append(str(delta["content"]))
-            thought = delta.get("reasoning_content") or delta.get("reasoning")
-            if thought:
-                reasoning.append(str(thought))
-            for call in delta.get("tool_calls") or ():
-                _merge_call(calls, call)
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text else None}
-    if calls:
-        message["tool_calls"] = [calls[index] for index in sorted(calls)]
-    if reasoning:
-        message["reasoning_content"] = "".join(reasoning)
+            parts.add(choice.get("delta") or {})
     reply: dict[str, Any] = {
         "object": "chat.completion",
-        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "choices": [{"index": 0, "message": parts.message(), "finish_reason": finish}],
     }
     if usage is not None:
         reply["usage"] = usage
     return reply
+
+
+class _Joined:
+    """Choice 0's deltas, joined: texts by field, tool calls by index, thinking pieces."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, list[str]] = {"content": [], "reasoning_content": [], "refusal": []}
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.thinking: list[Any] = []
+
+    def add(self, delta: Mapping[str, Any]) -> None:
+        for field, found in (
+            ("content", delta.get("content")),
+            ("reasoning_content", delta.get("reasoning_content") or delta.get("reasoning")),
+            ("refusal", delta.get("refusal")),
+        ):
+            if found:
+                self.texts[field].append(str(found))
+        for call in delta.get("tool_calls") or ():
+            _merge_call(self.calls, call)
+        blocks = delta.get("thinking_blocks")
+        if isinstance(blocks, list):
+            self.thinking += blocks
+
+    def message(self) -> dict[str, Any]:
+        content = self.texts["content"]
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+        if self.calls:
+            message["tool_calls"] = [self.calls[index] for index in sorted(self.calls)]
+        for field in ("reasoning_content", "refusal"):
+            if self.texts[field]:
+                message[field] = "".join(self.texts[field])
+        signed = thinking_blocks(self.thinking)
+        if signed:
+            message["thinking_blocks"] = signed
+        return message
+
+
+def thinking_blocks(pieces: Sequence[Any]) -> list[dict[str, Any]]:
+    """Streamed thinking-block pieces as whole blocks, as litellm joins them: the texts up to
+    each signature make one signed block, a redacted block stands alone, and text no signature
+    closed is left out (an unsigned block cannot be sent back)."""
+    blocks: list[dict[str, Any]] = []
+    text: list[str] = []
+    for piece in pieces:
+        if not isinstance(piece, dict):
+            continue
+        if piece.get("type") == "redacted_thinking":
+            text = []
+            if piece.get("data"):
+                blocks.append({"type": "redacted_thinking", "data": piece["data"]})
+            continue
+        if isinstance(piece.get("thinking"), str):
+            text.append(piece["thinking"])
+        if isinstance(piece.get("signature"), str) and piece["signature"]:
+            blocks.append(
+                {"type": "thinking", "thinking": "".join(text), "signature": piece["signature"]}
+            )
+            text = []
+    return blocks
 
 
 def _merge_call(calls: dict[int, dict[str, Any]], call: Mapping[str, Any]) -> None:

@@ -71,7 +71,10 @@ async def call_with_recall(turns: Turns, turn: Turn) -> Any:
     limit = settings.serve_recall_max_calls
     encoding = tokens.encoding_name_for(turn.model)
     while True:
-        message = upstream.reply_message(response)
+        try:  # a round's reply is checked as the final one is: malformed, a 502
+            message = upstream.reply_message(response)
+        except upstream.MalformedReply as exc:
+            raise upstream.as_serve_error(exc, settings) from None
         calls = recall_calls(message)
         if not calls:
             return response

@@ -146,7 +146,7 @@ async def passthrough(
     except Exception as exc:
         raise upstream.as_serve_error(exc, settings) from None
     if shape is not None:
-        relay = shape.relay(response)
+        relay = shape.relay(response, False)  # nothing of it is stored
     else:
         relay = Relay(response, include_usage=usage, secrets=state.turns.secrets, storable=False)
     return TurnStream(relay, relay.close, headers=PASSTHROUGH)
@@ -166,9 +166,11 @@ async def stored_turn(
         if stream:
             handed_over = True
             return _stream_turn(turns, turn, response, usage, mapped, started, shape)
-        try:
-            completion = turns.completion(response)  # checked before anything is stored
-        except upstream.MalformedReply as exc:
+        try:  # the reply checked, and the client's answer built, before anything is stored
+            completion = turns.completion(response)
+            data = json.loads(completion.body) if shape else None
+            body = shape.body(data, None) if shape else completion.body
+        except Exception as exc:  # a reply the answer cannot be made of is the upstream's fault
             raise upstream.as_serve_error(exc, turns.settings) from None
         answer_headers = dict(reply_headers(turn))  # now with the outcome, before the reply
         reply_id = await turns.finish(turn, completion)
@@ -176,8 +178,13 @@ async def stored_turn(
         if not handed_over:
             turns.locks.release(turn.conversation_id)
     _log_turn(turn, mapped, started, "stored")
+    if shape is not None:  # again, naming the stored reply (the same bytes but for its id)
+        try:
+            body = shape.body(data, reply_id)
+        except Exception as exc:  # never an error after a stored turn: the answer made before
+            log.error("serve_answer_rebuilt_failed", error=turns.error_text(exc))
     return Response(
-        shape.body(json.loads(completion.body), reply_id) if shape else completion.body,
+        body,
         media_type=JSON_TYPE,
         headers=answer_headers,
         background=BackgroundTask(turns.enqueue, turn.conversation_id, turn.leaf_id),
@@ -213,7 +220,9 @@ def _stream_turn(
 ) -> Response:
     """The reply streamed through; stored, with its usage, once the stream has finished."""
     relay = (
-        shape.relay(stream) if shape else Relay(stream, include_usage=usage, secrets=turns.secrets)
+        shape.relay(stream, True)
+        if shape
+        else Relay(stream, include_usage=usage, secrets=turns.secrets)
     )
 
     async def close() -> None:

@@ -14,7 +14,8 @@ from workers.serve.streaming import Relay
 @dataclass(frozen=True)
 class Shape:
     """``body(reply, reply_id)``: the whole reply's bytes (``reply_id`` is the stored reply's
-    id, None when nothing is stored); ``relay(stream)``: the stream's events."""
+    id, None when nothing is stored); ``relay(stream, storable)``: the stream's events
+    (``storable``: false when nothing of it is stored)."""
 
     body: Callable[[Any, int | None], bytes]
-    relay: Callable[[Any], Relay]
+    relay: Callable[[Any, bool], Relay]

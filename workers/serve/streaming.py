@@ -16,14 +16,15 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from core.redact import StreamMasker
+from core.redact import StreamMasker, mask_in_place
 from workers.serve import direct, upstream
 from workers.serve.direct import Chunk
 from workers.serve.errors import UPSTREAM
 
 DONE = b"data: [DONE]\n\n"
 EVENT_STREAM = "text/event-stream"
-TEXT_FIELDS = ("content", "reasoning_content", "reasoning")  # a delta's texts, masked each
+TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")  # a delta's streamed texts
+HEAD_FIELDS = ("id", "object", "created", "model", "system_fingerprint")  # of a released chunk
 
 
 def event(payload: bytes) -> bytes:
@@ -34,12 +35,19 @@ def event(payload: bytes) -> bytes:
 class Relay:
     """The upstream stream, forwarded chunk by chunk, each checked and masked as it passes.
 
-    A chunk that is no chunk (not an object, choices that are no list, content that is no
-    text), an upstream error, a broken connection, or a stream that ends before choice 0 has a
-    ``finish_reason`` ends the client's stream with an OpenAI error event instead of
-    ``[DONE]``; only a finished stream sets ``reply`` (the whole masked reply, as a
-    non-streamed one) and ``finished``, so nothing else is ever stored. Text that could begin a
-    known secret is held back until the next chunk shows it does not (``StreamMasker``)."""
+    ``checked`` is the one reading of an upstream stream every API's relay shares: a chunk
+    that is no chunk (not an object, choices that are no list, content that is no text), an
+    upstream error, a broken connection, or a stream that ends before choice 0 has a
+    ``finish_reason`` raises; only a finished stream sets ``reply`` (the whole masked reply,
+    as a non-streamed one), so nothing else is ever stored. The texts a chunk streams
+    (content, reasoning, refusal, tool-call arguments) are masked across chunk boundaries:
+    text that could begin a known secret is held back until the next piece shows it does not
+    (``StreamMasker``), and released before a piece of another text of the same choice (in a
+    chunk of its own, so every API's events keep their order); every other string of a chunk
+    is masked where it stands. This relay sends the chunks as chat-completions events and ends
+    the client's stream with an OpenAI error event instead of ``[DONE]`` when reading fails;
+    another API's relay (``api_routes.ConvertedRelay``) turns the same checked chunks into its
+    own events."""
 
     def __init__(
         self,
@@ -54,6 +62,7 @@ class Relay:
         self.include_usage = include_usage
         self.secrets = list(secrets)
         self.masker = StreamMasker(self.secrets)
+        self._secret_bytes = [secret.encode() for secret in self.masker.secrets]
         self.chunks: list[Chunk] = []  # as relayed (masked), for the stored reply
         self.finished = False
         self.reply: dict[str, Any] | None = None
@@ -63,46 +72,78 @@ class Relay:
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
-            async for item in self.stream:
-                payload = self._relay(item)
+            async for raw, data in self.checked():
+                payload = self._payload(raw, data)
                 if payload is not None:
                     yield event(payload)
-            if not self._finished_first:
-                raise upstream.MalformedReply("the upstream ended its stream before the reply")
-            reply = direct.build_from_chunks(self.chunks)
-            upstream.message_of(reply, storable=self.storable)
         except Exception as exc:  # the stream ends with an error event, nothing is stored
             self.error = upstream.describe_failure(exc, self.secrets)
             yield event(error_payload(self.error))
             return
-        self.reply = reply
         self.finished = True
         yield DONE
 
-    def _relay(self, item: Any) -> bytes | None:
-        """The chunk as the client gets it (None: nothing to send), kept for the reply."""
-        raw, data = _parts(item)
+    async def checked(self) -> AsyncIterator[tuple[bytes | None, dict[str, Any]]]:
+        """Each chunk checked and masked: the upstream's own bytes when nothing in it changed
+        (else None), and its JSON object; sets ``reply`` once the stream has finished whole,
+        raises when it did not."""
+        async for item in self.stream:
+            raw, data = _parts(item)
+            released, changed = self._check(data, raw)
+            if released is not None:
+                self.chunks.append(Chunk(b"", released))
+                yield None, released
+            self.chunks.append(Chunk(b"", data))
+            yield (raw if not changed else None), data
+        if not self._finished_first:
+            raise upstream.MalformedReply("the upstream ended its stream before the reply")
+        reply = direct.build_from_chunks(self.chunks)
+        upstream.message_of(reply, storable=self.storable)
+        self.reply = reply
+
+    def _payload(self, raw: bytes | None, data: dict[str, Any]) -> bytes | None:
+        """The chunk as a chat-completions client gets it (None: nothing to send)."""
+        if not self.include_usage:
+            if not data.get("choices"):
+                return None  # the usage chunk Recap asked for on its own account
+            if "usage" in data:
+                data = {k: v for k, v in data.items() if k != "usage"}
+                raw = None
+        if raw is not None:
+            return raw
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def _check(
+        self, data: dict[str, Any], raw: bytes | None = None
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """Check and mask one chunk in place (``raw``: the upstream's bytes of it, when there
+        are any): the chunk of held text to send before it (None when there is none), and
+        whether anything in it changed."""
         choices = data.get("choices")
         if choices is None and "usage" not in data:
             raise upstream.MalformedReply("a streamed chunk holds neither choices nor usage")
         if choices is not None and not isinstance(choices, list):
             raise upstream.MalformedReply("a streamed chunk's choices are not a list")
+        released: list[dict[str, Any]] = []
         changed = False
         for choice in choices or ():
-            changed |= self._choice(choice)
-        self.chunks.append(Chunk(b"", data))
-        if not self.include_usage:
-            if not choices:
-                return None  # the usage chunk Recap asked for on its own account
-            if "usage" in data:
-                data = {k: v for k, v in data.items() if k != "usage"}
-                changed = True
-        if raw is not None and not changed:
-            return raw
-        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+            changed |= self._choice(choice, released)
+        other = self._may_hold_secret(raw) and mask_in_place(data, self.masker.secrets)
+        head = {k: data[k] for k in HEAD_FIELDS if k in data}
+        return ({**head, "choices": released} if released else None), changed or other
 
-    def _choice(self, choice: Any) -> bool:
-        """Check and mask one choice's delta in place; whether anything in it changed."""
+    def _may_hold_secret(self, raw: bytes | None) -> bool:
+        """Whether a chunk's other strings need masking: always for a chunk without its bytes
+        (litellm's) or with an escape in them (``\\u0073`` spells ``s``); else only when its
+        bytes hold a known secret or a ``://`` (without escapes a JSON string's bytes are its
+        text's own UTF-8, so looking in the bytes is looking in every string at once)."""
+        if raw is None or b"\\" in raw:
+            return True
+        return b"://" in raw or any(secret in raw for secret in self._secret_bytes)
+
+    def _choice(self, choice: Any, released: list[dict[str, Any]]) -> bool:
+        """Check and mask one choice's delta in place (text held for another of its texts
+        goes into ``released``); whether anything in it changed."""
         if not isinstance(choice, dict):
             raise upstream.MalformedReply("a streamed choice is not an object")
         index, delta = choice.get("index", 0), choice.get("delta")
@@ -110,25 +151,30 @@ class Relay:
             delta = choice["delta"] = {}
         if not isinstance(index, int) or not isinstance(delta, dict):
             raise upstream.MalformedReply("a streamed choice has no index or delta")
-        changed = False
-        for field in TEXT_FIELDS:
-            changed |= self._mask((index, field), delta, field)
+        keys = [(index, field) for field in TEXT_FIELDS if delta.get(field)]
         calls = delta.get("tool_calls")
         if calls is not None:
             if not isinstance(calls, list):
                 raise upstream.MalformedReply("a streamed tool_calls is not a list")
-            for call in calls:
-                changed |= self._call(index, call)
-        finish = choice.get("finish_reason")
-        if finish:
-            changed |= self._flush(index, delta)
+            keys += [_call_key(index, call) for call in calls]
+        other = self._held.get(index, set()) - set(keys) if keys else set()
+        if other:  # another text goes on: what was held of the one before is sent first
+            rest: dict[str, Any] = {}
+            self._flush(index, rest, other)
+            if rest:
+                released.append({"index": index, "delta": rest, "finish_reason": None})
+        changed = False
+        for field in TEXT_FIELDS:
+            changed |= self._mask((index, field), delta, field)
+        for call in calls or ():
+            changed |= self._call(index, call)
+        if choice.get("finish_reason"):
+            changed |= self._flush(index, delta, set(self._held.get(index, ())))
             self._finished_first |= index == 0
         return changed
 
     def _call(self, index: int, call: Any) -> bool:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(call, dict) or not isinstance(call.get("index", 0), int):
-            raise upstream.MalformedReply("a streamed tool call is not an object")
+        function = call.get("function")
         if not isinstance(call.get("id", ""), str | None):
             raise upstream.MalformedReply("a streamed tool call's id is not a string")
         if function is None:
@@ -137,7 +183,7 @@ class Relay:
             isinstance(function.get(k, ""), str | None) for k in ("name", "arguments")
         ):
             raise upstream.MalformedReply("a streamed tool call's function is malformed")
-        return self._mask((index, "call", call.get("index", 0)), function, "arguments")
+        return self._mask(_call_key(index, call), function, "arguments")
 
     def _mask(self, key: tuple[Any, ...], holder: dict[str, Any], field: str) -> bool:
         """Mask ``holder[field]`` as the next piece of the text under ``key``; whether it
@@ -150,31 +196,44 @@ class Relay:
         masked = self.masker.feed(key, value)
         if self.masker.holding(key):
             self._held.setdefault(key[0], set()).add(key)
+        else:
+            self._held.get(key[0], set()).discard(key)
         if masked == value:
             return False
         holder[field] = masked
         return True
 
-    def _flush(self, index: int, delta: dict[str, Any]) -> bool:
-        """The text held for a finished choice, put into its last delta."""
-        keys = self._held.pop(index, set())
+    def _flush(self, index: int, delta: dict[str, Any], keys: set[tuple[Any, ...]]) -> bool:
+        """The text held under ``keys`` of a choice, put into ``delta`` (a tool call's before
+        the calls already in it); whether any was."""
+        held = self._held.get(index, set())
         changed = False
+        front: list[dict[str, Any]] = []
         for key in sorted(keys, key=repr):
+            held.discard(key)
             rest = self.masker.flush(key)
             if not rest:
                 continue
             changed = True
             if key[1] == "call":
-                calls = delta.setdefault("tool_calls", [])
-                calls.append({"index": key[2], "function": {"arguments": rest}})
+                front.append({"index": key[2], "function": {"arguments": rest}})
             else:
                 delta[key[1]] = (delta.get(key[1]) or "") + rest
+        if front:
+            delta["tool_calls"] = [*front, *(delta.get("tool_calls") or ())]
         return changed
 
     async def close(self) -> None:
         """Stop reading the upstream (a no-op once it finished)."""
         with contextlib.suppress(Exception):
             await self.stream.aclose()
+
+
+def _call_key(index: int, call: Any) -> tuple[Any, ...]:
+    """The key a tool call's arguments are masked under (a malformed call: a 502)."""
+    if not isinstance(call, dict) or not isinstance(call.get("index", 0), int):
+        raise upstream.MalformedReply("a streamed tool call is not an object")
+    return (index, "call", call.get("index", 0))
 
 
 def _parts(item: Any) -> tuple[bytes | None, dict[str, Any]]:

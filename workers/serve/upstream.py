@@ -9,6 +9,7 @@ those come from settings alone, so a client can never send the upstream key else
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,8 +29,8 @@ from core.errors import InputError, RecapError
 from core.redact import known_secrets, mask_strings, redact
 from core.request.validate import check_message
 from core.settings import Settings
-from core.values.limits import TOKENS_MAX
 from workers.serve import direct
+from workers.serve.chunks import usage_counts
 from workers.serve.errors import UPSTREAM, ServeError, client_text
 
 litellm.suppress_debug_info = True
@@ -160,7 +161,7 @@ async def complete(
     key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
     # an empty value (compose passes unset variables as "") means litellm's own defaults
     extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if stream else {}
-    return await litellm.acompletion(
+    response = await litellm.acompletion(
         model=model,
         messages=outgoing(messages),
         stream=stream,
@@ -172,6 +173,48 @@ async def complete(
         **extra,
         **params,
     )
+    if stream and answered_whole(response):
+        return await whole_reply_stream(response, model, messages, params, settings)
+    return response
+
+
+JSON_TYPE = "application/json"
+
+
+def answered_whole(stream: Any) -> bool:
+    """Whether the upstream answered a streamed request with one JSON body (a server that
+    ignores ``stream``), by the content type litellm reports among the reply's headers
+    (``_hidden_params["additional_headers"]``; an event stream, an NDJSON stream or no
+    content type at all is a stream)."""
+    hidden = getattr(stream, "_hidden_params", None)
+    headers = hidden.get("additional_headers") if isinstance(hidden, dict) else None
+    found = headers.get("llm_provider-content-type") if isinstance(headers, dict) else None
+    return isinstance(found, str) and found.split(";")[0].strip().lower() == JSON_TYPE
+
+
+async def whole_reply_stream(
+    stream: Any,
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    params: Mapping[str, Any],
+    settings: Settings,
+) -> direct.ReplyStream:
+    """A whole JSON reply to a streamed request, as the stream of one chunk the direct path
+    relays for it. litellm reads such a body as an empty stream (the reply's text is lost), so
+    the body is read here: from the HTTP response under litellm's stream when it is the
+    `openai` SDK's and still unread (every provider litellm calls through that SDK speaks
+    OpenAI's format), else by asking once more without ``stream`` (litellm's other handlers
+    keep no body to read)."""
+    response = getattr(getattr(stream, "completion_stream", None), "response", None)
+    try:
+        if isinstance(response, httpx.Response) and not response.is_stream_consumed:
+            return direct.ReplyStream(direct.parse_reply(await direct.read_body(response)))
+    finally:
+        with contextlib.suppress(Exception):
+            await stream.aclose()
+    reply = await complete(model, messages, params, settings, stream=False)
+    data = reply_data(reply)
+    return direct.ReplyStream(direct.Reply(json.dumps(data).encode(), data))
 
 
 def is_context_overflow(exc: BaseException) -> bool:
@@ -322,23 +365,7 @@ def _calls(calls: Any) -> list[dict[str, Any]]:
     return out
 
 
-def usage_from(found: Any) -> tuple[int, int, int] | None:
-    """Prompt, completion and cached tokens of a usage object, or None when it is missing or
-    not counts (a string, a negative or oversized number: no reading is better than a wrong
-    one)."""
-    if not isinstance(found, dict):
-        return None
-    prompt, completion = found.get("prompt_tokens"), found.get("completion_tokens") or 0
-    details = found.get("prompt_tokens_details")
-    cached = (details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-    counts = (prompt, completion, cached)
-    if not all(_count(value) for value in counts) or not prompt or cached > prompt:
-        return None
-    return prompt, completion, cached
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= TOKENS_MAX
+usage_from = usage_counts  # a usage object's counts, None when unreadable (workers.serve.chunks)
 
 
 def _data(response: Any) -> dict[str, Any] | None:
