@@ -128,6 +128,7 @@ class PassResult:
     row: dict[str, Any] | None = None
     recent: tuple[Msg, ...] = ()
     clearings: Mapping[int, ClearingRec] = field(default_factory=dict)
+    pinned: frozenset[int] = frozenset()  # never cleared after the summary either
 
 
 # --- claim, then read --------------------------------------------------------------------------
@@ -261,8 +262,8 @@ def _validated(
     encoding = tokens.encoding_name_for(snapshot.model)
     sent = SUMMARY_MESSAGE_PREFIX + result.text + summary_note(split.cutoff_message_id)
     summary_tokens = tokens.count_message({"role": "user", "content": sent}, encoding)
-    replaced = (snapshot.summary.tokens if snapshot.summary else 0) + sum(
-        planning.message_tokens(m, clearings) for m in split.older
+    replaced = (snapshot.summary.tokens if snapshot.summary else 0) + planning.replaced_tokens(
+        split.older, clearings, snapshot.pinned_ids
     )
     base = replace(
         base,
@@ -300,7 +301,7 @@ def _validated(
         "identifier_retention": result.retention,
         "created_at": run.clock(),
     }
-    return PassResult(outcome, row, split.recent, snapshot.clearings)
+    return PassResult(outcome, row, split.recent, snapshot.clearings, snapshot.pinned_ids)
 
 
 # --- phase 3: write ---------------------------------------------------------------------------
@@ -321,7 +322,9 @@ def write_run(
     clear_after = None
     if result.row is not None:
         knobs = policy.Knobs.from_settings(run.settings)
-        clear_after = policy.post_summary_clearing(result.recent, result.clearings, knobs)
+        clear_after = policy.post_summary_clearing(
+            result.recent, result.clearings, knobs, result.pinned
+        )
 
     def log_row(written: Written) -> dict[str, Any]:
         return _log_values(run, _written(result.outcome, written, result.row), duration_ms, now)
