@@ -146,9 +146,10 @@ def load_request_branch(
         heads.append(cutoff)
     after = path[first:]
     skip = 0 if budget is None else _omittable(after, rows, clearings, budget)
-    if skip and pinned_ids:  # a pinned message is sent whatever the budget: read from it on
-        first_pin = next((i for i, mid in enumerate(after) if mid in pins), skip)
-        skip = min(skip, first_pin)
+    if skip and pinned_ids:  # a pinned message is sent whatever the budget: read its unit on
+        first_pin = next((i for i, mid in enumerate(after[:skip]) if mid in pins), skip)
+        if first_pin < skip:
+            skip = _unit_start(after, first_pin, rows)
     rows.fetch([mid for mid in after[skip:] if mid not in rows.by_id])
     rows.fetch_ids([mid for mid in pinned_ids if mid not in rows.by_id])
     sent = [*heads, *after[skip:]]
@@ -291,6 +292,20 @@ def _json_list(value: Any) -> list[Any]:
     if value is None:
         return []
     return list(json.loads(value) if isinstance(value, str) else value)
+
+
+UNIT_LOOKBACK = 64  # rows read before a pinned result to find the call it answers
+
+
+def _unit_start(after: list[int], index: int, rows: _Rows) -> int:
+    """Where the unit of message ``index`` starts: a tool result belongs to the assistant
+    message before it that made its call (with that call's other results in between)."""
+    low = max(0, index - UNIT_LOOKBACK)
+    rows.fetch([mid for mid in after[low : index + 1] if mid not in rows.by_id])
+    start = index
+    while start > low and rows.by_id[after[start]][ROLE] == "tool":
+        start -= 1
+    return start if rows.by_id[after[start]][ROLE] != "tool" else index
 
 
 def _omittable(
