@@ -113,8 +113,8 @@ class Recap:
 
         ``model`` previews the request for another model (its window and tokenizer) without
         changing the conversation's; ``max_input_tokens`` overrides the window for this request.
-        ``as_of`` builds the request as it was at that time (only the summaries and clearings
-        recorded by then), writing nothing."""
+        ``as_of`` builds the request as it was at that time (only the summaries, clearings and
+        pins recorded by then), writing nothing."""
         return service.assemble(
             self.engine,
             conversation_id,
@@ -216,7 +216,7 @@ class Recap:
 
     def delete(self, conversation_id: str) -> dict[str, Any]:
         """Delete the conversation and everything derived from it: its messages, summaries,
-        clearings, compaction log, usage, request profile and lease, and the files saved for it
+        clearings, pins, compaction log, usage, request profile and lease, and the files saved for it
         under ``RECAP_OUTPUT_DIR`` (a file another conversation also uses stays). A compression
         running on it ends as skipped, writing nothing. ``NotFoundError`` for an unknown id."""
         from core import lifecycle
