@@ -216,9 +216,10 @@ class Recap:
 
     def delete(self, conversation_id: str) -> dict[str, Any]:
         """Delete the conversation and everything derived from it: its messages, summaries,
-        clearings, pins, compaction log, usage, request profile and lease, and the files saved for it
-        under ``RECAP_OUTPUT_DIR`` (a file another conversation also uses stays). A compression
-        running on it ends as skipped, writing nothing. ``NotFoundError`` for an unknown id."""
+        clearings, pins, compaction log, usage, request profile and lease, and the files saved
+        for it under ``RECAP_OUTPUT_DIR`` (a file another conversation also uses stays). A
+        compression running on it ends as skipped, writing nothing. ``NotFoundError`` for an
+        unknown id."""
         from core import lifecycle
 
         return lifecycle.delete(self.engine, conversation_id, self.settings).as_dict()

@@ -265,3 +265,30 @@ def test_the_gap_note_comes_before_a_pinned_message() -> None:
     branch = chain("U:old@300", "A:pinned answer", "U:mid@300", "A:@300", "U:last")
     request = build(branch, (2,), window=200)
     assert [label(m) for m in request.messages][:2] == ["gap", "pinned answer"]
+
+
+# --- media ---------------------------------------------------------------------------------------
+
+
+def test_pinned_media_is_never_aged_and_ages_last_under_the_byte_guard() -> None:
+    """A pinned screenshot older than the last ``keep_turns`` user turns is sent in full and
+    counted; when the request's bytes are over the guard, the other images age first."""
+    from core.counting import media
+    from tests.test_media import _branch, screenshot_turns
+
+    branch = _branch(screenshot_turns(3, pad=100_000))
+    first = branch[1]  # the oldest screenshot's user message
+    keep_one = media.MediaPolicy(keep_turns=1)
+    knobs: dict[str, Any] = {"model": "gpt-4o", "window": 128_000, "safety_margin": 0.05}
+    plain = assemble(branch, media_policy=keep_one, **knobs)
+    held = assemble(branch, media_policy=keep_one, pinned=[first], **knobs)
+    kinds = [[p["type"] for p in m["content"]] for m in held.messages[1::2]]
+    assert kinds[0] == ["text", "image_url"] and kinds[1] == ["text", "text"]
+    assert held.tokens.media == plain.tokens.media + 1105
+    assert first.id not in {mid for mid, _ in held.media_aged}
+    roomy = assemble(branch, media_policy=media.MediaPolicy(keep_turns=3), **knobs)
+    size = media.request_bytes(roomy.messages)
+    tight = media.MediaPolicy(keep_turns=3, max_request_bytes=size - 1000)
+    guarded = assemble(branch, media_policy=tight, pinned=[first], **knobs)
+    kinds = [[p["type"] for p in m["content"]] for m in guarded.messages[1::2]]
+    assert kinds == [["text", "image_url"], ["text", "text"], ["text", "image_url"]]

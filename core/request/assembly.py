@@ -288,7 +288,7 @@ def assemble(
     if cut_steps:  # the turn's own steps did not all fit: no history from before the turn
         room = 0
     parts = _Parts(
-        context, tail, cleared, missing_outputs, encoding, repeated, family, text_only, bool(pins)
+        context, tail, cleared, missing_outputs, encoding, repeated, family, text_only, pins
     )
     fitted = _fit_history(older, room, parts, cut=bool(omitted))
     history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
@@ -296,13 +296,15 @@ def assemble(
         raise _tail_error(tail_tokens + fitted.renamed, fixed, budget, window, safety_margin)
     ends = (system_message, summary_message, reminder_message)
     whole = _whole(ends, fitted, block)
-    finished = media.finish(whole, policy, model=model, count=_media_counter(model))
+    held = _pinned_positions(ends, fitted, block)
+    finished = media.finish(whole, policy, model=model, count=_media_counter(model), keep=held)
     excess = _bytes_over(finished.messages, policy.max_request_bytes)
     if excess > 0 and fitted.kept_from < len(older):  # media aged first; then older history
         fitted = _shed_bytes(older, fitted, parts, excess)
         history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
+        held = _pinned_positions(ends, fitted, block)
         finished = media.finish(
-            _whole(ends, fitted, block), policy, model=model, count=_media_counter(model)
+            _whole(ends, fitted, block), policy, model=model, count=_media_counter(model), keep=held
         )
     kept_from = fitted.kept_from
     messages = finished.messages
@@ -904,7 +906,7 @@ class _Parts:
         reasoning.OPENAI
     )  # what reasoning the provider takes back (core.counting.reasoning)
     text_only: bool = False  # a text-only request sends no reasoning
-    has_pins: bool = False  # some unit is pinned: sent wherever the kept run starts
+    pins: frozenset[int] = frozenset()  # pinned ids: their units are sent wherever the run starts
 
 
 @dataclass(frozen=True, slots=True)
@@ -916,6 +918,7 @@ class _Fitted:
     kept_tokens: int  # of the kept older units, as stored
     messages: list[dict[str, Any]]  # gap note, kept older units, context files, the tail
     renamed: int  # tokens the fresh ids of repeated call ids add
+    pinned_at: tuple[int, ...] = ()  # positions in ``messages`` of the pinned messages
 
 
 def _fit_history(older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bool) -> _Fitted:
@@ -925,6 +928,17 @@ def _fit_history(older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bool)
     if fitted.renamed and fitted.kept_tokens + fitted.gap_tokens + fitted.renamed > room:
         fitted = _history_within(older, room - fitted.renamed, parts, cut=cut)
     return fitted
+
+
+def _pinned_positions(
+    ends: tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None],
+    fitted: _Fitted,
+    pinned: Sequence[dict[str, Any]],
+) -> tuple[int, ...]:
+    """Where the pinned messages sit in ``_whole``'s list: the byte guard ages their media last."""
+    start = sum(1 for m in ends[:2] if m is not None)
+    history = start + len(pinned)
+    return (*range(start, history), *(history + i for i in fitted.pinned_at))
 
 
 def _whole(
@@ -989,14 +1003,17 @@ def _history_within(
     else:  # a start the byte guard chose: the gap note stands for what it left out
         gap_tokens = _count(ADDED_ROLE, GAP_NOTE, parts.encoding)
     messages = [{"role": ADDED_ROLE, "content": GAP_NOTE}] if gap_tokens else []
-    if parts.has_pins:  # pinned units before the kept run are sent all the same, in order
-        _extend(messages, [unit for unit in older[:start] if unit.pinned], parts, in_progress=False)
-    _extend(messages, older[start:], parts, in_progress=False)
+    marks: list[int] | None = None
+    if parts.pins:  # pinned units before the kept run are sent all the same, in order
+        marks = []
+        held = [unit for unit in older[:start] if unit.pinned]
+        _extend(messages, held, parts, in_progress=False, marks=marks)
+    _extend(messages, older[start:], parts, in_progress=False, marks=marks)
     messages.extend(parts.context)
-    _extend(messages, parts.tail, parts, in_progress=True)
+    _extend(messages, parts.tail, parts, in_progress=True, marks=marks)
     renamed = unique_call_ids(messages, parts.encoding) if parts.repeated_call_ids else 0
     kept_tokens = sum(unit.tokens for unit in older[start:] if not unit.pinned)
-    return _Fitted(start, gap_tokens, kept_tokens, messages, renamed)
+    return _Fitted(start, gap_tokens, kept_tokens, messages, renamed, tuple(marks or ()))
 
 
 def unique_call_ids(messages: list[dict[str, Any]], encoding: str) -> int:
@@ -1040,9 +1057,15 @@ def unique_call_ids(messages: list[dict[str, Any]], encoding: str) -> int:
 
 
 def _extend(
-    messages: list[dict[str, Any]], units: Sequence[_Unit], parts: _Parts, *, in_progress: bool
+    messages: list[dict[str, Any]],
+    units: Sequence[_Unit],
+    parts: _Parts,
+    *,
+    in_progress: bool,
+    marks: list[int] | None = None,
 ) -> None:
-    """The units' messages as sent, with the reasoning the provider takes back and no other."""
+    """The units' messages as sent, with the reasoning the provider takes back and no other;
+    the positions of pinned messages go into ``marks`` (when given)."""
     for unit in units:
         for item in unit.items:
             out = _render(item, parts.clearings, parts.missing_outputs, parts.encoding)
@@ -1050,6 +1073,13 @@ def _extend(
                 out = reasoning.as_sent(
                     out, parts.family, in_progress=in_progress, text_only=parts.text_only
                 )
+            if (
+                marks is not None
+                and unit.pinned
+                and isinstance(item, Msg)
+                and item.id in parts.pins
+            ):
+                marks.append(len(messages))
             messages.append(out)
 
 
