@@ -4,15 +4,15 @@ One SQLite database holds 10,000 conversations: 9,999 short chats and one agent 
 the shared data (the SWE-agent run ``BabyEncryption``, an 8,000-token window, compressed once
 with the offline summarizer, so its page has a summary band, cleared results and a log). A real
 `recap ui` process serves the console; the bench logs in over HTTP and times, in wall time,
-requests for the conversations list (the default page of 25, newest activity first, and the page
-sorted by stored tokens, which the database orders over all 10,000) and the agent conversation's
-page, against `recap stats --json` for the same conversation run as a command (the tool an
-operator would reach for instead).
+requests for the conversations list (the default page of 25, newest activity first, the page
+sorted by stored tokens and the page sorted by pressure, which the database works out and orders
+over all 10,000) and the agent conversation's page, against `recap stats --json` for the same
+conversation run as a command (the tool an operator would reach for instead).
 
-- ``ui_page_vs_stats``: the slowest of the three pages' medians over the median of the command
+- ``ui_page_vs_stats``: the slowest of the four pages' medians over the median of the command
   (bound 5).
-- ``ui_list_ms``, ``ui_list_by_tokens_ms``, ``ui_conversation_ms``, ``ui_stats_command_ms``: the
-  medians themselves (reported).
+- ``ui_list_ms``, ``ui_list_by_tokens_ms``, ``ui_list_by_pressure_ms``, ``ui_conversation_ms``,
+  ``ui_stats_command_ms``: the medians themselves (reported).
 - ``ui_page_vs_stats_call``: the same slowest page over ``core.service.conversation_stats`` called
   in this process (what the command spends past starting Python), reported: a page does a list's
   or a conversation's worth of such reads, and renders them.
@@ -166,7 +166,8 @@ def run() -> list[Figure]:
             "ui_page_vs_stats",
             round(slowest / stats_ms, 3),
             BOUND,
-            "the slowest console page (list, list by tokens, conversation) over `recap stats "
+            "the slowest console page (list, list by tokens, list by pressure, conversation) over "
+            "`recap stats "
             "--json` for the same conversation, medians of wall time, 10,000 conversations",
         ),
         Figure("ui_list_ms", round(pages["list"], 1), "", "the conversations list, 25 rows (ms)"),
@@ -175,6 +176,12 @@ def run() -> list[Figure]:
             round(pages["by_tokens"], 1),
             "",
             "the list sorted by stored tokens over all 10,000 conversations (ms)",
+        ),
+        Figure(
+            "ui_list_by_pressure_ms",
+            round(pages["by_pressure"], 1),
+            "",
+            "the list sorted by pressure, worked out in SQL over all 10,000 conversations (ms)",
         ),
         Figure(
             "ui_conversation_ms",
@@ -210,6 +217,7 @@ def _time_pages(http: Any) -> dict[str, float]:
     return {
         "list": _median_ms(get("/ui/"), PAGE_ROUNDS),
         "by_tokens": _median_ms(get("/ui/?sort=tokens&dir=desc"), PAGE_ROUNDS),
+        "by_pressure": _median_ms(get("/ui/?sort=pressure&dir=desc"), PAGE_ROUNDS),
         "conversation": _median_ms(get(f"/ui/c/{quote(AGENT, safe='')}"), PAGE_ROUNDS),
     }
 

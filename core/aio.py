@@ -29,7 +29,14 @@ from typing import Any, ParamSpec, TypeVar
 from core.client import Recap
 from core.recall import Recalled
 from core.request import assembly
-from core.results import CompressResult, ExportedConversation, Stats, SummaryInfo, UsageRecorded
+from core.results import (
+    CompressResult,
+    ExportedConversation,
+    PinResult,
+    Stats,
+    SummaryInfo,
+    UsageRecorded,
+)
 from core.settings import Settings
 
 P = ParamSpec("P")
@@ -166,6 +173,14 @@ class AsyncRecap:
         return await self.run(
             self.recap.recall, conversation_id, ref, offset=offset, max_chars=max_chars
         )
+
+    async def pin(self, conversation_id: str, message_id: int) -> PinResult:
+        """``Recap.pin``: send the message verbatim in every request of its branches."""
+        return await self.run(self.recap.pin, conversation_id, message_id)
+
+    async def unpin(self, conversation_id: str, message_id: int) -> PinResult:
+        """``Recap.unpin``: undo ``pin``."""
+        return await self.run(self.recap.unpin, conversation_id, message_id)
 
     async def delete(self, conversation_id: str) -> dict[str, Any]:
         """``Recap.delete``: the conversation and everything derived from it."""

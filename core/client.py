@@ -16,7 +16,14 @@ from sqlalchemy import Engine
 
 from core import service
 from core.request import assembly
-from core.results import CompressResult, ExportedConversation, Stats, SummaryInfo, UsageRecorded
+from core.results import (
+    CompressResult,
+    ExportedConversation,
+    PinResult,
+    Stats,
+    SummaryInfo,
+    UsageRecorded,
+)
 from core.settings import Settings, get_settings
 from core.storage.db import get_engine, require_schema
 from core.storage.outputs import Ingest
@@ -111,8 +118,8 @@ class Recap:
 
         ``model`` previews the request for another model (its window and tokenizer) without
         changing the conversation's; ``max_input_tokens`` overrides the window for this request.
-        ``as_of`` builds the request as it was at that time (only the summaries and clearings
-        recorded by then), writing nothing."""
+        ``as_of`` builds the request as it was at that time (only the summaries, clearings and
+        pins recorded by then), writing nothing."""
         return service.assemble(
             self.engine,
             conversation_id,
@@ -195,11 +202,29 @@ class Recap:
             self.engine, conversation_id, ref, self.settings, offset=offset, max_chars=max_chars
         )
 
+    def pin(self, conversation_id: str, message_id: int) -> PinResult:
+        """Send the message verbatim in every request of its branches: in its place, or right
+        after the summary once one covers it; it is never cleared, aged or shortened, and its
+        tokens are counted as a fixed part of the budget. ``NotFoundError`` when the
+        conversation does not hold the message; ``PinLimitError`` when the conversation's
+        pinned messages would pass ``RECAP_MAX_PINNED_TOKENS`` (nothing is pinned)."""
+        from core import lifecycle
+
+        return lifecycle.pin(self.engine, conversation_id, message_id, self.settings)
+
+    def unpin(self, conversation_id: str, message_id: int) -> PinResult:
+        """Undo ``pin``: the message is summarized, cleared and fitted like any other again
+        (a message that was not pinned stays as it is)."""
+        from core import lifecycle
+
+        return lifecycle.unpin(self.engine, conversation_id, message_id, self.settings)
+
     def delete(self, conversation_id: str) -> dict[str, Any]:
         """Delete the conversation and everything derived from it: its messages, summaries,
-        clearings, compaction log, usage, request profile and lease, and the files saved for it
-        under ``RECAP_OUTPUT_DIR`` (a file another conversation also uses stays). A compression
-        running on it ends as skipped, writing nothing. ``NotFoundError`` for an unknown id."""
+        clearings, pins, compaction log, usage, request profile and lease, and the files saved
+        for it under ``RECAP_OUTPUT_DIR`` (a file another conversation also uses stays). A
+        compression running on it ends as skipped, writing nothing. ``NotFoundError`` for an
+        unknown id."""
         from core import lifecycle
 
         return lifecycle.delete(self.engine, conversation_id, self.settings).as_dict()

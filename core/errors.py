@@ -19,6 +19,11 @@ class ConversationGone(NotFoundError):
     """The conversation was deleted while a run was working on it: the run writes nothing."""
 
 
+class PinLimitError(InputError):
+    """Pinning the message would put the conversation's pinned tokens over
+    ``RECAP_MAX_PINNED_TOKENS``; nothing was pinned."""
+
+
 class BudgetError(RecapError, ValueError):
     """The part of a request that must be sent does not fit the window."""
 

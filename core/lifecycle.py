@@ -1,8 +1,10 @@
-"""A conversation's lifecycle for hosts and the CLI: erasure, retention and the listing.
+"""A conversation's lifecycle for hosts and the CLI: pins, erasure, retention and the listing.
 
-``delete`` removes a conversation and everything derived from it (``core.storage.erase``);
-``expire`` applies ``RECAP_CONVERSATION_RETENTION_DAYS``; ``conversations`` lists one page of
-conversations with their size, last activity and context pressure (``core.service``'s stats).
+``pin`` and ``unpin`` keep a message verbatim in every request of its branches, within
+``RECAP_MAX_PINNED_TOKENS`` (``core.storage.pins``); ``delete`` removes a conversation and
+everything derived from it (``core.storage.erase``); ``expire`` applies
+``RECAP_CONVERSATION_RETENTION_DAYS``; ``conversations`` lists one page of conversations with
+their size, last activity and context pressure (``core.service``'s stats).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from core.errors import InputError, NotFoundError
 from core.request import timeline as timelines
 from core.request.assembly import stored_prompt
 from core.request.refs import message_ref, span_ref
+from core.results import PinResult
 from core.service import conversation_stats
 from core.settings import Settings
-from core.storage import erase, reads, store
+from core.storage import erase, pins, reads, store
 from core.storage import profile as profiles
 from core.storage.db import session_scope
 from core.storage.models import utcnow
@@ -28,6 +31,17 @@ from core.values.records import Msg
 
 EXPIRE_BATCH = 100  # conversations one retention run deletes before it re-enqueues itself
 MAX_PAGE = 1_000  # the largest page ``conversations`` returns
+
+
+def pin(engine: Engine, conversation_id: str, message_id: int, settings: Settings) -> PinResult:
+    """Pin a message of the conversation: ``NotFoundError`` when the conversation does not hold
+    it, ``PinLimitError`` past ``RECAP_MAX_PINNED_TOKENS`` (nothing changes either way)."""
+    return pins.pin(engine, conversation_id, message_id, max_tokens=settings.max_pinned_tokens)
+
+
+def unpin(engine: Engine, conversation_id: str, message_id: int, settings: Settings) -> PinResult:
+    """Unpin a message of the conversation (``NotFoundError`` when it does not hold it)."""
+    return pins.unpin(engine, conversation_id, message_id, max_tokens=settings.max_pinned_tokens)
 
 
 def delete(engine: Engine, conversation_id: str, settings: Settings) -> erase.Deleted:
@@ -147,6 +161,7 @@ def timeline(
         moment = _utc(as_of) if as_of is not None else None
         summaries = store.load_summaries(session, conversation_id, moment)
         clearings = store.load_clearings(session, conversation_id, moment)
+        pinned = pins.load_pins(session.connection(), conversation_id, moment)
         profile = profiles.load_profile(session.connection(), conversation_id)
     reserve = _host_parts(profile, whole.branch)
     request = service.assemble(
@@ -163,6 +178,7 @@ def timeline(
         request,
         summaries=summaries,
         clearings=clearings,
+        pinned=pinned,
         refs={m.id: message_ref(m.id) for m in whole.branch},
         summary_refs={s.id: span_ref(s.cutoff_message_id) for s in summaries},
     )

@@ -160,3 +160,15 @@ class ExportedConversation(Mapping[str, Any]):
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, eq=False)
+class PinResult(_Readable):
+    """A message's pin after ``Recap.pin`` / ``unpin`` (``recap pin``)."""
+
+    conversation_id: str
+    message_id: int
+    pinned: bool  # pinned now
+    changed: bool  # this call pinned or unpinned it (False: it already was so)
+    pinned_tokens: int  # stored tokens of every pinned message of the conversation now
+    max_pinned_tokens: int  # RECAP_MAX_PINNED_TOKENS

@@ -290,9 +290,9 @@ def _used_now(snapshot: policy.Snapshot, estimated: int, calibration: float) -> 
     """The whole request in provider tokens, and whether that is the provider's own reading.
 
     A reading counts as "measured" only while the request it measured is what would be sent now
-    (the same model, leaf, summary, clearings and fixed parts: ``profiles.state_key``); then it
-    is an estimate scaled by the calibration, of the request last assembled when that one is
-    still current, else of the stored history and the fixed parts."""
+    (the same model, leaf, summary, clearings, pins and fixed parts: ``profiles.state_key``);
+    then it is an estimate scaled by the calibration, of the request last assembled when that
+    one is still current, else of the stored history and the fixed parts."""
     profile = snapshot.profile
     if profile is None:
         return math.ceil(estimated * calibration), "estimated"
@@ -302,6 +302,7 @@ def _used_now(snapshot: policy.Snapshot, estimated: int, calibration: float) -> 
         summary_id=snapshot.summary.id if snapshot.summary is not None else None,
         clearings=snapshot.clearings.keys(),
         content_hash=profile.content_hash,
+        pins=snapshot.pinned_ids,
     )
     reading, sent = profile.reading, profile.sent
     if reading is not None and (
@@ -483,6 +484,7 @@ def _assembled(
         omitted=loaded.omitted,
         budget=limit,
         media_policy=media_policy(settings),
+        pinned=loaded.pinned,
     )
 
 
@@ -540,6 +542,7 @@ def _record_profile(
         summary_id=request.summary_id,
         clearings={*loaded.clearings, *recorded},
         content_hash=digest,
+        pins=[m.id for m in loaded.pinned],
     )
     sent = profiles.Sent(request.tokens.total, leaf_id, state)
     if (

@@ -96,6 +96,9 @@ class Settings(BaseSettings):
     # beat (`recap.expire_conversations`, every expire_seconds), rows and files; unset keeps them.
     conversation_retention_days: float | None = Field(default=None, gt=0)
     expire_seconds: int = Field(default=3_600, ge=1)
+    # Pins (core.storage.pins): the stored tokens of a conversation's pinned messages, all
+    # branches together, may not go past this (a pin beyond it is refused with PinLimitError).
+    max_pinned_tokens: int = Field(default=8_000, ge=0)
     # Recall (core.recall): the most characters one recall returns (a page; offset reads on).
     recall_max_chars: int = Field(default=20_000, ge=100)
     # `recap serve` adds the recap_recall tool upstream and answers its calls itself, at most

@@ -24,6 +24,7 @@ from core.errors import (
     DatabaseUrlError,
     InputError,
     NotFoundError,
+    PinLimitError,
     RecapError,
     SchemaMissingError,
 )
@@ -31,6 +32,7 @@ from core.request.assembly import AssembledRequest, ContextFile, TokenBreakdown
 from core.results import (
     CompressResult,
     ExportedConversation,
+    PinResult,
     Stats,
     SummaryInfo,
     UsageRecorded,
@@ -49,6 +51,8 @@ __all__ = [
     "ExportedConversation",
     "InputError",
     "NotFoundError",
+    "PinLimitError",
+    "PinResult",
     "Recap",
     "RecapError",
     "SchemaMissingError",

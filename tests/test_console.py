@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from tests.support.serve_stack import ROOT
 from workers.serve.auth import fingerprint
 from workers.ui.app import standalone
 from workers.ui.bar import apportion
-from workers.ui.timeline import CLEARED, FULL, OMITTED, SUMMARIZED, states
+from workers.ui.timeline import CLEARED, FULL, OMITTED, PINNED, SUMMARIZED, states
 
 UI_KEY = "console-operator-key"
 KEY_A, KEY_B = "client-key-a", "client-key-b"
@@ -110,8 +111,84 @@ def test_list_pages_searches_sorts_and_scopes(engine: Engine) -> None:
         assert sorted(r.id for r in mine.rows) == ["Chat-0", "Chat-1", "Chat-2"]
         assert list_conversations(connection, owner=None, scoped=True).total == 0
         assert first.rows[0].stored_tokens > 0 and first.rows[0].last_action is None
-        with pytest.raises(ValueError, match="sort"):
+        with pytest.raises(ValueError, match="sort must be one of"):
+            list_conversations(connection, sort="size")
+        with pytest.raises(ValueError, match="pressure sort needs"):
             list_conversations(connection, sort="pressure")
+
+
+def _pressure_case(engine: Engine) -> dict[str, Any]:
+    """Conversations whose pressure comes from every part the budget reads: sizes, a summary
+    with a pinned message in its span, clearings, a host's fixed parts and a provider reading,
+    an output reserve of its own, a window from the model map, and a model of no known window."""
+    from core.client import Recap
+    from core.decision.toolresults import ClearingPlan, PlannedClearing
+    from core.storage.sweep import apply_clearings
+
+    client = Recap(get_settings(), engine)
+    for index, turns in enumerate((2, 5, 9, 14, 20)):
+        _new(engine, f"size-{index}", turns)
+    from tests.test_compress_worker import chat
+
+    service.import_conversations(
+        engine,
+        [{"id": "summarized", "messages": chat(20)}],
+        get_settings(),
+        max_input_tokens=WINDOW,
+    )
+    stored = service.export_conversation(engine, "summarized")["messages"]
+    client.pin("summarized", stored[2]["id"])
+    assert client.compress("summarized", force=True).action == "summarized"
+    _new(engine, "cleared", 12)
+    ids = [m["id"] for m in service.export_conversation(engine, "cleared")["messages"]]
+    with session_scope(engine) as session:
+        plan = ClearingPlan("idle", tuple(PlannedClearing(mid, 30) for mid in ids[2:8]))
+        apply_clearings(session, "cleared", plan)
+    _new(engine, "measured", 11)
+    client.assemble("measured", system="a host prompt " * 40, tools=[{"type": "function",
+                    "function": {"name": "ls", "parameters": {"type": "object"}}}])  # fmt: skip
+    client.record_usage("measured", prompt_tokens=2_400)
+    _new(engine, "reserved", 8)
+    client.set_output_reserve("reserved", 1_500)
+    service.import_conversations(
+        engine,
+        [{"id": "mapped", "messages": [{"role": "user", "content": "hi " * 3_000}]}],
+        get_settings(),
+    )
+    _new(engine, "unknown-model", 1)  # a model the map no longer knows, no window of its own
+    with session_scope(engine) as session:
+        session.connection().execute(
+            update(CONVERSATIONS)
+            .where(CONVERSATIONS.c.id == "unknown-model")
+            .values(model="no-such-provider/no-such-model", max_input_tokens=None)
+        )
+    return {"client": client}
+
+
+def test_the_pressure_sort_is_recap_stats_pressure_worked_out_in_sql(engine: Engine) -> None:
+    """Sorting by pressure orders the conversations in the database as `recap stats` ranks
+    them (each row's figure equal to its stats pressure, to rounding), pages cut by the
+    database, a conversation of unknown window last either way."""
+    from workers.ui.views import pressure_inputs
+
+    _pressure_case(engine)
+    settings = get_settings()
+    inputs = pressure_inputs(settings)
+    with session_scope(engine) as session:
+        connection = session.connection()
+        page = list_conversations(connection, sort="pressure", pressure=inputs, limit=50)
+        rising = list_conversations(
+            connection, sort="pressure", descending=False, pressure=inputs, limit=50
+        )
+        second = list_conversations(connection, sort="pressure", pressure=inputs, limit=3, offset=3)
+    order = [row.id for row in page.rows]
+    assert order[-1] == "unknown-model" and page.pressures["unknown-model"] is None
+    stats = {cid: service.conversation_stats(engine, cid, settings).pressure for cid in order[:-1]}
+    for cid, expected in stats.items():
+        assert page.pressures[cid] == pytest.approx(expected, abs=2e-3), cid
+    assert order[:-1] == sorted(stats, key=lambda cid: (-stats[cid], cid))
+    assert [row.id for row in rising.rows] == [*reversed(order[:-1]), "unknown-model"]
+    assert [row.id for row in second.rows] == order[3:6] and second.total == page.total
 
 
 # --- the bar and the timeline (pure) -----------------------------------------------------------
@@ -160,6 +237,35 @@ def test_timeline_states(
     ]
     clearings = {mid: ClearingRec(mid, reason, 5) for mid, reason in cleared.items()}
     found = states(branch, summary_cutoff=cutoff, clearings=clearings, dropped=dropped)
+    assert [found[m.id][0] for m in branch] == expected
+
+
+@pytest.mark.parametrize(
+    ("cutoff", "pinned", "dropped", "expected"),
+    [
+        (None, {2}, [], [FULL, PINNED, FULL, CLEARED, FULL]),
+        (3, {2}, [], [FULL, PINNED, SUMMARIZED, CLEARED, FULL]),
+        (None, {4}, [2], [FULL, OMITTED, FULL, PINNED, FULL]),
+        (None, {1}, [], [FULL, FULL, FULL, CLEARED, FULL]),
+    ],
+    ids=["in-place", "in-a-summary", "over-a-clearing", "the-stored-prompt"],
+)
+def test_timeline_states_with_pins(
+    cutoff: int | None, pinned: set[int], dropped: list[int], expected: list[str]
+) -> None:
+    """A pinned message is pinned wherever it is, whatever covers it; the root prompt stays
+    full (it is always sent)."""
+    branch = [
+        _msg(1, "system", None),
+        _msg(2, "user", 1),
+        _msg(3, "assistant", 2),
+        _msg(4, "tool", 3),
+        _msg(5, "user", 4),
+    ]
+    clearings = {4: ClearingRec(4, "idle", 5)}
+    found = states(
+        branch, summary_cutoff=cutoff, clearings=clearings, dropped=dropped, pinned=pinned
+    )
     assert [found[m.id][0] for m in branch] == expected
 
 
@@ -336,6 +442,40 @@ def test_recap_ui_runs_on_its_own(console: Engine, tmp_path: Path) -> None:
     finally:
         stop_group(process)
     assert recap_process("ui", "--port", "0", env=env).code != 0  # port 0 is out of range
+
+
+def test_the_page_shows_pins_and_the_request_as_of_a_time(console: Engine) -> None:
+    """A pinned message is `pinned` in the timeline (inside the summary's band) and sent right
+    after the summary; the request as of a time before the summary has none, one as of now
+    the summary; a time that is not one is a 400 with one clear line, one before the first
+    message says so; neither is an error page."""
+    from datetime import timedelta
+
+    exported = service.export_conversation(console, CONV)["messages"]
+    first_user = next(m for m in exported if m["role"] == "user")
+    assert recap("pin", CONV, str(first_user["id"])).code == 0
+    http = client()
+    log_in(http, UI_KEY)
+    page = http.get(conversation_path(CONV)).text
+    assert f'data-message="{first_user["id"]}" data-state="pinned"' in page
+    assert 'data-testid="pinned-count">1<' in page
+    summary = service.list_summaries(console, CONV)[-1]
+    before = datetime.fromisoformat(summary.created_at) - timedelta(microseconds=1)
+    past = http.get(conversation_path(CONV), params={"as_of": before.isoformat()})
+    assert past.status_code == 200
+    assert 'data-testid="as-of-summary" data-summary=""' in past.text
+    now = http.get(conversation_path(CONV), params={"as_of": "2999-01-01T00:00:00Z"})
+    assert f'data-testid="as-of-summary" data-summary="{summary.id}"' in now.text
+    bad = http.get(conversation_path(CONV), params={"as_of": "last tuesday"})
+    assert bad.status_code == 400
+    problem = re.search(r'data-testid="as-of-problem">([^<]*)<', bad.text)
+    assert problem is not None and "is not a time" in problem[1]
+    assert 'data-testid="bar-table"' in bad.text  # the rest of the page is there
+    early = http.get(conversation_path(CONV), params={"as_of": "2000-01-01"})
+    assert early.status_code == 200
+    assert "no message at or before" in early.text
+    listing = http.get("/ui/", params={"sort": "pressure"})
+    assert listing.status_code == 200 and 'class="active">pressure' in listing.text
 
 
 def test_an_empty_conversation_has_a_page(console: Engine) -> None:

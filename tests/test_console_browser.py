@@ -8,10 +8,12 @@ page is saved at 1280 and 390 pixels wide under ``test-artifacts/``.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -299,6 +301,100 @@ def test_a_wrong_key_and_another_keys_conversation_are_refused(stack: Stack) -> 
     assert "unknown conversation" in page.get_by_test_id("error").inner_text()
     page.goto(conversation_url(stack, stack.owned[KEY_A]))
     assert page.get_by_test_id("compress-now").count() == 0
+    page.context.close()
+
+
+def test_a_pinned_message_is_marked_and_sent_after_the_summary(stack: Stack) -> None:
+    """`recap pin` on a message the worker's summary covers: at both widths the timeline marks
+    it pinned inside the summary's band and counts it, and the request as it would be sent now
+    carries it right after the summary."""
+    summary = service.list_summaries(stack.engine, AGENT)[-1]
+    exported = service.export_conversation(stack.engine, AGENT)["messages"]
+    target = next(
+        m for m in exported[1:] if m["role"] == "user" and m["id"] < summary.cutoff_message_id
+    )
+    done = recap_process("pin", AGENT, str(target["id"]), "--json", env=stack.env)
+    assert done.code == 0 and json.loads(done.stdout)["pinned"], done.stderr
+    for width in WIDTHS:
+        page = log_in(stack, UI_KEY, width)
+        errors, _ = watch(page, stack.base.rsplit("/ui", 1)[0])
+        page.goto(conversation_url(stack, AGENT))
+        entry = page.locator(f"li.entry[data-message='{target['id']}']")
+        assert entry.get_attribute("data-state") == "pinned"
+        band = page.locator(f"li.band[data-summary='{summary.id}']")
+        assert band.locator("li.entry[data-state='pinned']").count() == 1
+        assert page.get_by_test_id("pinned-count").inner_text() == "1"
+        sent = json.loads(page.get_by_test_id("request").text_content() or "[]")
+        assert sent[1]["content"].startswith("Summary") and sent[2] == {
+            "role": "user",
+            "content": target["content"],
+        }
+        assert errors == []
+        page.context.close()
+
+
+def test_the_request_as_of_a_chosen_time(stack: Stack) -> None:
+    """The time field on the conversation page shows the request as `recap assemble --as-of`
+    builds it: before the worker's first summary none is sent, after its last one that one
+    is; a time that is not one is one clear line on the page (400), not an error page."""
+    summaries = service.list_summaries(stack.engine, LONG_CHAT)
+    before = datetime.fromisoformat(summaries[0].created_at) - timedelta(microseconds=1)
+    page = log_in(stack, UI_KEY)
+    errors, _ = watch(page, stack.base.rsplit("/ui", 1)[0])
+    page.goto(conversation_url(stack, LONG_CHAT))
+    for moment, summary_id in ((before, None), (datetime.now(UTC), summaries[-1].id)):
+        page.get_by_test_id("as-of-input").fill(moment.isoformat())
+        with page.expect_navigation() as navigation:
+            page.get_by_test_id("as-of-show").click()
+        assert navigation.value.status == 200
+        shown = page.get_by_test_id("as-of-summary")
+        expected = recap_process(
+            "assemble", LONG_CHAT, "--as-of", moment.isoformat(), "--json", env=stack.env
+        )
+        request = json.loads(expected.stdout)
+        assert request["summary_id"] == summary_id
+        assert shown.get_attribute("data-summary") == (
+            "" if summary_id is None else str(summary_id)
+        )
+        assert int(shown.get_attribute("data-messages") or 0) == len(request["messages"])
+        assert page.get_by_test_id("as-of-input").input_value() == moment.isoformat()
+    page.get_by_test_id("as-of-input").fill("the day before yesterday")
+    with page.expect_navigation() as navigation:
+        page.get_by_test_id("as-of-show").click()
+    assert navigation.value.status == 400
+    assert "is not a time" in page.get_by_test_id("as-of-problem").inner_text()
+    assert page.get_by_test_id("bar-table").count() == 1  # the rest of the page is there
+    assert [e for e in errors if "400" not in e] == []  # the browser logs the status alone
+    page.context.close()
+
+
+def _listed_pressures(page: Any) -> list[tuple[str, float | None]]:
+    return [
+        (str(cid), None if value in (None, "") else float(value))
+        for cid, value in page.locator("tr[data-conversation]").evaluate_all(
+            "rows => rows.map(r => [r.dataset.conversation,"
+            " (r.querySelector('[data-pressure]') || {dataset: {}}).dataset.pressure])"
+        )
+    ]
+
+
+def test_the_list_sorts_by_pressure(stack: Stack) -> None:
+    """The pressure header sorts the list in the database, highest first, then lowest first on
+    a second click: the order agrees with each row's `recap stats` pressure."""
+    page = log_in(stack, UI_KEY)
+    page.locator("table.list th a", has_text="pressure").click()
+    page.wait_for_load_state()
+    assert "sort=pressure" in page.url and "dir=desc" in page.url
+    falling = _listed_pressures(page)
+    assert len(falling) >= 5 and all(value is not None for _, value in falling)
+    values = [value for _, value in falling if value is not None]
+    assert all(a >= b - 1e-3 for a, b in itertools.pairwise(values)), falling
+    page.locator("table.list th a", has_text="pressure").click()
+    page.wait_for_load_state()
+    assert "dir=asc" in page.url
+    rising = [value for _, value in _listed_pressures(page) if value is not None]
+    assert all(a <= b + 1e-3 for a, b in itertools.pairwise(rising)), rising
+    assert sorted(cid for cid, _ in falling) == sorted(cid for cid, _ in _listed_pressures(page))
     page.context.close()
 
 

@@ -240,7 +240,25 @@ def _message_rows() -> list[Row]:
     ]
 
 
-ROWS = [*_file_rows(), *_setting_rows(), *_assemble_rows(), *_message_rows()]
+def _pin_rows() -> list[Row]:
+    """A pin of a message the conversation does not hold, or past the cap: nothing pinned (an id
+    that is not one is a usage error, exit 2: ``tests/test_pins.py``)."""
+    cap = {"RECAP_MAX_PINNED_TOKENS": "1"}
+    return [
+        Row("pin-unknown-conversation", ("pin", "nope", "1"), "unknown conversation 'nope'"),
+        Row("pin-unknown-message", ("pin", "c", "999999"), "is not in conversation 'c'"),
+        Row("unpin-unknown-message", ("pin", "c", "999999", "--off"), "is not in conversation"),
+        Row("pin-over-the-cap", ("pin", "c", "1"), "RECAP_MAX_PINNED_TOKENS", cap),
+        Row(
+            "pin-cap-negative",
+            ("pin", "c", "1"),
+            "RECAP_MAX_PINNED_TOKENS",
+            {"RECAP_MAX_PINNED_TOKENS": "-1"},
+        ),
+    ]
+
+
+ROWS = [*_file_rows(), *_setting_rows(), *_assemble_rows(), *_message_rows(), *_pin_rows()]
 
 
 @pytest.fixture

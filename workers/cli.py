@@ -1035,5 +1035,7 @@ def main() -> None:
     app()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m workers.cli`: the module as imported, whose app holds
+    from workers.cli import main as imported_main  # the commands other modules register on it
+
+    imported_main()

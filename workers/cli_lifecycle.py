@@ -1,5 +1,5 @@
-"""The lifecycle commands of ``recap``: ``delete``, ``conversations``, ``expire``, ``timeline``,
-``recall``.
+"""The lifecycle commands of ``recap``: ``pin``, ``delete``, ``conversations``, ``expire``,
+``timeline``, ``recall``.
 
 They register on ``workers.cli.app`` when ``workers.cli`` imports this module (at its end), and
 use its helpers: one clear line on stderr for bad input, ``--json`` for one JSON object.
@@ -13,6 +13,7 @@ import typer
 
 from workers.cli import (
     MAX_DAYS,
+    MESSAGE_ID,
     AsOfOption,
     JsonFlag,
     LeafOption,
@@ -34,6 +35,35 @@ IdleDays = Annotated[
         parser=finite(0, MAX_DAYS, open_low=False),
     ),
 ]
+
+
+@app.command()
+@handles_errors
+def pin(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    message_id: Annotated[
+        int, typer.Argument(help="The message's id (as `recap export` shows it).", **MESSAGE_ID)
+    ],
+    off: Annotated[bool, typer.Option("--off", help="Unpin the message instead.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Send a message verbatim in every request of its branch, whatever is summarized (--off:
+    unpin it)."""
+    from core import lifecycle
+
+    change = lifecycle.unpin if off else lifecycle.pin
+    done = change(engine(), conversation, message_id, settings())
+    payload = done.as_dict()
+    state = "pinned" if done.pinned else "not pinned"
+    news = "" if done.changed else " (already)"
+    emit(
+        payload,
+        as_json,
+        lambda: typer.echo(
+            f"message {message_id} of {conversation}: {state}{news}; "
+            f"{done.pinned_tokens} of {done.max_pinned_tokens} pinned tokens in use"
+        ),
+    )
 
 
 @app.command()

@@ -125,6 +125,7 @@ class PassResult:
     row: dict[str, Any] | None = None
     recent: tuple[Msg, ...] = ()
     clearings: Mapping[int, ClearingRec] = field(default_factory=dict)
+    pinned: frozenset[int] = frozenset()  # never cleared after the summary either
 
 
 ENTRY_POINT_GROUP = "recap.engine"  # the distribution names its parts here (pyproject.toml)
@@ -275,8 +276,8 @@ def _validated(
     encoding = tokens.encoding_name_for(snapshot.model)
     sent = SUMMARY_MESSAGE_PREFIX + result.text + summary_note(split.cutoff_message_id)
     summary_tokens = tokens.count_message({"role": "user", "content": sent}, encoding)
-    replaced = (snapshot.summary.tokens if snapshot.summary else 0) + sum(
-        planning.message_tokens(m, clearings) for m in split.older
+    replaced = (snapshot.summary.tokens if snapshot.summary else 0) + planning.replaced_tokens(
+        split.older, clearings, snapshot.pinned_ids
     )
     base = replace(
         base,
@@ -314,7 +315,7 @@ def _validated(
         "identifier_retention": result.retention,
         "created_at": run.clock(),
     }
-    return PassResult(outcome, row, split.recent, snapshot.clearings)
+    return PassResult(outcome, row, split.recent, snapshot.clearings, snapshot.pinned_ids)
 
 
 # --- phase 3: write ---------------------------------------------------------------------------
@@ -334,7 +335,9 @@ def write_run(
     now = run.clock()
     clear_after = None
     if result.row is not None:
-        clear_after = policy.post_summary_clearing(result.recent, result.clearings, run.knobs)
+        clear_after = policy.post_summary_clearing(
+            result.recent, result.clearings, run.knobs, result.pinned
+        )
 
     def log_row(written: Written) -> dict[str, Any]:
         return _log_values(run, _written(result.outcome, written, result.row), duration_ms, now)

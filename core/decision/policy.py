@@ -25,13 +25,17 @@ The decision, in order:
    ``min_summary_span_tokens`` is not sent: no summary of it would be smaller. After repeated
    failures the summarizer rests (``cooldown_until``); a "does not reduce" rejection is not a
    failure of the summarizer and does not count.
+
+Pinned messages (``Snapshot.pinned``) are sent whatever is summarized or cleared: they are never
+clearing candidates, the history counts those a summary covers (they are sent after it), and a
+split's span is what it summarizes less its pinned messages, which stay in the request.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -54,6 +58,7 @@ from core.summaries.planning import (
     message_tokens,
     pending_messages,
     plan_split,
+    replaced_tokens,
     split_root,
 )
 from core.values.profile import Profile
@@ -123,10 +128,17 @@ class Snapshot:
     profile: Profile | None
     now: datetime
     failures: tuple[Failure, ...] = ()  # failed runs since the last summary, newest first
+    # The branch's pinned messages, root first, without text (those a summary covers too):
+    # sent whatever is summarized or cleared, so fixed history (``core.request.pins``).
+    pinned: tuple[Msg, ...] = ()
 
     @property
     def leaf_id(self) -> int | None:
         return self.branch[-1].id if self.branch else None
+
+    @property
+    def pinned_ids(self) -> frozenset[int]:
+        return frozenset(m.id for m in self.pinned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,9 +217,18 @@ def fixed_tokens(snapshot: Snapshot, knobs: Knobs) -> int:
 
 def history_estimate(snapshot: Snapshot) -> int:
     """Stored tokens of the history a request carries: the summary and the messages after its
-    cutoff, cleared results at their placeholder size (the stored system prompt is a fixed part)."""
-    _, rest = split_root(snapshot.branch)
-    return effective_history_tokens(rest, snapshot.summary, snapshot.clearings)
+    cutoff, cleared results at their placeholder size (the stored system prompt is a fixed part),
+    and the pinned messages the summary covers (sent after it)."""
+    root, rest = split_root(snapshot.branch)
+    total = effective_history_tokens(rest, snapshot.summary, snapshot.clearings)
+    if snapshot.pinned:
+        sent = {m.id for m in pending_messages(snapshot.branch, snapshot.summary)}
+        total += sum(
+            m.tokens
+            for m in snapshot.pinned
+            if m.id not in sent and (root is None or m.id != root.id)
+        )
+    return total
 
 
 def pressure(snapshot: Snapshot, knobs: Knobs, history: int | None = None) -> Pressure:
@@ -258,6 +279,7 @@ def decide(snapshot: Snapshot, knobs: Knobs, *, force: bool = False) -> Decision
             protected=knobs.protected_tools,
             min_tokens=gate,
             reason=PRESSURE,
+            pinned=snapshot.pinned_ids,
         )
         if plan:
             saved = plan.tokens_reclaimed
@@ -281,6 +303,7 @@ def _summarize(
     force: bool,
 ) -> Decision:
     pending = pending_messages(snapshot.branch, snapshot.summary)
+    pins = snapshot.pinned_ids
     budget, cap = recent_budget(p, knobs)
     split = plan_split(
         pending,
@@ -290,7 +313,7 @@ def _summarize(
         clearings=clearings,
     )
     fallback = CLEAR if plan else SKIP
-    span = sum(message_tokens(m, clearings) for m in split.older) if split is not None else 0
+    span = replaced_tokens(split.older, clearings, pins) if split is not None else 0
     if p.ratio > 1 and span < knobs.min_summary_span_tokens:  # over the room: cut deeper
         deeper = plan_split(
             pending,
@@ -301,11 +324,11 @@ def _summarize(
         )
         if deeper is not None:
             split = deeper
-            span = sum(message_tokens(m, clearings) for m in split.older)
+            span = replaced_tokens(split.older, clearings, pins)
     if split is None:
         reason = "nothing older than the recent turns to summarize"
         return Decision(fallback, reason, p, plan, urgent=urgent, clearings=clearings)
-    split = dataclasses.replace(split, summary_room=summary_room(p, split, clearings))
+    split = dataclasses.replace(split, summary_room=summary_room(p, split, clearings, pins))
     if span < knobs.min_summary_span_tokens:
         reason = (
             f"the {span} tokens before the recent turns are below the smallest span worth "
@@ -321,12 +344,19 @@ def _summarize(
 SUMMARY_ROOM_FLOOR = 256  # the least a summary is asked to fit in: less keeps nothing useful
 
 
-def summary_room(p: Pressure, split: Split, clearings: Mapping[int, ClearingRec]) -> int:
+def summary_room(
+    p: Pressure,
+    split: Split,
+    clearings: Mapping[int, ClearingRec],
+    pinned: Collection[int] = frozenset(),
+) -> int:
     """Estimated tokens the summary may take: half of what the trigger leaves beside the recent
-    part it keeps, so that the summary, the recent turns and the next few turns fit the room
-    (a summary planned without it can crowd the newest turn out of a small window)."""
+    part it keeps (and the pinned messages it covers, which are sent after it), so that the
+    summary, the recent turns and the next few turns fit the room (a summary planned without it
+    can crowd the newest turn out of a small window)."""
     factor = p.budget.calibration
     recent = sum(message_tokens(m, clearings) for m in split.recent)
+    recent += sum(m.tokens for m in split.older if m.id in pinned)
     return max((int(p.trigger / factor) - recent) // 2, SUMMARY_ROOM_FLOOR)
 
 
@@ -361,7 +391,10 @@ def with_plan(clearings: Mapping[int, ClearingRec], plan: ClearingPlan) -> dict[
 
 
 def post_summary_clearing(
-    recent: Sequence[Msg], clearings: Mapping[int, ClearingRec], knobs: Knobs
+    recent: Sequence[Msg],
+    clearings: Mapping[int, ClearingRec],
+    knobs: Knobs,
+    pinned: Collection[int] = frozenset(),
 ) -> ClearingPlan:
     """After a new summary the request's prefix changed and its prompt cache is cold anyway:
     clear the old results after the cutoff, any saving being worth it."""
@@ -372,11 +405,15 @@ def post_summary_clearing(
         protected=knobs.protected_tools,
         min_tokens=min_tokens_for(POST_SUMMARY, 0),
         reason=POST_SUMMARY,
+        pinned=pinned,
     )
 
 
 def idle_clearing(
-    sent: Sequence[Msg], clearings: Mapping[int, ClearingRec], knobs: Knobs
+    sent: Sequence[Msg],
+    clearings: Mapping[int, ClearingRec],
+    knobs: Knobs,
+    pinned: Collection[int] = frozenset(),
 ) -> ClearingPlan:
     """Past ``idle_minutes`` the provider's cache has expired: clear all but the last
     ``idle_keep_tool_results``. The idle sweep does the same in set-based SQL
@@ -388,6 +425,7 @@ def idle_clearing(
         protected=knobs.protected_tools,
         min_tokens=min_tokens_for(IDLE, 0),
         reason=IDLE,
+        pinned=pinned,
     )
 
 

@@ -403,14 +403,21 @@ def plan_clearings(
     protected: Collection[str],
     min_tokens: int,
     reason: str,
+    pinned: Collection[int] = frozenset(),
 ) -> ClearingPlan:
     """Which tool results of ``branch`` (the messages sent, after any summary's cutoff) to clear.
 
     Kept in full: the results of the last ``keep_last`` tool calls (calls, not user turns: an
     agent run can be one user turn with a hundred calls), results of ``protected`` tools (compared
-    case-insensitively, by the result's name or else its call's), results already cleared, and
-    results whose placeholder would not be smaller. The plan is empty unless it reclaims at least
-    ``min_tokens`` in all. Deterministic: the same branch and clearings give the same plan.
+    case-insensitively, by the result's name or else its call's), ``pinned`` results (sent as
+    stored while pinned; they still count among the last ``keep_last``), results already
+    cleared, and results whose placeholder would not be smaller. The plan is empty unless it
+    reclaims at least ``min_tokens`` in all. Deterministic: the same branch and clearings give
+    the same plan.
+
+    This is where every clearing of old results is chosen (the per-conversation decision, the
+    clearing after a summary, the cost replays); the idle sweep's set-based SQL states the same
+    rules (``core.storage.sweep``).
     """
     if reason not in REASONS:
         raise ValueError(f"unknown clearing reason {reason!r} (expected one of {REASONS})")
@@ -421,7 +428,7 @@ def plan_clearings(
     items = []
     for message in older:
         name = message.name or names.get(message.tool_call_id or "")
-        if message.id in clearings or (name or "").lower() in shielded:
+        if message.id in clearings or message.id in pinned or (name or "").lower() in shielded:
             continue
         saved = reclaimable(message)
         if saved > 0:

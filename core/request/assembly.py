@@ -27,6 +27,10 @@ Tool pairs: every call gets exactly one result, placed right after the call's me
 stored later, after another message, is moved up to it); a call with no recorded result gets a
 stub saying so; a result that answers no call on the sent branch (its call was summarized away, or
 it repeats an answered call) is dropped and listed in ``dropped_message_ids``.
+
+Pinned messages (``pinned``, see ``core.request.pins``) are fixed parts: sent in their place (their
+unit is never left out or shortened, and no clearing applies to them), or right after the summary
+once it covers them.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any
 
 from core.counting import media, reasoning, tokens
 from core.errors import BudgetError, InputError
+from core.request import pins as pin_rules
 from core.request import refs, render, shorten
 from core.request.placeholders import cleared_placeholder
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
@@ -145,6 +150,7 @@ class _Unit:
     ids: list[int]
     tokens: int
     is_user: bool
+    pinned: bool = False  # it holds a pinned message: always sent, counted as a fixed part
 
 
 @lru_cache(maxsize=COUNT_CACHE_SIZE)
@@ -175,6 +181,7 @@ def assemble(
     omitted: Sequence[int] = (),
     budget: int | None = None,
     media_policy: media.MediaPolicy | None = None,
+    pinned: Sequence[Msg] = (),
 ) -> AssembledRequest:
     """The request for ``branch`` (root first) within ``window`` tokens of ``model``.
 
@@ -205,14 +212,19 @@ def assemble(
     request are sent as placeholders; the byte guard then ages the oldest parts still sent in full
     until the request is within ``max_request_bytes``, and stored bytes are put back by its loader.
     Messages whose media all aged here are listed in ``media_aged``, to be recorded.
+
+    ``pinned`` lists the branch's pinned messages, root first (``core.request.pins``): those
+    after the cutoff are sent in their place whatever the budget (with their units), the others
+    right after the summary; all of them as stored, and counted before any history is fitted.
     """
     _check_knobs(window, safety_margin)
     encoding = tokens.encoding_name_for(model)
-    cleared = clearings or {}
+    pins = frozenset(m.id for m in pinned)
+    cleared = pin_rules.effective_clearings(clearings or {}, pins)
     policy = media_policy or media.MediaPolicy()
     root = stored_prompt(branch)
     branch, root, media_aged = _age_media(
-        branch, root, summary, cleared, policy, model=model, text_only=text_only
+        branch, root, summary, cleared, policy, model=model, text_only=text_only, pins=pins
     )
     system_message, system_tokens = _system_part(root, system, encoding)
     after = _after_cutoff(branch[1:] if root is not None else branch, summary, root)
@@ -220,21 +232,30 @@ def assemble(
         raise InputError("nothing to send: the branch has no message besides a system prompt")
 
     units, orphans, repeated = _units(
-        after, cleared, missing_outputs, encoding, text_only=text_only
+        after, cleared, missing_outputs, encoding, text_only=text_only, pins=pins
     )
+    if pins:
+        for unit in units:
+            unit.pinned = any(mid in pins for mid in unit.ids)
     split = _last_user_unit(units)
     older, tail = units[:split], units[split:]
     family = reasoning.family_of(model)
     reasoning_dropped = _drop_reasoning(
         older, tail, cleared, family, model=model, text_only=text_only
     )
+    block: list[dict[str, Any]] = []
+    if pins:
+        placed = {m.id for m in after} | ({root.id} if root is not None else set())
+        block = pin_rules.block(pin_rules.summarized(pinned, placed), family, text_only=text_only)
+    pinned_tokens = sum(tokens.count_message(m, encoding, model=model) for m in block)
+    pinned_tokens += sum(unit.tokens for unit in older if unit.pinned)
 
     summary_message, summary_tokens = _summary_part(summary, encoding)
     reminder_message = {"role": ADDED_ROLE, "content": reminder} if reminder else None
     reminder_tokens = _count(ADDED_ROLE, reminder, encoding) if reminder else 0
     tools_tokens = _tools_tokens(tools, encoding)
     fixed = system_tokens + summary_tokens + reminder_tokens + tools_tokens
-    fixed += tokens.TOKENS_REPLY_PRIMING
+    fixed += tokens.TOKENS_REPLY_PRIMING + pinned_tokens
     if budget is None:
         budget = tokens.available_tokens(window, safety_margin)
     summary_cut = False
@@ -246,7 +267,7 @@ def assemble(
         fixed += cut_tokens - summary_tokens
         summary_tokens = cut_tokens
     tail, cut_older, cleared, shortened, cut_steps = _fit_tail(
-        tail, budget - fixed, cleared, encoding
+        tail, budget - fixed, cleared, encoding, pins
     )
     older.extend(cut_older)
     fitted_tail = bool(shortened or cut_older or cut_steps)
@@ -265,19 +286,24 @@ def assemble(
     room -= context_tokens
     if cut_steps:  # the turn's own steps did not all fit: no history from before the turn
         room = 0
-    parts = _Parts(context, tail, cleared, missing_outputs, encoding, repeated, family, text_only)
+    parts = _Parts(
+        context, tail, cleared, missing_outputs, encoding, repeated, family, text_only, pins
+    )
     fitted = _fit_history(older, room, parts, cut=bool(omitted))
     history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
     if fixed + history_tokens + context_tokens > budget:  # the tail's fresh call ids did it
         raise _tail_error(tail_tokens + fitted.renamed, fixed, budget, window, safety_margin)
     ends = (system_message, summary_message, reminder_message)
-    finished = media.finish(_whole(ends, fitted), policy, model=model, count=_media_counter(model))
+    whole = _whole(ends, fitted, block)
+    held = _pinned_positions(ends, fitted, block)
+    finished = media.finish(whole, policy, model=model, count=_media_counter(model), keep=held)
     excess = _bytes_over(finished.messages, policy.max_request_bytes)
     if excess > 0 and fitted.kept_from < len(older):  # media aged first; then older history
         fitted = _shed_bytes(older, fitted, parts, excess)
         history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
+        held = _pinned_positions(ends, fitted, block)
         finished = media.finish(
-            _whole(ends, fitted), policy, model=model, count=_media_counter(model)
+            _whole(ends, fitted, block), policy, model=model, count=_media_counter(model), keep=held
         )
     kept_from = fitted.kept_from
     messages = finished.messages
@@ -295,14 +321,15 @@ def assemble(
             summary_message is not None,
             reminder_message is not None,
             encoding,
+            len(block),
         )
 
-    older_dropped = (mid for unit in older[:kept_from] for mid in unit.ids)
+    older_dropped = (mid for unit in older[:kept_from] if not unit.pinned for mid in unit.ids)
     dropped = sorted([*omitted, *orphans, *older_dropped, *cut_steps])
     breakdown = TokenBreakdown(
         system=system_tokens,
         summary=summary_tokens,
-        history=history_tokens,
+        history=history_tokens + pinned_tokens,  # pinned ones are history, fitted as fixed
         context=context_tokens,
         tools=tools_tokens,
         reminder=reminder_tokens,
@@ -320,7 +347,7 @@ def assemble(
         forgotten_files=forgotten,
         media_aged=media_aged,
         truncated=bool(omitted) or kept_from > 0 or bool(cut_steps) or summary_cut,
-        truncated_tokens=sum(unit.tokens for unit in older[:kept_from]),
+        truncated_tokens=sum(unit.tokens for unit in older[:kept_from] if not unit.pinned),
         reasoning_dropped=reasoning_dropped,
         shortened=shortened,
         fitted_tail=fitted_tail,
@@ -402,10 +429,12 @@ def _age_media(
     *,
     model: str,
     text_only: bool,
+    pins: Collection[int] = frozenset(),
 ) -> tuple[Sequence[Msg], Msg | None, tuple[tuple[int, int], ...]]:
     """The branch with aged media parts as placeholders and every message with media counted
     anew for ``model``; the root prompt's media ages once a summary covers it. Also the
-    messages whose media all aged now, not recorded yet, with the tokens that saves."""
+    messages whose media all aged now, not recorded yet, with the tokens that saves. A pinned
+    message's media never ages."""
     if not any(m.content_parts and media.has_media(m.content_parts) for m in branch):
         return branch, root, ()
     after = _after_cutoff(branch[1:] if root is not None else branch, summary, root)
@@ -426,13 +455,14 @@ def _age_media(
         if not positions or (clearing is not None and clearing.reason != media.RECORDED):
             out.append(message)
             continue
-        parts = media.age_parts(message.content_parts or (), aged.get(message.id, ()))
+        ageing = () if message.id in pins else aged.get(message.id, ())
+        parts = media.age_parts(message.content_parts or (), ageing)
         changed = message._replace(content_parts=parts)
         changed = changed._replace(
             tokens=tokens.count_message(changed.to_openai(), encoding, model=model)
         )
         out.append(changed)
-        whole = set(aged.get(message.id, ())) == set(positions)
+        whole = set(ageing) == set(positions)
         if (
             whole
             and message is not root
@@ -511,9 +541,11 @@ def _units(
     encoding: str,
     *,
     text_only: bool,
+    pins: Collection[int] = frozenset(),
 ) -> tuple[list[_Unit], list[int], bool]:
     """The history as units with valid tool pairs, the ids of orphan results dropped, and
     whether any call id is used twice (only then are ids made unique: ``unique_call_ids``).
+    A pinned orphan result is not dropped: it is sent in its place as its text-only form.
 
     This runs over every message after the cutoff on each request, so it stays a flat loop.
     """
@@ -529,7 +561,13 @@ def _units(
     for index, message in enumerate(messages):
         role = message.role
         if role == "tool":
-            if index not in used:
+            if index in used:
+                continue
+            if message.id in pins:  # no call to answer: sent as text, as after a summary
+                text = render.text_only_results([message.to_openai()])
+                count = tokens.count_message(text, encoding)
+                units.append(_Unit([text], [message.id], count, False, pinned=True))
+            else:
                 orphans.append(message.id)
         elif role == "assistant" and message.tool_calls:
             calls += len(message.tool_calls)
@@ -625,11 +663,13 @@ def _fit_older(older: Sequence[_Unit], room: int, encoding: str, *, cut: bool) -
 
 
 def _kept_from(older: Sequence[_Unit], room: int) -> int:
-    """The start of the newest contiguous run of units that fits in ``room`` tokens."""
+    """The start of the newest contiguous run of units that fits in ``room`` tokens (a pinned
+    unit is paid for as a fixed part: it takes no room, and the run goes on past it)."""
     start = len(older)
-    while start > 0 and older[start - 1].tokens <= room:
+    while start > 0 and (older[start - 1].pinned or older[start - 1].tokens <= room):
         start -= 1
-        room -= older[start].tokens
+        if not older[start].pinned:
+            room -= older[start].tokens
     return start
 
 
@@ -709,7 +749,11 @@ def _render(
 
 
 def _fit_tail(
-    tail: list[_Unit], room: int, clearings: Mapping[int, ClearingRec], encoding: str
+    tail: list[_Unit],
+    room: int,
+    clearings: Mapping[int, ClearingRec],
+    encoding: str,
+    pins: Collection[int] = frozenset(),
 ) -> tuple[
     list[_Unit], list[_Unit], Mapping[int, ClearingRec], tuple[tuple[int, int], ...], list[int]
 ]:
@@ -720,7 +764,8 @@ def _fit_tail(
        older history, a gap note in their place);
     3. the remaining tool results are cut to one common size, the largest first.
 
-    The last user message and the newest step are always kept. When no user message leads the
+    The last user message and the newest step are always kept, and so are the steps holding a
+    pinned message, whose results are never cut either (``pins``). When no user message leads the
     tail (a summary cut inside an agent turn), the steps left out are the oldest of the history
     itself: they are returned to join the older units (which ``_fit_history`` fits and notes),
     so the request is the same whether a caller left such rows unread or not. Returns the tail,
@@ -734,20 +779,29 @@ def _fit_tail(
     gap = _Unit([{"role": ADDED_ROLE, "content": GAP_NOTE}], [], 0, False)
     gap.tokens = _count(ADDED_ROLE, GAP_NOTE, encoding) if head else 0
     left = room - gap.tokens
-    left -= sum(_capped(unit, clearings, half) for unit in (*tail[:head], *newest))
+    always = (*tail[:head], *newest, *(unit for unit in middle if unit.pinned))
+    left -= sum(_capped(unit, clearings, half, pins) for unit in always)
     kept = len(middle)  # the newest steps that fit once results are capped at half the room
-    while kept and _capped(middle[kept - 1], clearings, half) <= left:
-        left -= _capped(middle[kept - 1], clearings, half)
+    while kept and (
+        middle[kept - 1].pinned or _capped(middle[kept - 1], clearings, half, pins) <= left
+    ):
+        if not middle[kept - 1].pinned:
+            left -= _capped(middle[kept - 1], clearings, half, pins)
         kept -= 1
-    cut, middle = middle[:kept], middle[kept:]
+    cut = [unit for unit in middle[:kept] if not unit.pinned]
+    middle = [*(unit for unit in middle[:kept] if unit.pinned), *middle[kept:]]
     tail = [*tail[:head], *([gap] if head and cut else []), *middle, *newest]
-    clearings, capped = _shorten_tail(tail, clearings, cap=half)
+    clearings, capped = _shorten_tail(tail, clearings, cap=half, pins=pins)
     extra: tuple[tuple[int, int], ...] = ()
     if sum(unit.tokens for unit in tail) > room:
-        clearings, extra = _shorten_tail(tail, clearings, excess=sum(u.tokens for u in tail) - room)
+        excess = sum(u.tokens for u in tail) - room
+        clearings, extra = _shorten_tail(tail, clearings, excess=excess, pins=pins)
     if head and len(tail) > 1 and sum(unit.tokens for unit in tail) > room:
-        cut = [*cut, *(unit for unit in tail[1:] if unit is not gap)]  # last resort: the user
-        tail = tail[:1]  # message alone, the turn's steps reported as left out
+        # last resort: the user message alone (with the pinned steps), the turn's other steps
+        # reported as left out
+        cut = [*cut, *(unit for unit in tail[1:] if unit is not gap and not unit.pinned)]
+        held = [unit for unit in tail[1:] if unit.pinned]
+        tail = [*tail[:1], *([gap] if held else []), *held]
     sent = {mid for unit in tail for mid in unit.ids}
     done = tuple((mid, n) for mid, n in dict((*capped, *extra)).items() if mid in sent)
     if head:
@@ -774,12 +828,14 @@ def _summary_cut_to(
     return {**message, "content": text}, _count(ADDED_ROLE, text, encoding)
 
 
-def _capped(unit: _Unit, clearings: Mapping[int, ClearingRec], cap: int) -> int:
-    """The unit's tokens once its tool results above ``cap`` (whole or already shortened) are
-    cut to it."""
+def _capped(
+    unit: _Unit, clearings: Mapping[int, ClearingRec], cap: int, pins: Collection[int]
+) -> int:
+    """The unit's tokens once its tool results above ``cap`` (whole or already shortened, not
+    pinned) are cut to it."""
     over = 0
     for item in unit.items:
-        if not isinstance(item, Msg) or item.role != "tool":
+        if not isinstance(item, Msg) or item.role != "tool" or item.id in pins:
             continue
         clearing = clearings.get(item.id)
         if clearing is None or clearing.reason == shorten.SHORTENED:
@@ -794,17 +850,20 @@ def _shorten_tail(
     *,
     excess: int = 0,
     cap: int | None = None,
+    pins: Collection[int] = frozenset(),
 ) -> tuple[Mapping[int, ClearingRec], tuple[tuple[int, int], ...]]:
     """Cut the tool results of the tail above ``cap`` to it, or (no cap) the largest to one
     common size so that ``excess`` tokens go (``core.request.shorten``); the clearings with
     them added and the new ones to record. Nothing changes when even the smallest size would
-    not save enough: the error then names the part that is too large."""
+    not save enough: the error then names the part that is too large. Pinned results are
+    never cut."""
     found = [
         (unit, item, item.tokens - (c.tokens_reclaimed if c is not None else 0))
         for unit in tail
         for item in unit.items
         if isinstance(item, Msg)
         and item.role == "tool"
+        and item.id not in pins
         and ((c := clearings.get(item.id)) is None or c.reason == shorten.SHORTENED)
     ]
     if cap is None:
@@ -826,8 +885,9 @@ def _tail_error(
     return BudgetError(
         f"the last user message and what follows need {tail_tokens} tokens, but only "
         f"{max(budget - fixed, 0)} of the {budget}-token budget (window {window}, safety "
-        f"margin {safety_margin:g}) are left after the system prompt, tools, reminder and "
-        f"summary ({fixed} tokens); compress the conversation or allow a larger window"
+        f"margin {safety_margin:g}) are left after the system prompt, tools, reminder, "
+        f"summary and pinned messages ({fixed} tokens); compress the conversation or allow a "
+        "larger window"
     )
 
 
@@ -845,6 +905,7 @@ class _Parts:
         reasoning.OPENAI
     )  # what reasoning the provider takes back (core.counting.reasoning)
     text_only: bool = False  # a text-only request sends no reasoning
+    pins: frozenset[int] = frozenset()  # pinned ids: their units are sent wherever the run starts
 
 
 @dataclass(frozen=True, slots=True)
@@ -856,6 +917,7 @@ class _Fitted:
     kept_tokens: int  # of the kept older units, as stored
     messages: list[dict[str, Any]]  # gap note, kept older units, context files, the tail
     renamed: int  # tokens the fresh ids of repeated call ids add
+    pinned_at: tuple[int, ...] = ()  # positions in ``messages`` of the pinned messages
 
 
 def _fit_history(older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bool) -> _Fitted:
@@ -867,13 +929,27 @@ def _fit_history(older: Sequence[_Unit], room: int, parts: _Parts, *, cut: bool)
     return fitted
 
 
+def _pinned_positions(
+    ends: tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None],
+    fitted: _Fitted,
+    pinned: Sequence[dict[str, Any]],
+) -> tuple[int, ...]:
+    """Where the pinned messages sit in ``_whole``'s list: the byte guard ages their media last."""
+    start = sum(1 for m in ends[:2] if m is not None)
+    history = start + len(pinned)
+    return (*range(start, history), *(history + i for i in fitted.pinned_at))
+
+
 def _whole(
     ends: tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None],
     fitted: _Fitted,
+    pinned: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """The request's messages: the system prompt and summary, the history, the reminder."""
+    """The request's messages: the system prompt and summary, the pinned messages the summary
+    covers, the history, the reminder."""
     system_message, summary_message, reminder_message = ends
     messages = [m for m in (system_message, summary_message) if m is not None]
+    messages.extend(pinned)
     messages.extend(fitted.messages)
     if reminder_message is not None:
         messages.append(reminder_message)
@@ -906,6 +982,9 @@ def _shed_bytes(older: Sequence[_Unit], fitted: _Fitted, parts: _Parts, excess: 
     start = fitted.kept_from
     shed = 0
     while start < len(older) and shed < excess:
+        if older[start].pinned:  # sent wherever the kept run starts: nothing to shed
+            start += 1
+            continue
         rendered = [
             _render(item, parts.clearings, parts.missing_outputs, parts.encoding)
             for item in older[start].items
@@ -923,12 +1002,17 @@ def _history_within(
     else:  # a start the byte guard chose: the gap note stands for what it left out
         gap_tokens = _count(ADDED_ROLE, GAP_NOTE, parts.encoding)
     messages = [{"role": ADDED_ROLE, "content": GAP_NOTE}] if gap_tokens else []
-    _extend(messages, older[start:], parts, in_progress=False)
+    marks: list[int] | None = None
+    if parts.pins:  # pinned units before the kept run are sent all the same, in order
+        marks = []
+        held = [unit for unit in older[:start] if unit.pinned]
+        _extend(messages, held, parts, in_progress=False, marks=marks)
+    _extend(messages, older[start:], parts, in_progress=False, marks=marks)
     messages.extend(parts.context)
-    _extend(messages, parts.tail, parts, in_progress=True)
+    _extend(messages, parts.tail, parts, in_progress=True, marks=marks)
     renamed = unique_call_ids(messages, parts.encoding) if parts.repeated_call_ids else 0
-    kept_tokens = sum(unit.tokens for unit in older[start:])
-    return _Fitted(start, gap_tokens, kept_tokens, messages, renamed)
+    kept_tokens = sum(unit.tokens for unit in older[start:] if not unit.pinned)
+    return _Fitted(start, gap_tokens, kept_tokens, messages, renamed, tuple(marks or ()))
 
 
 def unique_call_ids(messages: list[dict[str, Any]], encoding: str) -> int:
@@ -972,9 +1056,15 @@ def unique_call_ids(messages: list[dict[str, Any]], encoding: str) -> int:
 
 
 def _extend(
-    messages: list[dict[str, Any]], units: Sequence[_Unit], parts: _Parts, *, in_progress: bool
+    messages: list[dict[str, Any]],
+    units: Sequence[_Unit],
+    parts: _Parts,
+    *,
+    in_progress: bool,
+    marks: list[int] | None = None,
 ) -> None:
-    """The units' messages as sent, with the reasoning the provider takes back and no other."""
+    """The units' messages as sent, with the reasoning the provider takes back and no other;
+    the positions of pinned messages go into ``marks`` (when given)."""
     for unit in units:
         for item in unit.items:
             out = _render(item, parts.clearings, parts.missing_outputs, parts.encoding)
@@ -982,6 +1072,13 @@ def _extend(
                 out = reasoning.as_sent(
                     out, parts.family, in_progress=in_progress, text_only=parts.text_only
                 )
+            if (
+                marks is not None
+                and unit.pinned
+                and isinstance(item, Msg)
+                and item.id in parts.pins
+            ):
+                marks.append(len(messages))
             messages.append(out)
 
 
@@ -1059,18 +1156,22 @@ def _mark_cache(
     has_summary: bool,
     has_reminder: bool,
     encoding: str,
+    pinned: int = 0,
 ) -> int:
     """Cache breakpoints after the stable prefix (the system prompt, which tools come before,
-    and the summary) and on the newest two messages before the reminder that carry text: the
+    the summary and the ``pinned`` messages after it) and on the newest two messages before the
+    reminder that carry text: the
     provider caches the prefix up to a mark, so the next request, which only adds messages,
     reads everything this one wrote and pays in full only for what is new. At most four marks;
     returns the tokens the marks add (counted in the request)."""
     prefix = [0] if has_system else []
-    if has_summary:
-        prefix.append(1 if has_system else 0)
+    after_system = 1 if has_system else 0
+    stable = (1 if has_summary else 0) + pinned  # the summary and the pinned messages after it
+    if stable:
+        prefix.append(after_system + stable - 1)
     end = len(messages) - (1 if has_reminder else 0)
     rolling: list[int] = []
-    for position in range(end - 1, len(prefix) - 1, -1):
+    for position in range(end - 1, after_system + stable - 1, -1):
         if len(rolling) == min(ROLLING_MARKS, MAX_CACHE_MARKS - len(prefix)):
             break
         if tokens.content_text(messages[position].get("content")).strip():

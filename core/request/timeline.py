@@ -8,7 +8,8 @@ and says for each message how the request holds it:
 - ``aged``: sent, its media as placeholders (recorded as aged, or aged by this request);
 - ``cleared``: a tool result sent as its placeholder;
 - ``summarized``: covered by the summary the request sends;
-- ``pinned``: kept verbatim whatever is summarized (never set until pins exist);
+- ``pinned``: sent as stored whatever is summarized or cleared (``core.request.pins``): in its
+  place, or right after the summary that covers it;
 - ``omitted``: left out (to fit the budget, an orphan result, a stored prompt replaced).
 
 ``sent_tokens`` is what the message costs in the request as stored counts go (a cleared result

@@ -1,9 +1,9 @@
 """Erasure and retention: a conversation and everything derived from it, rows and files.
 
 ``delete_conversation`` removes, in one transaction under the conversation's lock, every row that
-names the conversation (messages, summaries, clearings, the compaction log, usage, the request
-profile, and the conversation row with its lease), then the files Recap saved for it under the
-output folder: full tool outputs, trimmed call arguments and stored media. Files are named by
+names the conversation (messages, summaries, clearings, pins, the compaction log, usage, the
+request profile, and the conversation row with its lease), then the files Recap saved for it under
+the output folder: full tool outputs, trimmed call arguments and stored media. Files are named by
 their content's hash, so one file can serve several conversations: a file still named by a message
 of another conversation stays, and so does a file whose time moved since the delete began
 (another conversation's ingest just used it). A compression run working on the conversation

@@ -218,6 +218,20 @@ class RequestProfile(SQLModel, table=True):
     usage_state: str | None = Field(default=None, max_length=64)
 
 
+class Pin(SQLModel, table=True):
+    """A message sent verbatim in every request of its branches: in its place, or right after
+    the summary once a summary covers it; never cleared, aged or shortened. Unpinning deletes
+    the row (a pin, unlike a clearing, is not one-way)."""
+
+    __tablename__ = "pins"
+    __table_args__ = (UniqueConstraint("message_id", name="uq_pins_message"),)
+
+    id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
+    conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
+    message_id: int = Field(sa_column=Column(ID_TYPE, nullable=False))
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
 def table_of(model: type[SQLModel]) -> Table:
     """The Core table of a model, for hot-path reads that skip the ORM's per-row work."""
     table = model.__table__  # type: ignore[attr-defined]
@@ -230,3 +244,4 @@ MESSAGES = table_of(Message)
 SUMMARIES = table_of(Summary)
 CLEARINGS = table_of(Clearing)
 REQUEST_PROFILES = table_of(RequestProfile)
+PINS = table_of(Pin)

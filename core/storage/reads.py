@@ -24,8 +24,10 @@ from core.counting import media
 from core.errors import NotFoundError
 from core.request import assembly
 from core.request.branch import applicable_summary, branch_ids
+from core.request.pins import effective_clearings
 from core.storage import store
 from core.storage.models import CONVERSATIONS, MESSAGES
+from core.storage.pins import load_pins
 from core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
 
 FIRST_BATCH = 256  # rows in the newest batch, and the fewest in any later one
@@ -67,6 +69,9 @@ _AGGREGATED_PARENTS = {
         func.json_agg(aggregate_order_by(MESSAGES.c.parent_id, MESSAGES.c.id)),
     ).where(_IN_CONVERSATION),
 }
+_BY_IDS = select(*COLUMNS).where(
+    _IN_CONVERSATION, MESSAGES.c.id.in_(bindparam("ids", expanding=True))
+)
 _ROWS = select(*COLUMNS).where(  # one id range and two single rows, each an index search
     or_(
         and_(_IN_CONVERSATION, MESSAGES.c.id == bindparam("one")),
@@ -90,6 +95,9 @@ class RequestBranch:
     omitted: list[int]  # older messages after the cutoff, left unread: they cannot fit
     bases: dict[int, str] = field(default_factory=dict)  # each message's count basis (recount)
     omitted_tokens: int = 0  # the tokens of the omitted messages as sent
+    # The branch's pinned messages, root first (those the summary covers read for this alone);
+    # ``clearings`` holds none of theirs (``core.request.pins.effective_clearings``).
+    pinned: list[Msg] = field(default_factory=list)
 
 
 def conversation_head(session: Session, conversation_id: str) -> tuple[str, int | None]:
@@ -111,14 +119,21 @@ def load_request_branch(
     after the cutoff that no request within ``budget`` tokens can hold (None: read them all).
     ``budget`` may be a function of the branch's leaf id (the calibration is weighted by how far
     the branch moved past its reading), asked once the leaf is known. With ``as_of``, only the
-    summaries and clearings recorded by then apply."""
+    summaries and clearings recorded by then apply (and the pins made by then).
+
+    A pinned message is never left unread: the messages left out stop before the first one
+    after the cutoff, and those the summary covers are read on their own."""
     connection = session.connection()
     path = branch_path(connection, conversation_id, leaf)
     if callable(budget):
         budget = budget(path[-1]) if path else None
     summaries = store.load_summaries(session, conversation_id, as_of)
     summary = applicable_summary(summaries, set(path))
+    pins = load_pins(connection, conversation_id, as_of)
+    pinned_ids = [mid for mid in path if mid in pins] if pins else []
     clearings = store.load_clearings(session, conversation_id, as_of)
+    if pinned_ids:
+        clearings = dict(effective_clearings(clearings, pinned_ids))
     rows = _Rows(connection, conversation_id)
     if not path:
         return RequestBranch(branch=[], summary=summary, clearings=clearings, omitted=[])
@@ -131,7 +146,12 @@ def load_request_branch(
         heads.append(cutoff)
     after = path[first:]
     skip = 0 if budget is None else _omittable(after, rows, clearings, budget)
+    if skip and pinned_ids:  # a pinned message is sent whatever the budget: read its unit on
+        first_pin = next((i for i, mid in enumerate(after[:skip]) if mid in pins), skip)
+        if first_pin < skip:
+            skip = _unit_start(after, first_pin, rows)
     rows.fetch([mid for mid in after[skip:] if mid not in rows.by_id])
+    rows.fetch_ids([mid for mid in pinned_ids if mid not in rows.by_id])
     sent = [*heads, *after[skip:]]
     return RequestBranch(
         branch=[rows.msg(mid) for mid in sent],
@@ -140,6 +160,7 @@ def load_request_branch(
         omitted=after[:skip],
         bases={mid: rows.by_id[mid][BASIS] for mid in sent},
         omitted_tokens=_tokens_of(connection, conversation_id, after[:skip], clearings),
+        pinned=[rows.msg(mid) for mid in pinned_ids],
     )
 
 
@@ -176,12 +197,16 @@ def load_whole_branch(
     path = branch_path(connection, conversation_id, leaf)
     rows = _Rows(connection, conversation_id)
     rows.fetch(path)
+    pins = load_pins(connection, conversation_id)
+    branch = [rows.msg(mid) for mid in path]
+    pinned = [m for m in branch if m.id in pins]
     return RequestBranch(
-        branch=[rows.msg(mid) for mid in path],
+        branch=branch,
         summary=applicable_summary(store.load_summaries(session, conversation_id), set(path)),
-        clearings=store.load_clearings(session, conversation_id),
+        clearings=dict(effective_clearings(store.load_clearings(session, conversation_id), pins)),
         omitted=[],
         bases={mid: rows.by_id[mid][BASIS] for mid in path},
+        pinned=pinned,
     )
 
 
@@ -269,6 +294,20 @@ def _json_list(value: Any) -> list[Any]:
     return list(json.loads(value) if isinstance(value, str) else value)
 
 
+UNIT_LOOKBACK = 64  # rows read before a pinned result to find the call it answers
+
+
+def _unit_start(after: list[int], index: int, rows: _Rows) -> int:
+    """Where the unit of message ``index`` starts: a tool result belongs to the assistant
+    message before it that made its call (with that call's other results in between)."""
+    low = max(0, index - UNIT_LOOKBACK)
+    rows.fetch([mid for mid in after[low : index + 1] if mid not in rows.by_id])
+    start = index
+    while start > low and rows.by_id[after[start]][ROLE] == "tool":
+        start -= 1
+    return start if rows.by_id[after[start]][ROLE] != "tool" else index
+
+
 def _omittable(
     after: list[int], rows: _Rows, clearings: dict[int, ClearingRec], budget: int
 ) -> int:
@@ -325,6 +364,12 @@ class _Rows:
         self.by_id.update(
             (row[0], row) for row in plain_rows(self.connection, _ROWS, params) if row[0] in wanted
         )
+
+    def fetch_ids(self, ids: list[int]) -> None:
+        """Read the rows of scattered ``ids`` (a few: the pinned messages a summary covers)."""
+        for start in range(0, len(ids), ID_CHUNK):
+            params = {"conversation_id": self.conversation_id, "ids": ids[start : start + ID_CHUNK]}
+            self.by_id.update((row[0], row) for row in plain_rows(self.connection, _BY_IDS, params))
 
     def calls(self, mid: int) -> list[dict[str, Any]]:
         """The decoded tool calls of a message (decoded once)."""

@@ -24,8 +24,10 @@ from sqlmodel import Session
 from core.decision import policy
 from core.errors import NotFoundError
 from core.request.branch import applicable_summary
+from core.request.pins import effective_clearings
 from core.storage import store
 from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
+from core.storage.pins import load_pins, pinned_tokens_up_to
 from core.storage.profile import load_profile
 from core.storage.reads import branch_path
 from core.summaries.planning import COOLDOWN_MAX_FACTOR
@@ -69,11 +71,14 @@ WITH RECURSIVE up(id, parent_id, tokens) AS (
 )
 SELECT sum(CASE WHEN up.id > :cutoff THEN up.tokens ELSE 0 END), min(up.id), max(up.id),
        sum(CASE WHEN up.id > :cutoff THEN coalesce(c.tokens_reclaimed, 0) ELSE 0 END)
-FROM up LEFT JOIN clearings AS c ON c.message_id = up.id
+FROM up LEFT JOIN clearings AS c ON c.message_id = up.id AND (
+    c.reason = 'reasoning'
+    OR NOT EXISTS (SELECT 1 FROM pins AS p WHERE p.message_id = up.id)
+)
 """
 )
 _ROOT_TOKENS = (
-    select(M.tokens, M.role)
+    select(M.tokens, M.role, M.id)
     .where(M.conversation_id == bindparam("conversation_id"))
     .order_by(M.id)
     .limit(1)
@@ -101,12 +106,17 @@ def read_snapshot(
     model, override = _head(connection, conversation_id)
     path = branch_path(connection, conversation_id, leaf)
     summary = applicable_summary(store.load_summaries(session, conversation_id), set(path))
-    clearings = store.load_clearings(session, conversation_id)
+    pins = load_pins(connection, conversation_id)
+    pinned_ids = [mid for mid in path if mid in pins] if pins else []
+    clearings = dict(effective_clearings(store.load_clearings(session, conversation_id), pins))
     wanted = path
     if summary is not None and summary.cutoff_message_id in path:
         start = path.index(summary.cutoff_message_id)
         wanted = [path[0], *path[start:]] if start else path
     branch = load_index(connection, conversation_id, wanted)
+    read = {m.id: m for m in branch}
+    missing = [mid for mid in pinned_ids if mid not in read]
+    read.update((m.id, m) for m in load_index(connection, conversation_id, missing))
     return policy.Snapshot(
         conversation_id=conversation_id,
         model=model,
@@ -117,6 +127,7 @@ def read_snapshot(
         profile=load_profile(connection, conversation_id),
         now=now or utcnow(),
         failures=tuple(recent_failures(connection, conversation_id, failures)),
+        pinned=tuple(read[mid] for mid in pinned_ids if mid in read),
     )
 
 
@@ -169,6 +180,8 @@ def history_bound(session: Session, conversation_id: str) -> Bound | None:
     lower it, and the stored system prompt is added (it is a fixed part, so counted here as
     history it makes the bound larger still). When the walk passes the cutoff by (the summary is
     on another branch), another summary may apply: None, and the caller reads the snapshot.
+    The pinned messages the cutoff covers (any branch's) are added: they are sent after the
+    summary.
     """
     connection = session.connection()
     params = {"conversation_id": conversation_id}
@@ -183,8 +196,11 @@ def history_bound(session: Session, conversation_id: str) -> Bound | None:
     root = int(root_row[0]) if root_row is not None else 0
     prompt = root if root_row is not None and root_row[1] in SYSTEM_ROLES else 0
     walked = int(walked or 0)
-    bound = summary_tokens + walked + (root if cutoff else 0)
-    history = summary_tokens + walked - int(reclaimed or 0) - (0 if cutoff else prompt)
+    is_prompt = root_row is not None and root_row[1] in SYSTEM_ROLES  # sent anyway
+    root_id = int(root_row[2]) if root_row is not None and is_prompt else 0
+    pinned = pinned_tokens_up_to(connection, conversation_id, cutoff, root_id) if cutoff else 0
+    bound = summary_tokens + walked + pinned + (root if cutoff else 0)
+    history = summary_tokens + walked + pinned - int(reclaimed or 0) - (0 if cutoff else prompt)
     return Bound(bound, int(leaf), history)
 
 

@@ -41,7 +41,7 @@ from core.errors import InputError
 from core.request.placeholders import DEFAULT_TOOL_NAME
 from core.settings import Settings
 from core.storage.db import session_scope
-from core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, SUMMARIES, utcnow
+from core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, PINS, SUMMARIES, utcnow
 
 # The tool role as an SQL literal, the words of the partial index of tool results
 # (``core.storage.models.TOOL_ONLY``): a bound parameter would keep either database from using it.
@@ -69,9 +69,24 @@ def _insert(session: Session) -> Any:
 def apply_clearings(
     session: Session, conversation_id: str, plan: ClearingPlan, *, now: datetime | None = None
 ) -> Applied:
-    """Record a plan's clearings; results already cleared are left as they are (idempotent)."""
+    """Record a plan's clearings; results already cleared are left as they are (idempotent),
+    and so are messages pinned since the plan was made (a pin is never cleared)."""
     if not plan:
         return Applied(0, 0)
+    pinned = {
+        int(row[0])
+        for row in session.execute(
+            select(PINS.c.message_id).where(
+                PINS.c.conversation_id == conversation_id,
+                PINS.c.message_id.in_(plan.message_ids),
+            )
+        )
+    }
+    if pinned:
+        kept = tuple(item for item in plan.items if item.message_id not in pinned)
+        plan = ClearingPlan(plan.reason, kept)
+        if not plan:
+            return Applied(0, 0)
     moment = now or utcnow()
     rows = [
         {
@@ -151,9 +166,9 @@ def sweep_batch(
     thresholds once. Eligible, as in ``core.decision.toolresults.plan_clearings``: a tool result not
     already cleared, not of a protected tool (a result without a tool name is left alone while
     any tool is protected), older than its conversation's last ``keep_last`` results, after the
-    conversation's latest summary cutoff, and larger than its placeholder. Recency is by message
-    id across the whole conversation, so on a branched conversation the newest branch's results
-    are the ones kept.
+    conversation's latest summary cutoff, not pinned, and larger than its placeholder. Recency
+    is by message id across the whole conversation, so on a branched conversation the newest
+    branch's results are the ones kept.
     """
     window = (
         select(MESSAGES.c.id)
@@ -242,6 +257,8 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
         # a result already cleared is skipped by one probe of the clearings' unique index, not
         # by a conflicting insert (which stays, for a result cleared meanwhile by another run)
         ~select(CLEARINGS.c.message_id).where(CLEARINGS.c.message_id == m.c.id).exists(),
+        # a pinned result is sent as stored (core.request.pins): one probe of the pins' index
+        ~select(PINS.c.message_id).where(PINS.c.message_id == m.c.id).exists(),
     ]
     if keep_last > 0:
         conditions.append(m.c.id < idle.c.keep_before)

@@ -9,7 +9,7 @@ or from a counter passed in.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -101,6 +101,16 @@ def message_tokens(message: Msg, clearings: Mapping[int, ClearingRec]) -> int:
     """A message's stored tokens, a cleared result counted at its placeholder size."""
     cleared = clearings.get(message.id)
     return message.tokens - (cleared.tokens_reclaimed if cleared is not None else 0)
+
+
+def replaced_tokens(
+    older: Sequence[Msg],
+    clearings: Mapping[int, ClearingRec],
+    pinned: Collection[int] = frozenset(),
+) -> int:
+    """What a summary of ``older`` takes out of the request: their tokens, less the pinned
+    ones, which are sent after the summary all the same (``core.request.pins``)."""
+    return sum(message_tokens(m, clearings) for m in older if m.id not in pinned)
 
 
 def _spanned(messages: Sequence[Msg]) -> list[bool]:

@@ -66,14 +66,19 @@ def state_key(
     summary_id: int | None,
     clearings: Collection[int],
     content_hash: str | None,
+    pins: Collection[int] = (),
 ) -> str:
-    """A key of what a request is built from: another model, leaf, summary, a new clearing or
-    other fixed parts give another key, so a reading of one request is not taken for another.
+    """A key of what a request is built from: another model, leaf, summary, a new clearing,
+    another set of pinned messages or other fixed parts give another key, so a reading of one
+    request is not taken for another.
 
     Clearings are one-way (a message is cleared once), so their number and newest message id
-    change with every new one."""
+    change with every new one; pins come and go, so they are named one by one (a branch
+    without pins keys as before pins existed)."""
     newest = max(clearings) if clearings else 0
     text = f"{model}|{leaf_id}|{summary_id}|{len(clearings)}|{newest}|{content_hash or ''}"
+    if pins:
+        text += "|pins:" + ",".join(str(mid) for mid in sorted(pins))
     return hashlib.blake2b(
         text.encode("utf-8", "surrogatepass"), digest_size=HASH_BYTES
     ).hexdigest()

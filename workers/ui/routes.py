@@ -203,12 +203,15 @@ def conversation(request: Request) -> Response:
     exists, owner = views.conversation_owner(console.engine, cid)
     if not exists or not session.scope.may_see(owner):  # another key's: as if it did not exist
         return not_found(request, f"unknown conversation {cid!r}")
+    as_of = request.query_params.get("as_of")
+    as_of = as_of if as_of and as_of.strip() else None
     try:
-        view = views.conversation_view(console.engine, console.settings, cid, leaf)
+        view = views.conversation_view(console.engine, console.settings, cid, leaf, as_of)
     except NotFoundError as exc:
         return not_found(request, str(exc))
     notice = request.query_params.get("enqueued")
-    return render(request, "conversation.html", {"view": view, "enqueued": notice})
+    status = 400 if view.as_of is not None and view.as_of.bad_input else 200
+    return render(request, "conversation.html", {"view": view, "enqueued": notice}, status)
 
 
 # --- actions --------------------------------------------------------------------------------------

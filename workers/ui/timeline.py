@@ -4,6 +4,8 @@ summary as a band over the messages it covers.
 The states come from the stored records and the assembled request (``core.request.assembly``'s
 result), never from a second reading of the rules:
 
+- ``pinned``: sent as stored whatever is summarized or cleared (``core.request.pins``): in its
+  place, or right after the summary that covers it;
 - ``summarized``: on the branch at or before the cutoff of the summary the request sends;
 - ``cleared``: a clearing is recorded for it (a tool result sent as its placeholder, media sent
   as a text part, reasoning no longer sent), with the clearing's reason;
@@ -24,7 +26,7 @@ from typing import Any
 
 from core.values.records import ClearingRec, Msg, SummaryRec
 
-FULL, CLEARED, SUMMARIZED, OMITTED = "full", "cleared", "summarized", "omitted"
+FULL, CLEARED, SUMMARIZED, PINNED, OMITTED = "full", "cleared", "summarized", "pinned", "omitted"
 PREVIEW_CHARS = 240  # the line a timeline entry shows
 # Entries shown of one summary's span, and of one run of omitted messages (the newest of them):
 # a page stays a few hundred kilobytes however long the conversation; `recap export` has the rest.
@@ -129,6 +131,7 @@ def states(
     summary_cutoff: int | None,
     clearings: Mapping[int, ClearingRec],
     dropped: Collection[int],
+    pinned: Collection[int] = frozenset(),
 ) -> dict[int, tuple[str, str | None]]:
     """Each message's state and, when cleared, the clearing's reason (see the module
     docstring); ``summary_cutoff`` is the cutoff of the summary the request sends."""
@@ -140,6 +143,8 @@ def states(
         clearing = clearings.get(message.id)
         if message.id == root and message.role in ("system", "developer"):
             out[message.id] = (FULL, None)
+        elif message.id in pinned:
+            out[message.id] = (PINNED, None)
         elif covered:
             out[message.id] = (SUMMARIZED, None)
         elif message.id in dropped_set:
@@ -161,6 +166,7 @@ def timeline(
     clearings: Mapping[int, ClearingRec],
     dropped: Collection[int],
     created: Mapping[int, datetime] | None = None,
+    pinned: Collection[int] = frozenset(),
 ) -> list[Item]:
     """The branch, root first, with the messages each summary on it covers gathered in its band
     (a later summary's band starts after the cutoff of the one before it)."""
@@ -175,6 +181,7 @@ def timeline(
         summary_cutoff=effect.cutoff_message_id if effect is not None else None,
         clearings=clearings,
         dropped=dropped,
+        pinned=frozenset(pinned),
     )
     ends = {s.cutoff_message_id: s for s in on_branch}
     items: list[Item] = []
@@ -234,6 +241,6 @@ def _entry(
 ) -> Entry:
     name, reason = state
     clearing = clearings.get(message.id)
-    reclaimed = clearing.tokens_reclaimed if clearing is not None else 0
+    reclaimed = clearing.tokens_reclaimed if clearing is not None and name != PINNED else 0
     sent = 0 if name in (SUMMARIZED, OMITTED) else max(message.tokens - reclaimed, 0)
     return Entry(message, name, sent, reason, created)

@@ -2,9 +2,10 @@
 
 Reads only: the conversations list (``core.storage.console``, paginated in the database, with
 ``core.service.conversation_stats`` for the rows of the page), and one conversation's page (the
-stats, the branch, the request as ``core.request.assembly.assemble`` builds it now, the compaction
-log, the provider readings and the branches). Nothing here writes: the request is assembled from
-the stored branch without recording a request profile or a clearing, as ``recap assemble`` would.
+stats, the branch, the request as ``core.request.assembly.assemble`` builds it now and, when asked,
+as ``core.service.assemble`` builds it as of a chosen time, the compaction log, the provider
+readings and the branches). Nothing here writes: the requests are assembled without recording a
+request profile or a clearing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import SecretStr
@@ -21,7 +22,7 @@ from sqlalchemy import Engine
 from core import service
 from core.counting import budget as budgets
 from core.counting import tokens
-from core.errors import NotFoundError, RecapError
+from core.errors import InputError, NotFoundError, RecapError
 from core.redact import known_secrets, redact
 from core.request import assembly
 from core.results import Stats
@@ -112,6 +113,7 @@ def list_view(
             descending=descending,
             limit=page_size,
             offset=(page - 1) * page_size,
+            pressure=pressure_inputs(settings),
         )
     labels = owner_labels(settings.serve_keys)
     rows = []
@@ -124,6 +126,30 @@ def list_view(
         rows.append(ListRow(row, owner_label(row.owner, labels), stats, problem))
     pages = max(1, -(-found.total // page_size))
     return ListView(rows, found.total, page, pages, search, sort, descending)
+
+
+def pressure_inputs(settings: Settings) -> console.PressureInputs:
+    """What the list's pressure sort needs: each model's window and output reserve from the
+    model map (as ``core.counting.budget`` reads them), and the budget's settings."""
+
+    def window_of(model: str) -> tuple[int, int] | None:
+        try:
+            window = tokens.context_window(model)
+        except (RecapError, ValueError):  # an unknown model: its conversations sort last
+            return None
+        reserve = budgets.output_reserve(
+            tokens.model_info(model),
+            window_given=False,
+            setting=settings.reserve_output_tokens,
+        )
+        return window, reserve
+
+    return console.PressureInputs(
+        window_of=window_of,
+        safety_margin=settings.safety_margin,
+        default_fixed_tokens=settings.default_fixed_tokens,
+        priming_tokens=tokens.TOKENS_REPLY_PRIMING,
+    )
 
 
 # --- one conversation -----------------------------------------------------------------------------
@@ -149,6 +175,23 @@ class ConversationView:
     latest_failed: bool
     summary_in_effect: int | None
     clearings: int = 0  # messages of the branch with a clearing
+    pinned: int = 0  # pinned messages on the branch
+    as_of: AsOfView | None = None  # the request as of a chosen time, when one was asked for
+    leaf_given: int | None = None  # the branch named in the address (else the latest)
+
+
+@dataclass(frozen=True)
+class AsOfView:
+    """The request as it would have been built at a chosen time (``recap assemble --as-of``),
+    or why there is none: a time that does not read as one (``bad_input``), or a time before
+    the conversation's first message."""
+
+    text: str  # the time as given
+    moment: datetime | None
+    request: assembly.AssembledRequest | None
+    request_json: str
+    problem: str | None
+    bad_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -196,9 +239,14 @@ def conversation_owner(engine: Engine, conversation_id: str) -> tuple[bool, str 
 
 
 def conversation_view(
-    engine: Engine, settings: Settings, conversation_id: str, leaf: int | None
+    engine: Engine,
+    settings: Settings,
+    conversation_id: str,
+    leaf: int | None,
+    as_of: str | None = None,
 ) -> ConversationView:
-    """Everything one conversation's page shows, for the branch ending at ``leaf``."""
+    """Everything one conversation's page shows, for the branch ending at ``leaf``; with
+    ``as_of`` (a time as typed), the request as of that time too."""
     read = _read(engine, conversation_id, leaf)
     stats = service.conversation_stats(engine, conversation_id, settings, leaf)
     held_back = _held_back(read.loaded.branch, read.profile)
@@ -225,8 +273,12 @@ def conversation_view(
         clearings=read.loaded.clearings,
         dropped=request.dropped_message_ids if request is not None else (),
         created=read.created,
+        pinned=[m.id for m in read.loaded.pinned],
     )
     secrets = known_secrets(settings)
+    past = None
+    if as_of is not None:
+        past = as_of_view(engine, settings, conversation_id, leaf, as_of, held_back, secrets)
     runs = [_masked_run(run, secrets) for run in read.runs]
     return ConversationView(
         id=conversation_id,
@@ -247,7 +299,61 @@ def conversation_view(
         latest_failed=bool(runs) and runs[0].action == console.FAILED,
         summary_in_effect=in_effect,
         clearings=sum(1 for m in read.loaded.branch if m.id in read.loaded.clearings),
+        pinned=len(read.loaded.pinned),
+        as_of=past,
+        leaf_given=leaf,
     )
+
+
+TIME_CHARS_MAX = 64  # an ISO 8601 time is well under this
+
+
+def parse_time(text: str) -> datetime:
+    """A time as typed on the page: ISO 8601 (``2025-06-01``, ``2025-06-01T12:30:00Z``, a
+    browser's ``2025-06-01T12:30``), UTC unless it names an offset; else an ``InputError``."""
+    cleaned = text.strip()
+    try:
+        if len(cleaned) > TIME_CHARS_MAX:
+            raise ValueError
+        moment = datetime.fromisoformat(cleaned)
+    except ValueError:
+        shown = cleaned[:TIME_CHARS_MAX] + ("…" if len(cleaned) > TIME_CHARS_MAX else "")
+        raise InputError(
+            f"{shown!r} is not a time: use ISO 8601, such as 2025-06-01T12:30:00Z (UTC unless "
+            "an offset is given)"
+        ) from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def as_of_view(
+    engine: Engine,
+    settings: Settings,
+    conversation_id: str,
+    leaf: int | None,
+    text: str,
+    held_back: int,
+    secrets: list[str],
+) -> AsOfView:
+    """The request ``recap assemble --as-of`` builds (only the summaries, clearings and pins
+    recorded by then; the branch head then unless ``leaf`` is given), with the same room held
+    back for the host's parts as the request now; nothing is recorded."""
+    try:
+        moment = parse_time(text)
+    except InputError as exc:
+        return AsOfView(text, None, None, "", str(exc), bad_input=True)
+    try:
+        request = service.assemble(
+            engine,
+            conversation_id,
+            settings,
+            leaf=leaf,
+            as_of=moment,
+            record=False,
+            reserve_tokens=held_back,
+        )
+    except RecapError as exc:  # no message by then, or its tail did not fit: said, not raised
+        return AsOfView(text, moment, None, "", str(exc))
+    return AsOfView(text, moment, request, _request_json(request, secrets), None)
 
 
 def _masked_run(run: console.Run, secrets: list[str]) -> console.Run:
@@ -321,6 +427,7 @@ def preview_request(
         missing_outputs=missing,
         budget=max(limit - held_back, 1),
         media_policy=service.media_policy(settings),
+        pinned=loaded.pinned,
     )
 
 

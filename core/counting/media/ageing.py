@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,10 +91,17 @@ class Finished:
 
 
 def finish(
-    messages: list[dict[str, Any]], policy: MediaPolicy, *, model: str | None, count: Counter
+    messages: list[dict[str, Any]],
+    policy: MediaPolicy,
+    *,
+    model: str | None,
+    count: Counter,
+    keep: Collection[int] = (),
 ) -> Finished:
     """Apply the byte guard (the oldest media first, until the request is within
-    ``max_request_bytes``), put the stored bytes back, and take Recap's key off every part."""
+    ``max_request_bytes``; the media of the messages at the positions ``keep`` names, pinned
+    ones, only once no other is left), put the stored bytes back, and take Recap's key off every
+    part."""
     out = list(messages)
     spots = [
         (i, p)
@@ -105,7 +112,8 @@ def finish(
     if not spots:
         return Finished(out, 0, 0, 0)
     delta = aged = 0
-    order = iter(spots)
+    kept = set(keep)
+    order = iter(sorted(spots, key=lambda spot: spot[0] in kept) if kept else spots)
     while request_bytes(out) > policy.max_request_bytes:
         spot = next(order, None)
         if spot is None:
