@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, select
-from tests.support.cli_helpers import assert_one_line_error, recap
 
 from core import lifecycle, service
 from core.aio import AsyncRecap
@@ -27,6 +26,7 @@ from core.storage.db import session_scope
 from core.storage.models import CLEARINGS, PINS
 from core.storage.sweep import apply_clearings, sweep_idle
 from core.values.records import Msg, SummaryRec
+from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat, turn_text
 from tests.test_lifecycle import remaining_rows, tool_turn
 
