@@ -685,6 +685,17 @@ def _forgotten_note(names: Sequence[str]) -> str:
     )
 
 
+def render_stored(
+    message: Msg,
+    clearings: Mapping[int, ClearingRec],
+    encoding: str,
+    missing_outputs: Collection[str] = frozenset(),
+) -> dict[str, Any]:
+    """One stored message as a request sends it in the state ``clearings`` records for it
+    (full, aged, cleared, shortened, its arguments shortened): what the cache benchmark prices."""
+    return _render(message, clearings, missing_outputs, encoding)
+
+
 def _render(
     item: Msg | dict[str, Any],
     clearings: Mapping[int, ClearingRec],
