@@ -157,7 +157,8 @@ def run() -> list[Figure]:
             "cache_cost_vs_oracle",
             round(overall.vs_oracle, 3),
             ORACLE_BOUND,
-            "all three sources: prompt-cache cost under Recap's policy / under the offline limit: "
+            "all three sources: prompt-cache cost under Recap's policy (its aged stage on, the "
+            "default) / under the offline limit: "
             "the cheapest schedule of clearing points, found exactly by dynamic programming over "
             "each run's steps, that clears the oldest results worth clearing and keeps the last "
             f"{settings.keep_tool_results} ({settings.idle_keep_tool_results} at the first "

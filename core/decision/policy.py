@@ -18,8 +18,10 @@ The decision, in order:
    skip.
 2. Urgent when the history takes ``urgent_ratio`` (0.95) of ``available`` or more: the next
    request is about to lose history, so the clear-at-least gate and the cooldown's wait go.
-3. Clear old tool results when that reclaims ``clear_at_least_tokens`` (any saving when urgent);
-   when it brings the history under the trigger, that is all.
+3. Take old tool results a step when that reclaims ``clear_at_least_tokens`` (any saving when
+   urgent), cheapest loss first (``pressure_clearing``): aged (their head and tail; old calls'
+   arguments shortened) when that alone brings the history under the trigger, else cleared; when
+   the step brings the history under the trigger, that is all.
 4. Otherwise summarize: the split of ``core.summaries.planning.plan_split`` (at a user message,
    or inside an agent turn at a step boundary, never between a call and its result). A span under
    ``min_summary_span_tokens`` is not sent: no summary of it would be smaller. After repeated
@@ -391,8 +393,9 @@ def post_summary_clearing(
 ) -> ClearingPlan:
     """After a new summary the request's prefix changed and its prompt cache is cold anyway:
     take the old results after the cutoff one step, any saving being worth it: aged (and the old
-    calls' arguments shortened) with the aged stage on, else cleared. The summary has just made
-    room, so the results the new request keeps lose no more than they must."""
+    calls' arguments shortened) with the aged stage on, else cleared. The summary does not cover
+    the recent part it leaves, so its old results keep their head and tail rather than nothing;
+    the summary has just made room, and pressure clears them later if it must."""
     aged = knobs.aged_result_chars > 0
     return plan_clearings(
         recent,

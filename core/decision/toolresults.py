@@ -6,9 +6,13 @@ where the full text was saved. ``core.storage.outputs`` writes the file; everyth
 work.
 
 Clearing is a one-way state recorded beside a message: the request shows a fixed placeholder
-instead of the output. ``plan_clearings`` decides which results of a branch to clear; the
-``clearings`` rows are written by ``core.storage.sweep.apply_clearings`` (one conversation) or the
-batched ``core.storage.sweep`` sweep (every idle conversation at once).
+instead of the output. Before that a result can be aged: sent as its head and tail within a
+character cap (``core.request.shorten.aged_text``), the size it renders within fixed by the row
+(``aged_tokens_bound``); an assistant message's old call arguments can be shortened
+(``shortened_call``). ``plan_clearings`` decides which results of a branch to take one step
+(full -> aged -> cleared, or full -> cleared) and which arguments to shorten; the ``clearings``
+rows (one per message and stage) are written by ``core.storage.sweep.apply_clearings`` (one
+conversation) or the batched ``core.storage.sweep`` sweep (every idle conversation at once).
 """
 
 from __future__ import annotations

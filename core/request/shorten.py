@@ -9,6 +9,12 @@ decisions that read no content plan with the size that is sent.
 
 A summary that would crowd the tail out of the window is sent the same way (head and tail within
 the room), and the request reports itself truncated.
+
+An aged tool result (the aged stage, ``core.decision.toolresults``) is sent the same way too: its
+head and tail within the character cap its clearing row names and within the size the row
+recorded (``aged_text``), around a note naming how much is left out, its reference and the saved
+file. The row's size is an upper bound worked out without the text; the cut is made to fit it as
+sent, so the count every decision plans with is never below what is sent.
 """
 
 from __future__ import annotations
