@@ -29,7 +29,7 @@ from core.storage import profile as profiles
 from core.storage import snapshot as snapshots
 from core.storage.db import is_schema_missing, session_scope
 from core.storage.models import utcnow
-from core.values.records import ClearingRec, Msg
+from core.values.records import ClearingRec, Msg, merge_step, steps_of
 
 Prepare = store.Preparer  # the ingest step (core.storage.outputs.Ingest)
 log = logging.getLogger("recap.assemble")
@@ -303,6 +303,7 @@ def _used_now(snapshot: policy.Snapshot, estimated: int, calibration: float) -> 
         clearings=snapshot.clearings.keys(),
         content_hash=profile.content_hash,
         pins=snapshot.pinned_ids,
+        steps=steps_of(snapshot.clearings.values()),
     )
     reading, sent = profile.reading, profile.sent
     if reading is not None and (
@@ -533,16 +534,15 @@ def _record_profile(
     digest = profiles.fingerprint(system, tools_text, reminder, files)
     model, loaded, request = built
     leaf_id = loaded.branch[-1].id if loaded.branch else None
-    recorded = [
-        mid for mid, _ in (*request.media_aged, *request.reasoning_dropped, *request.shortened)
-    ]
+    after = _after_recording(loaded.clearings, request)
     state = profiles.state_key(
         model=model,
         leaf_id=leaf_id,
         summary_id=request.summary_id,
-        clearings={*loaded.clearings, *recorded},
+        clearings=after.keys(),
         content_hash=digest,
         pins=[m.id for m in loaded.pinned],
+        steps=steps_of(after.values()),
     )
     sent = profiles.Sent(request.tokens.total, leaf_id, state)
     if (
@@ -554,6 +554,25 @@ def _record_profile(
         return
     with session_scope(engine) as session:
         profiles.save_parts(session.connection(), conversation_id, parts, digest, now, sent)
+
+
+def _after_recording(
+    clearings: Mapping[int, ClearingRec], request: assembly.AssembledRequest
+) -> dict[int, ClearingRec]:
+    """The clearings once what the request learned is recorded (``_record_media``,
+    ``recount.record``): media aged, thinking dropped, results sent shortened."""
+    from core.request.shorten import SHORTENED
+
+    after = dict(clearings)
+    learned = (
+        (media.RECORDED, request.media_aged),
+        (assembly.REASONING_CLEARING, request.reasoning_dropped),
+        (SHORTENED, request.shortened),
+    )
+    for reason, done in learned:
+        for mid, reclaimed in done:
+            after[mid] = merge_step(after.get(mid), mid, reason, reclaimed)
+    return after
 
 
 def _log_truncation(conversation_id: str, request: assembly.AssembledRequest) -> None:

@@ -68,6 +68,13 @@ class Settings(BaseSettings):
     idle_keep_tool_results: int = Field(default=1, ge=0)
     protected_tools: Annotated[tuple[str, ...], NoDecode] = DEFAULT_PROTECTED_TOOLS
     clear_at_least_tokens: int = Field(default=2_000, ge=0)
+    # The aged stage (docs/lifecycle.md): an old tool result is first sent as its head and tail
+    # within this many characters (its saved file named), and cleared later; 0 turns the stage off
+    # (results go straight to cleared, arguments stay whole).
+    aged_result_chars: int = Field(default=4_000, ge=0)
+    # The tool-call arguments of all but the last this many calls are shortened to about 200
+    # characters at the moments results age or clear.
+    keep_tool_arguments: int = Field(default=10, ge=0)
     max_output_lines: int = Field(default=2_000, ge=10)
     max_output_bytes: int = Field(default=50_000, ge=1_000)
     max_argument_chars: int = Field(default=2_000, ge=200)
@@ -256,6 +263,16 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("aged_result_chars")
+    @classmethod
+    def _aged_room(cls, value: int) -> int:
+        if 0 < value < MIN_AGED_RESULT_CHARS:
+            raise ValueError(
+                f"must be 0 (no aged stage) or at least {MIN_AGED_RESULT_CHARS} characters: the "
+                "note naming the saved output needs room beside the head and tail"
+            )
+        return value
+
     @model_validator(mode="after")
     def _log_bounds(self) -> Settings:
         if self.log_history_days < self.log_retention_days:
@@ -286,6 +303,9 @@ class Settings(BaseSettings):
         return 2 * self.task_time_limit + self.retry_backoff_max + LEASE_GRACE_SECONDS
 
 
+# The least an aged result may keep: its note (how much is left out, the reference, the saved
+# file's path) takes up to a few hundred characters of it.
+MIN_AGED_RESULT_CHARS = 500
 # A console key is typed into a login form and guards every conversation: shorter is guessable.
 MIN_UI_KEY_CHARS = 12
 # Largest float setting: 1e8 minutes is 190 years, and a cooldown that doubles from it still

@@ -21,7 +21,9 @@ from core.settings import SettingsError, get_settings, load_settings
 from core.storage.console import list_conversations
 from core.storage.db import session_scope
 from core.storage.models import CONVERSATIONS
-from core.values.records import ClearingRec, Msg
+from core.values.records import AGED as AGED_STAGE
+from core.values.records import ARGUMENTS, ClearingRec, Msg
+from core.values.records import CLEARED as CLEARED_STAGE
 from tests.support.cli_helpers import assert_one_line_error, recap, recap_process
 from tests.support.data import DATA_DIR
 from tests.support.processes import free_port, stop_group, wait_for
@@ -29,7 +31,7 @@ from tests.support.serve_stack import ROOT
 from workers.serve.auth import fingerprint
 from workers.ui.app import standalone
 from workers.ui.bar import apportion
-from workers.ui.timeline import CLEARED, FULL, OMITTED, PINNED, SUMMARIZED, states
+from workers.ui.timeline import AGED, CLEARED, FULL, OMITTED, PINNED, SUMMARIZED, states
 
 UI_KEY = "console-operator-key"
 KEY_A, KEY_B = "client-key-a", "client-key-b"
@@ -221,6 +223,8 @@ def _msg(mid: int, role: str, parent: int | None) -> Msg:
         (3, {}, [], [FULL, SUMMARIZED, SUMMARIZED, FULL, FULL]),
         (None, {4: "idle"}, [2], [FULL, OMITTED, FULL, CLEARED, FULL]),
         (2, {2: "idle", 4: "post_summary"}, [], [FULL, SUMMARIZED, FULL, CLEARED, FULL]),
+        (None, {3: "arguments", 4: "aged"}, [], [FULL, FULL, AGED, AGED, FULL]),
+        (None, {4: "aged+cleared"}, [], [FULL, FULL, FULL, CLEARED, FULL]),
     ],
 )
 def test_timeline_states(
@@ -235,7 +239,13 @@ def test_timeline_states(
         _msg(4, "tool", 3),
         _msg(5, "user", 4),
     ]
-    clearings = {mid: ClearingRec(mid, reason, 5) for mid, reason in cleared.items()}
+    stages = {"aged": AGED_STAGE, "arguments": ARGUMENTS, "aged+cleared": CLEARED_STAGE}
+    clearings = {
+        mid: ClearingRec(mid, "pressure", 5, stages[reason], 5 if reason == "arguments" else 0)
+        if reason in stages
+        else ClearingRec(mid, reason, 5)
+        for mid, reason in cleared.items()
+    }
     found = states(branch, summary_cutoff=cutoff, clearings=clearings, dropped=dropped)
     assert [found[m.id][0] for m in branch] == expected
 
@@ -279,6 +289,9 @@ def console(sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.setenv("RECAP_UI_KEYS", UI_KEY)
     monkeypatch.setenv("RECAP_SERVE_KEYS", f"{KEY_A},{KEY_B}")
     monkeypatch.setenv("RECAP_BROKER_URL", "filesystem://")
+    # without the aged stage the results after the summary are cleared (its own state is shown
+    # by test_timeline_states): the page shows a cleared one
+    monkeypatch.setenv("RECAP_AGED_RESULT_CHARS", "0")
     get_settings.cache_clear()
     line = (DATA_DIR / "swe_agent.jsonl").read_text(encoding="utf-8").splitlines()[0]
     (tmp_path / "agent.jsonl").write_text(line + "\n", encoding="utf-8")

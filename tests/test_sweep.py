@@ -211,7 +211,7 @@ def test_apply_clearings_is_idempotent(agents: Engine) -> None:
     with session_scope(agents) as session:
         second = apply_clearings(session, "active", plan)
     assert first.cleared == 3 and first.tokens_reclaimed == plan.tokens_reclaimed
-    assert tuple(second) == (0, 0)
+    assert tuple(second) == (0, 0, 0, 0)
 
 
 def test_sweep_bad_input(agents: Engine) -> None:

@@ -206,15 +206,14 @@ def with_text(engine: Engine, conversation_id: str, split: Split) -> Split:
 
 def clearing_step(
     engine: Engine, conversation_id: str, plan: ClearingPlan, now: datetime
-) -> tuple[int, int]:
-    """Record a decision's clearings; (results newly cleared, tokens they reclaim)."""
+) -> sweep.Applied:
+    """Record a decision's clearings (every stage: aged, cleared, shortened arguments)."""
     if not plan:
-        return 0, 0
+        return sweep.Applied(0, 0)
     with session_scope(engine) as session:
         if not store.lock_conversation(session, conversation_id):
             raise ConversationGone(f"conversation {conversation_id!r} was deleted")
-        applied = sweep.apply_clearings(session, conversation_id, plan, now=now)
-    return applied.cleared, applied.tokens_reclaimed
+        return sweep.apply_clearings(session, conversation_id, plan, now=now)
 
 
 # --- one pass ----------------------------------------------------------------------------------
@@ -240,12 +239,10 @@ def one_pass(run: Run) -> PassResult:
     started = {k: v for k, v in _event_fields(run, base).items() if k != "action"}
     run.emit(report.STARTED, **started, forced=run.force, urgent=decision.urgent)
     if decision.clear:
-        cleared, reclaimed = clearing_step(
-            run.engine, run.conversation_id, decision.clear, run.clock()
-        )
-        after = before - decision.pressure.budget.history(reclaimed)
-        if decision.action == policy.CLEAR and cleared:
-            reason = f"cleared {cleared} old tool results ({reclaimed} tokens)"
+        applied = clearing_step(run.engine, run.conversation_id, decision.clear, run.clock())
+        after = before - decision.pressure.budget.history(applied.tokens_reclaimed)
+        if decision.action == policy.CLEAR and applied.steps:
+            reason = applied.describe()
             return PassResult(
                 replace(base, action=Action.CLEARED, reason=reason, tokens_after=after)
             )
@@ -373,7 +370,7 @@ def _written(outcome: Outcome, written: Written, row: Mapping[str, Any] | None) 
         return outcome
     return replace(
         outcome,
-        reason=f"{outcome.reason}, then cleared {written.cleared} old tool results",
+        reason=f"{outcome.reason}, then {written.steps}",
         tokens_after=outcome.tokens_after
         - math.ceil(written.tokens_reclaimed * outcome.calibration),
     )

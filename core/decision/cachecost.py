@@ -7,8 +7,10 @@ run (nothing is cached across an idle gap: the provider's cache has expired). It
 tokens x 1.25 + cached tokens x 0.1 (prompt-cache write and read prices relative to plain input).
 
 A policy is called before each request with what it may look at and returns the ids it clears
-now; clearings are one-way, so they accumulate. ``recap_policy`` is the production decision
-(``core.decision.policy``); ``never`` and ``keep_last_every_request`` are the baselines.
+now, or the plan of steps it records (results aged or cleared, old arguments shortened: the aged
+stage); steps are one-way, so they accumulate. ``recap_policy`` is the production decision
+(``core.decision.policy``, the aged stage on or off as its knobs say); ``never`` and
+``keep_last_every_request`` are the baselines.
 
 ``oracle`` is the limit: the cheapest clearing schedule for a run, found exactly by dynamic
 programming over its steps by a policy that knows every future request and the idle gap, in the
@@ -25,11 +27,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from core.counting import tokens
-from core.decision.policy import Knobs, Snapshot, decide, idle_clearing
-from core.decision.toolresults import IDLE, plan_clearings, reclaimable, tool_names
-from core.request.placeholders import cleared_placeholder
-from core.request.refs import message_ref
-from core.values.records import ClearingRec, Msg
+from core.decision.policy import Knobs, Snapshot, decide, idle_clearing, with_plan
+from core.decision.toolresults import IDLE, ClearingPlan, plan_clearings, reclaimable, tool_names
+from core.request.assembly import render_stored
+from core.values.records import AGED, ARGUMENTS, CLEARED, ClearingRec, Msg
 
 UNCACHED_PRICE = 1.25  # writing the prompt cache costs a quarter more than plain input
 CACHED_PRICE = 0.1  # reading it costs a tenth
@@ -47,7 +48,7 @@ class Moment:
     history_tokens: int  # tokens of the request as it would be sent now
 
 
-Policy = Callable[[Moment], list[int]]
+Policy = Callable[[Moment], "list[int] | ClearingPlan"]
 
 
 @dataclass
@@ -60,6 +61,9 @@ class RunCost:
     tokens_after_gap: int = 0
     requests: int = 0
     cleared: int = 0
+    aged: int = 0  # results left aged at the end of the run
+    aged_steps: int = 0  # results aged along the run (some cleared later)
+    argument_steps: int = 0  # assistant messages whose old arguments were shortened
     costs: list[float] = field(default_factory=list)
 
 
@@ -82,13 +86,13 @@ def keep_last_every_request(keep: int) -> Policy:
 
 def recap_policy(knobs: Knobs, *, model: str, window: int | None = None) -> Policy:
     """Recap's production decision (``core.decision.policy``): after the idle gap, what the idle
-    sweep clears (``idle_clearing``, the sweep's own knobs); otherwise whatever ``decide`` clears
-    under pressure (nothing while the request is under the trigger, so the cache stays warm).
-    Summaries are not priced here: no summarizer runs in a replay of clearings."""
+    sweep clears (``idle_clearing``, the sweep's own knobs); otherwise whatever ``decide`` ages or
+    clears under pressure (nothing while the request is under the trigger, so the cache stays
+    warm). Summaries are not priced here: no summarizer runs in a replay of clearings."""
 
-    def chosen(moment: Moment) -> list[int]:
+    def chosen(moment: Moment) -> ClearingPlan:
         if moment.after_gap:
-            return idle_clearing(moment.branch, moment.clearings, knobs).message_ids
+            return idle_clearing(moment.branch, moment.clearings, knobs)
         snapshot = Snapshot(
             conversation_id="replay",
             model=model,
@@ -100,7 +104,7 @@ def recap_policy(knobs: Knobs, *, model: str, window: int | None = None) -> Poli
             now=REPLAY_CLOCK,
         )
         decision = decide(snapshot, knobs)
-        return decision.clear.message_ids if decision.clear else []
+        return decision.clear or ClearingPlan(IDLE)
 
     return chosen
 
@@ -127,28 +131,35 @@ def to_msgs(messages: Sequence[Mapping[str, object]], encoding: str) -> list[Msg
 
 
 class _Renderer:
-    """Each message's bytes and tokens as sent, cleared or not (computed once per state)."""
+    """Each message's bytes and tokens as sent in each of its states (full, aged, cleared, its
+    arguments shortened: ``core.request.assembly.render_stored``), computed once per state."""
 
     def __init__(self, encoding: str) -> None:
         self.encoding = encoding
-        self._cache: dict[tuple[int, bool], tuple[str, int]] = {}
+        self._cache: dict[tuple[int, ClearingRec | None], tuple[str, int]] = {}
 
-    def render(self, message: Msg, cleared: bool) -> tuple[str, int]:
-        key = (message.id, cleared)
+    def render(self, message: Msg, state: ClearingRec | None) -> tuple[str, int]:
+        key = (message.id, state)
         if key not in self._cache:
-            body = message.to_openai()
-            if cleared:
-                body["content"] = cleared_placeholder(
-                    tool_name=message.name,
-                    call_id=message.tool_call_id or "",
-                    tokens=message.tokens,
-                    output_path=message.output_path,
-                    ref=message_ref(message.id),
-                )
-            text = json.dumps(body, sort_keys=True, ensure_ascii=False)
-            count = message.tokens if not cleared else tokens.count_message(body, self.encoding)
-            self._cache[key] = (text, count)
+            if state is None:
+                body = message.to_openai()
+                count = message.tokens
+            else:
+                body = render_stored(message, {message.id: state}, self.encoding)
+                count = tokens.count_message(body, self.encoding)
+            self._cache[key] = (json.dumps(body, sort_keys=True, ensure_ascii=False), count)
         return self._cache[key]
+
+
+CLEARED_STATE = ClearingRec(0, IDLE)  # a result as its placeholder (``_state``)
+
+
+def _state(message: Msg, clearings: Mapping[int, ClearingRec]) -> ClearingRec | None:
+    """The message's recorded state, as far as it changes how the message is sent."""
+    found = clearings.get(message.id)
+    if found is None or (message.role != "tool" and not found.arguments_tokens):
+        return None
+    return replace(found, message_id=0)
 
 
 def replay(branch: Sequence[Msg], policy: Policy, *, encoding: str, gap_at: int | None) -> RunCost:
@@ -163,8 +174,14 @@ def replay(branch: Sequence[Msg], policy: Policy, *, encoding: str, gap_at: int 
         after_gap = step == gap_at
         current = _rendered(sent, clearings, renderer)
         moment = Moment(step, sent, dict(clearings), after_gap, sum(c for _, c in current))
-        for message_id in policy(moment):
-            clearings.setdefault(message_id, ClearingRec(message_id, IDLE))
+        chosen = policy(moment)
+        if isinstance(chosen, ClearingPlan):
+            clearings = with_plan(clearings, chosen)
+            result.aged_steps += chosen.count(AGED)
+            result.argument_steps += chosen.count(ARGUMENTS)
+        else:
+            for message_id in chosen:
+                clearings.setdefault(message_id, ClearingRec(message_id, IDLE))
         current = _rendered(sent, clearings, renderer)
         texts = [text for text, _ in current]
         cost, cached, total = priced(
@@ -178,14 +195,15 @@ def replay(branch: Sequence[Msg], policy: Policy, *, encoding: str, gap_at: int 
         if gap_at is not None and step >= gap_at:
             result.tokens_after_gap += total
         previous = texts
-    result.cleared = len(clearings)
+    result.cleared = sum(1 for c in clearings.values() if c.stage == CLEARED)
+    result.aged = sum(1 for c in clearings.values() if c.stage == AGED)
     return result
 
 
 def _rendered(
     sent: Sequence[Msg], clearings: Mapping[int, ClearingRec], renderer: _Renderer
 ) -> list[tuple[str, int]]:
-    return [renderer.render(m, m.id in clearings and m.role == "tool") for m in sent]
+    return [renderer.render(m, _state(m, clearings)) for m in sent]
 
 
 def priced(
@@ -308,9 +326,9 @@ def shape_of(branch: Sequence[Msg], *, encoding: str, protected: Sequence[str] =
         results.append(position)
         name = (message.name or names.get(message.tool_call_id or "") or "").lower()
         if reclaimable(message) > 0 and name not in shielded:
-            placeholder[position] = renderer.render(message, True)[1]
+            placeholder[position] = renderer.render(message, CLEARED_STATE)[1]
     return RunShape(
-        tokens=[renderer.render(m, False)[1] for m in branch],
+        tokens=[renderer.render(m, None)[1] for m in branch],
         placeholder=placeholder,
         results=results,
         ends=request_ends(branch),

@@ -18,8 +18,10 @@ The decision, in order:
    skip.
 2. Urgent when the history takes ``urgent_ratio`` (0.95) of ``available`` or more: the next
    request is about to lose history, so the clear-at-least gate and the cooldown's wait go.
-3. Clear old tool results when that reclaims ``clear_at_least_tokens`` (any saving when urgent);
-   when it brings the history under the trigger, that is all.
+3. Take old tool results a step when that reclaims ``clear_at_least_tokens`` (any saving when
+   urgent), cheapest loss first (``pressure_clearing``): aged (their head and tail; old calls'
+   arguments shortened) when that alone brings the history under the trigger, else cleared; when
+   the step brings the history under the trigger, that is all.
 4. Otherwise summarize: the split of ``core.summaries.planning.plan_split`` (at a user message,
    or inside an agent turn at a step boundary, never between a call and its result). A span under
    ``min_summary_span_tokens`` is not sent: no summary of it would be smaller. After repeated
@@ -62,7 +64,7 @@ from core.summaries.planning import (
     split_root,
 )
 from core.values.profile import Profile
-from core.values.records import ClearingRec, Msg, SummaryRec
+from core.values.records import AGED, CLEARED, ClearingRec, Msg, SummaryRec, merge_step
 
 SKIP = "skip"
 REST = "rest"
@@ -93,6 +95,8 @@ class Knobs:
     default_fixed_tokens: int = 0
     reserve_output_tokens: int = 4_096
     idle_minutes: float = 60
+    aged_result_chars: int = 4_000  # 0: no aged stage (results go full -> cleared)
+    keep_tool_arguments: int = 10
 
     @classmethod
     def from_settings(cls, settings: Any) -> Knobs:
@@ -272,18 +276,10 @@ def decide(snapshot: Snapshot, knobs: Knobs, *, force: bool = False) -> Decision
     plan: ClearingPlan | None = None
     if not force:
         gate = 1 if urgent else min_tokens_for(PRESSURE, knobs.clear_at_least_tokens)
-        plan = plan_clearings(
-            pending,
-            clearings,
-            keep_last=knobs.keep_tool_results,
-            protected=knobs.protected_tools,
-            min_tokens=gate,
-            reason=PRESSURE,
-            pinned=snapshot.pinned_ids,
-        )
+        plan = pressure_clearing(pending, clearings, knobs, p, gate, snapshot.pinned_ids)
         if plan:
             saved = plan.tokens_reclaimed
-            reason = f"cleared {len(plan)} old tool results ({saved} tokens)"
+            reason = plan.describe()
             clearings = with_plan(clearings, plan)
             if p.history - p.budget.history(saved) <= p.trigger:
                 return Decision(CLEAR, reason, p, plan, urgent=urgent, clearings=clearings)
@@ -378,13 +374,46 @@ def cooldown_reason(snapshot: Snapshot, knobs: Knobs) -> str | None:
 
 
 def with_plan(clearings: Mapping[int, ClearingRec], plan: ClearingPlan) -> dict[int, ClearingRec]:
-    """The clearings once ``plan`` is applied."""
+    """The clearings once ``plan`` is applied (each step merged as the stored rows are)."""
     applied = dict(clearings)
     for item in plan:
-        applied.setdefault(
-            item.message_id, ClearingRec(item.message_id, plan.reason, item.tokens_reclaimed)
+        applied[item.message_id] = merge_step(
+            applied.get(item.message_id),
+            item.message_id,
+            plan.reason,
+            item.tokens_reclaimed,
+            item.stage,
+            item.kept_chars,
         )
     return applied
+
+
+def pressure_clearing(
+    pending: Sequence[Msg],
+    clearings: Mapping[int, ClearingRec],
+    knobs: Knobs,
+    p: Pressure,
+    gate: int,
+    pinned: Collection[int] = frozenset(),
+) -> ClearingPlan:
+    """Over the trigger, cheapest loss first: age the old tool results (and shorten the old
+    calls' arguments) when that alone brings the history under the trigger; otherwise clear
+    them (full ones straight to cleared, aged ones on to cleared). Either plan must save
+    ``gate`` tokens: a smaller change is not worth the warm cache it costs."""
+    common: dict[str, Any] = {
+        "keep_last": knobs.keep_tool_results,
+        "protected": knobs.protected_tools,
+        "min_tokens": gate,
+        "reason": PRESSURE,
+        "aged_chars": knobs.aged_result_chars,
+        "keep_arguments": knobs.keep_tool_arguments,
+        "pinned": pinned,
+    }
+    if knobs.aged_result_chars > 0:
+        aged = plan_clearings(pending, clearings, stage=AGED, **common)
+        if aged and p.history - p.budget.history(aged.tokens_reclaimed) <= p.trigger:
+            return aged
+    return plan_clearings(pending, clearings, stage=CLEARED, **common)
 
 
 # --- the other clearing moments ----------------------------------------------------------------
@@ -397,7 +426,11 @@ def post_summary_clearing(
     pinned: Collection[int] = frozenset(),
 ) -> ClearingPlan:
     """After a new summary the request's prefix changed and its prompt cache is cold anyway:
-    clear the old results after the cutoff, any saving being worth it."""
+    take the old results after the cutoff one step, any saving being worth it: aged (and the old
+    calls' arguments shortened) with the aged stage on, else cleared. The summary does not cover
+    the recent part it leaves, so its old results keep their head and tail rather than nothing;
+    the summary has just made room, and pressure clears them later if it must."""
+    aged = knobs.aged_result_chars > 0
     return plan_clearings(
         recent,
         clearings,
@@ -406,6 +439,9 @@ def post_summary_clearing(
         min_tokens=min_tokens_for(POST_SUMMARY, 0),
         reason=POST_SUMMARY,
         pinned=pinned,
+        stage=AGED if aged else CLEARED,
+        aged_chars=knobs.aged_result_chars,
+        keep_arguments=knobs.keep_tool_arguments if aged else None,
     )
 
 
@@ -416,8 +452,9 @@ def idle_clearing(
     pinned: Collection[int] = frozenset(),
 ) -> ClearingPlan:
     """Past ``idle_minutes`` the provider's cache has expired: clear all but the last
-    ``idle_keep_tool_results``. The idle sweep does the same in set-based SQL
-    (``core.storage.sweep``, with these knobs)."""
+    ``idle_keep_tool_results`` (aged ones too: the cheapest moment for the largest step). The
+    idle sweep does the same in set-based SQL (``core.storage.sweep``, with these knobs); it
+    shortens no arguments (their savings need a tokenizer)."""
     return plan_clearings(
         sent,
         clearings,

@@ -42,6 +42,7 @@ from functools import lru_cache
 from typing import Any
 
 from core.counting import media, reasoning, tokens
+from core.decision.toolresults import shortened_call
 from core.errors import BudgetError, InputError
 from core.request import pins as pin_rules
 from core.request import refs, render, shorten
@@ -452,7 +453,11 @@ def _age_media(
     for message in branch:
         positions = media.media_positions(message.content_parts)
         clearing = cleared.get(message.id)
-        if not positions or (clearing is not None and clearing.reason != media.RECORDED):
+        if not positions or (
+            clearing is not None
+            and clearing.reason != media.RECORDED
+            and not clearing.arguments_only  # shortened arguments leave the content as stored
+        ):
             out.append(message)
             continue
         ageing = () if message.id in pins else aged.get(message.id, ())
@@ -611,8 +616,10 @@ def _group_unit(
     clearings: Mapping[int, ClearingRec],
     encoding: str,
 ) -> _Unit:
-    """A call with its results: stored counts (cleared ones at placeholder size) plus stubs."""
-    count = message.tokens
+    """A call with its results: stored counts (cleared ones at placeholder size, aged ones at
+    their recorded size, shortened arguments taken off) plus stubs."""
+    calling = clearings.get(message.id)
+    count = message.tokens - (calling.arguments_tokens if calling is not None else 0)
     ids = [message.id]
     for result in stored:
         ids.append(result.id)
@@ -717,6 +724,17 @@ def _forgotten_note(names: Sequence[str]) -> str:
     )
 
 
+def render_stored(
+    message: Msg,
+    clearings: Mapping[int, ClearingRec],
+    encoding: str,
+    missing_outputs: Collection[str] = frozenset(),
+) -> dict[str, Any]:
+    """One stored message as a request sends it in the state ``clearings`` records for it
+    (full, aged, cleared, shortened, its arguments shortened): what the cache benchmark prices."""
+    return _render(message, clearings, missing_outputs, encoding)
+
+
 def _render(
     item: Msg | dict[str, Any],
     clearings: Mapping[int, ClearingRec],
@@ -724,12 +742,30 @@ def _render(
     encoding: str,
 ) -> dict[str, Any]:
     """One OpenAI-format message; a cleared tool result says its fixed placeholder instead, a
-    shortened one its head and tail at the size its clearing recorded."""
+    shortened or aged one its head and tail at the size its clearing recorded; an assistant
+    message whose arguments aged sends its calls shortened."""
     if isinstance(item, dict):
         return item
     out = item.to_openai()
+    if item.role == "assistant" and item.tool_calls:
+        calling = clearings.get(item.id)
+        if calling is not None and calling.arguments_tokens:
+            ref = refs.message_ref(item.id)
+            out["tool_calls"] = [shortened_call(call, ref) for call in item.tool_calls]
+        return out
     clearing = clearings.get(item.id) if item.role == "tool" else None
-    if clearing is not None and clearing.reason == shorten.SHORTENED:
+    if clearing is not None and clearing.aged:
+        out["content"] = shorten.aged_text(
+            tokens.content_text(out.get("content")),
+            keep=item.tokens - clearing.tokens_reclaimed,
+            max_chars=clearing.kept_chars or shorten.DEFAULT_AGED_CHARS,
+            frame=tokens.count_message({**out, "content": ""}, encoding),
+            encoding=encoding,
+            ref=refs.message_ref(item.id),
+            path=item.output_path,
+            file_exists=item.output_path not in missing_outputs,
+        )
+    elif clearing is not None and clearing.reason == shorten.SHORTENED:
         out["content"] = shorten.head_and_tail(
             tokens.content_text(out.get("content")),
             item.tokens - clearing.tokens_reclaimed,
@@ -838,7 +874,7 @@ def _capped(
         if not isinstance(item, Msg) or item.role != "tool" or item.id in pins:
             continue
         clearing = clearings.get(item.id)
-        if clearing is None or clearing.reason == shorten.SHORTENED:
+        if clearing is None or clearing.reason == shorten.SHORTENED or clearing.aged:
             size = item.tokens - (clearing.tokens_reclaimed if clearing is not None else 0)
             over += max(size - cap, 0)
     return unit.tokens - over
@@ -864,7 +900,7 @@ def _shorten_tail(
         if isinstance(item, Msg)
         and item.role == "tool"
         and item.id not in pins
-        and ((c := clearings.get(item.id)) is None or c.reason == shorten.SHORTENED)
+        and ((c := clearings.get(item.id)) is None or c.reason == shorten.SHORTENED or c.aged)
     ]
     if cap is None:
         cap = shorten.kept_tokens_for([size for _, _, size in found], excess)
@@ -1109,7 +1145,8 @@ def _drop_reasoning(
                 item, clearing, family, model=model, in_progress=in_progress, text_only=text_only
             )
             unit.tokens -= dropped
-            if dropped and clearing is None and not in_progress and not text_only:
+            fresh = clearing is None or clearing.arguments_only  # no reasoning row yet
+            if dropped and fresh and not in_progress and not text_only:
                 records.append((item.id, dropped))
     return tuple(records)
 
@@ -1125,7 +1162,7 @@ def _reasoning_dropped(
 ) -> int:
     """Tokens of the message's stored count that hold reasoning this request does not send."""
     if clearing is not None and clearing.reason == REASONING_CLEARING and not text_only:
-        return 0 if in_progress else clearing.tokens_reclaimed
+        return 0 if in_progress else clearing.tokens_reclaimed - clearing.arguments_tokens
     raw = message.to_openai()
     if not reasoning.carries(raw):
         return 0

@@ -47,3 +47,43 @@ def placeholder_frames() -> tuple[str, ...]:
         head + _SAVED.format(path=""),
         head + _EXPIRED.format(path=""),
     )
+
+
+# --- the aged stage: a tool result sent as its head and tail, old call arguments shortened ------
+
+_AGED_NOTE = "\n[... {left} characters of this output are left out here to save context (ref={ref}"
+_AGED_SAVED = "). The full output is saved at {path}; read that file if you need it.]\n"
+_AGED_EXPIRED = "). Its saved full output ({path}) has expired; run the tool again for the rest.]\n"
+_AGED_NOT_SAVED = "). Run the tool again if you need the rest.]\n"
+_ARGUMENTS_NOTE = " [shortened to save context, ref={ref}]"
+
+
+def aged_note(
+    *, left: int | str, ref: str, output_path: str | None = None, file_exists: bool = True
+) -> str:
+    """What an aged tool result says between its head and its tail: how much is left out, its
+    recall reference (``ref`` is ``m<id>``), and where the whole output is (the saved file, or
+    that it has expired)."""
+    head = _AGED_NOTE.format(left=left, ref=ref)
+    if output_path and file_exists:
+        return head + _AGED_SAVED.format(path=output_path)
+    if output_path:
+        return head + _AGED_EXPIRED.format(path=output_path)
+    return head + _AGED_NOT_SAVED
+
+
+def aged_note_frames() -> tuple[str, ...]:
+    """Every wording of the aged note with its variable parts left empty: what the token bound
+    of an aged result is computed from (``core.decision.toolresults.aged_tokens_bound``)."""
+    head = _AGED_NOTE.format(left="", ref="")
+    return (
+        head + _AGED_NOT_SAVED,
+        head + _AGED_SAVED.format(path=""),
+        head + _AGED_EXPIRED.format(path=""),
+    )
+
+
+def arguments_note(ref: str) -> str:
+    """What a shortened argument of an old tool call ends with: its recall reference (the
+    assistant message's ``m<id>``)."""
+    return _ARGUMENTS_NOTE.format(ref=ref)

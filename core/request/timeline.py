@@ -5,15 +5,17 @@ itself (every message, root first), the summaries and the clearings that request
 and says for each message how the request holds it:
 
 - ``full``: sent as stored (the stored system prompt included);
-- ``aged``: sent, its media as placeholders (recorded as aged, or aged by this request);
-- ``cleared``: a tool result sent as its placeholder;
+- ``aged``: sent aged: a tool result as its head and tail (the aged stage), an assistant message
+  with its old tool-call arguments shortened, or a message with its media as placeholders
+  (recorded as aged, or aged by this request);
+- ``cleared``: a tool result sent as its placeholder (or shortened to fit the newest step);
 - ``summarized``: covered by the summary the request sends;
 - ``pinned``: sent as stored whatever is summarized or cleared (``core.request.pins``): in its
   place, or right after the summary that covers it;
 - ``omitted``: left out (to fit the budget, an orphan result, a stored prompt replaced).
 
-``sent_tokens`` is what the message costs in the request as stored counts go (a cleared result
-at its placeholder's size, nothing for a summarized or omitted one).
+``sent_tokens`` is what the message costs in the request as stored counts go (a cleared or aged
+result at its recorded size, nothing for a summarized or omitted one).
 """
 
 from __future__ import annotations
@@ -169,6 +171,8 @@ def derive(
         elif _aged_media(message, clearing, aged_now):
             state, sent = AGED, max(message.tokens - reclaimed, 0)
             reason = reason or media.RECORDED
+        elif clearing is not None and (clearing.aged or clearing.arguments_tokens):
+            state, sent = AGED, max(message.tokens - reclaimed, 0)
         elif message.role == "tool" and clearing is not None and reason != REASONING_CLEARING:
             state, sent = CLEARED, max(message.tokens - reclaimed, 0)
         else:

@@ -537,9 +537,13 @@ def message_times(connection: Connection, conversation_id: str) -> dict[int, dat
 
 
 def clearing_times(connection: Connection, conversation_id: str) -> dict[int, datetime]:
-    """When each clearing of the conversation was recorded, by message id."""
+    """When each message's latest recorded step (aged, cleared...) was recorded, by message id."""
     k = CLEARINGS.c
-    statement = select(k.message_id, k.created_at).where(k.conversation_id == conversation_id)
+    statement = (
+        select(k.message_id, k.created_at)
+        .where(k.conversation_id == conversation_id)
+        .order_by(k.id)
+    )
     return {int(mid): as_utc(at) or at for mid, at in connection.execute(statement)}
 
 

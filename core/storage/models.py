@@ -16,6 +16,7 @@ from sqlalchemy import (
     DateTime,
     Index,
     Integer,
+    String,
     Table,
     Text,
     UniqueConstraint,
@@ -127,10 +128,13 @@ class Summary(SQLModel, table=True):
 
 
 class Clearing(SQLModel, table=True):
-    """A tool result rendered as its placeholder from now on; one-way, one per message."""
+    """One recorded step of how a message renders from now on (``core.values.records``): a tool
+    result aged or cleared, a result shortened, media or reasoning no longer sent, old call
+    arguments shortened. One-way, one row per message and stage; ``tokens_reclaimed`` is what
+    the message's state after the step saves against its stored count."""
 
     __tablename__ = "clearings"
-    __table_args__ = (UniqueConstraint("message_id", name="uq_clearings_message"),)
+    __table_args__ = (UniqueConstraint("message_id", "stage", name="uq_clearings_message_stage"),)
 
     id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
     conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
@@ -138,6 +142,11 @@ class Clearing(SQLModel, table=True):
     reason: str = Field(max_length=32)
     tokens_reclaimed: int = 0
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    stage: str = Field(
+        default="cleared",
+        sa_column=Column(String(16), nullable=False, server_default="cleared"),
+    )
+    kept_chars: int | None = None  # an aged result's character cap
 
 
 class CompactionLog(SQLModel, table=True):

@@ -37,7 +37,7 @@ from core.storage import store
 from core.storage.db import session_scope
 from core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES
 from core.storage.reads import RequestBranch
-from core.values.records import Msg
+from core.values.records import ARGUMENTS, CLEARED, Msg
 
 RECOUNT_BATCH = 500  # rows per transaction: a few ms of counting, a short write lock on SQLite
 
@@ -113,11 +113,14 @@ _SET_COUNT = (
     .values(tokens=bindparam("new_tokens"), encoding=bindparam("basis"))
 )
 _CLEARINGS_OF = select(
-    CLEARINGS.c.message_id, CLEARINGS.c.reason, CLEARINGS.c.tokens_reclaimed
+    CLEARINGS.c.message_id, CLEARINGS.c.reason, CLEARINGS.c.tokens_reclaimed, CLEARINGS.c.stage
 ).where(CLEARINGS.c.message_id.in_(bindparam("ids", expanding=True)))
 _SET_RECLAIMED = (
     update(CLEARINGS)
-    .where(CLEARINGS.c.message_id == bindparam("cleared_id"))
+    .where(
+        CLEARINGS.c.message_id == bindparam("cleared_id"),
+        CLEARINGS.c.stage == bindparam("cleared_stage"),
+    )
     .values(tokens_reclaimed=bindparam("reclaimed"))
 )
 
@@ -136,17 +139,24 @@ def write(connection: Connection, changes: Sequence[Change]) -> None:
         connection.execute(
             _SET_RECLAIMED,
             [
-                {"cleared_id": mid, "reclaimed": _reclaimed(by_id[mid], reason, int(old))}
-                for mid, reason, old in cleared
+                {
+                    "cleared_id": mid,
+                    "cleared_stage": stage,
+                    "reclaimed": _reclaimed(by_id[mid], reason, int(old), stage),
+                }
+                for mid, reason, old, stage in cleared
             ],
         )
 
 
-def _reclaimed(change: Change, reason: str, old: int) -> int:
-    """A clearing's saving after its row's recount: a dropped reasoning is its new count, any
-    other clearing keeps the row at the same placeholder cost."""
-    if reason == REASONING_CLEARING:
+def _reclaimed(change: Change, reason: str, old: int, stage: str) -> int:
+    """A clearing's saving after its row's recount: a dropped reasoning is its new count,
+    shortened arguments save what they saved (the least of either encoding already), any other
+    step keeps the message at the same placeholder or aged cost."""
+    if reason == REASONING_CLEARING and stage == CLEARED:
         return change.reasoning
+    if stage == ARGUMENTS:
+        return old
     return max(old + change.delta, 0)
 
 

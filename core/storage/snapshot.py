@@ -4,7 +4,8 @@ afterwards the text of the messages a summary covers.
 The snapshot is content-free: the branch comes from ids and parents
 (``core.storage.reads.branch_path``), then the root and the messages after the applicable summary's
 cutoff are read without their text: role, stored tokens, tool-call ids and names (arguments
-dropped), the call a result answers, its tool name and saved-output path. Text is read by
+dropped, but for those long enough to be shortened once old: the aged stage counts what that
+saves), the call a result answers, its tool name and saved-output path. Text is read by
 ``load_contents`` for the messages sent to the summarizer only. ``history_bound`` answers "is this
 conversation anywhere near its trigger" from the stored counts of the messages after the latest
 summary alone (a walk up the branch by primary key), so a run that skips costs about the same at
@@ -22,6 +23,7 @@ from sqlalchemy import Connection, bindparam, select, text
 from sqlmodel import Session
 
 from core.decision import policy
+from core.decision.toolresults import ARGUMENT_AGED_CHARS
 from core.errors import NotFoundError
 from core.request.branch import applicable_summary
 from core.request.pins import effective_clearings
@@ -70,11 +72,18 @@ WITH RECURSIVE up(id, parent_id, tokens) AS (
     WHERE up.id > :cutoff
 )
 SELECT sum(CASE WHEN up.id > :cutoff THEN up.tokens ELSE 0 END), min(up.id), max(up.id),
-       sum(CASE WHEN up.id > :cutoff THEN coalesce(c.tokens_reclaimed, 0) ELSE 0 END)
-FROM up LEFT JOIN clearings AS c ON c.message_id = up.id AND (
-    c.reason = 'reasoning'
-    OR NOT EXISTS (SELECT 1 FROM pins AS p WHERE p.message_id = up.id)
+       sum(CASE WHEN up.id > :cutoff
+                THEN coalesce(c.tokens_reclaimed, a.tokens_reclaimed, 0)
+                     + coalesce(g.tokens_reclaimed, 0)
+                ELSE 0 END)
+FROM up
+LEFT JOIN clearings AS c ON c.message_id = up.id AND c.stage = 'cleared' AND (
+    c.reason = 'reasoning' OR NOT EXISTS (SELECT 1 FROM pins AS p WHERE p.message_id = up.id)
 )
+LEFT JOIN clearings AS a ON a.message_id = up.id AND a.stage = 'aged'
+    AND NOT EXISTS (SELECT 1 FROM pins AS p WHERE p.message_id = up.id)
+LEFT JOIN clearings AS g ON g.message_id = up.id AND g.stage = 'arguments'
+    AND NOT EXISTS (SELECT 1 FROM pins AS p WHERE p.message_id = up.id)
 """
 )
 _ROOT_TOKENS = (
@@ -218,11 +227,7 @@ def _light(row: Any) -> Msg:
     mid, parent, role, count, calls, call_id, name, path = row
     if isinstance(calls, str):
         calls = json.loads(calls)
-    slim = tuple(
-        {"id": call.get("id", ""), "function": {"name": (call.get("function") or {}).get("name")}}
-        for call in calls or ()
-        if isinstance(call, dict)
-    )
+    slim = tuple(_slim_call(call) for call in calls or () if isinstance(call, dict))
     return Msg(
         id=mid,
         parent_id=parent,
@@ -234,6 +239,17 @@ def _light(row: Any) -> Msg:
         name=name,
         output_path=path,
     )
+
+
+def _slim_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A call as the decision sees it: its id and tool name, and its arguments only when they
+    are long enough to be shortened once the call is old (``toolresults.argument_saving``)."""
+    function = call.get("function") or {}
+    slim: dict[str, Any] = {"name": function.get("name")}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str) and len(arguments) > ARGUMENT_AGED_CHARS:
+        slim["arguments"] = arguments
+    return {"id": call.get("id", ""), "function": slim}
 
 
 def load_contents(session: Session, conversation_id: str, ids: Iterable[int]) -> dict[int, Msg]:

@@ -41,7 +41,7 @@ from core.storage.models import (
 from core.values import limits
 from core.values.actions import SETTLING, Action
 from core.values.limits import MESSAGE_ID_MAX as MAX_ID
-from core.values.records import ClearingRec, Msg, SummaryRec
+from core.values.records import ClearingRec, Msg, SummaryRec, merge_step
 
 MESSAGE_COLUMNS = tuple(
     MESSAGES.c[name]
@@ -491,9 +491,17 @@ _SUMMARIES_OF = (
     .where(SUMMARIES.c.conversation_id == bindparam("conversation_id"))
     .order_by(SUMMARIES.c.id)
 )
-_CLEARINGS_OF = sa_select(
-    CLEARINGS.c.message_id, CLEARINGS.c.reason, CLEARINGS.c.tokens_reclaimed
-).where(CLEARINGS.c.conversation_id == bindparam("conversation_id"))
+_CLEARINGS_OF = (
+    sa_select(
+        CLEARINGS.c.message_id,
+        CLEARINGS.c.reason,
+        CLEARINGS.c.tokens_reclaimed,
+        CLEARINGS.c.stage,
+        CLEARINGS.c.kept_chars,
+    )
+    .where(CLEARINGS.c.conversation_id == bindparam("conversation_id"))
+    .order_by(CLEARINGS.c.id)
+)
 
 
 def load_summaries(
@@ -523,13 +531,18 @@ def load_summaries(
 def load_clearings(
     session: Session, conversation_id: str, before: datetime | None = None
 ) -> dict[int, ClearingRec]:
-    """The cleared tool results of the conversation, by message id (only those recorded at or
-    before ``before`` when given)."""
+    """How each recorded message of the conversation renders, by message id: its steps (aged,
+    cleared, shortened arguments...) merged by ``core.values.records.merge_step``; only the
+    steps recorded at or before ``before`` when given."""
     statement = _CLEARINGS_OF
     if before is not None:
         statement = statement.where(CLEARINGS.c.created_at <= before)
     rows = session.connection().execute(statement, {"conversation_id": conversation_id})
-    return {int(row[0]): ClearingRec(int(row[0]), row[1], int(row[2])) for row in rows}
+    found: dict[int, ClearingRec] = {}
+    for message_id, reason, reclaimed, stage, chars in rows:
+        mid = int(message_id)
+        found[mid] = merge_step(found.get(mid), mid, reason, int(reclaimed), stage, chars)
+    return found
 
 
 def record_usage(

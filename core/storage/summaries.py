@@ -10,7 +10,7 @@ the lease let go (or kept when the conversation turned dirty meanwhile).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -65,9 +65,10 @@ class Written:
 
     summary_id: int | None = None  # the new summary, or on a conflict the one another run wrote
     conflict: bool = False  # another run had already summarized up to the same cutoff
-    cleared: int = 0  # tool results cleared after the new summary
+    cleared: int = 0  # steps recorded after the new summary (results aged or cleared, arguments)
     tokens_reclaimed: int = 0
     lease: str = "none"  # lease.release_on's answer, or "none" without a lease
+    steps: str = ""  # those steps in words (``sweep.Applied.describe``)
 
 
 def write_run(
@@ -102,11 +103,15 @@ def write_run(
                 applied = sweep.Applied(0, 0)
                 if clear_after:
                     applied = sweep.apply_clearings(session, conversation_id, clear_after, now=now)
-                written = Written(new_id, False, applied.cleared, applied.tokens_reclaimed)
+                written = Written(
+                    new_id,
+                    False,
+                    applied.steps,
+                    applied.tokens_reclaimed,
+                    steps=applied.describe(),
+                )
         compaction_log.record_run(connection, log_row(written))  # a skip after a skip: counted
         if held is None:
             return written
         state = release_on(connection, held, force=force_release, last_compacted_at=now)
-    return Written(
-        written.summary_id, written.conflict, written.cleared, written.tokens_reclaimed, state
-    )
+    return replace(written, lease=state)

@@ -36,24 +36,44 @@ from sqlmodel import Session
 
 from core.counting.tokens import TOKENS_PER_NAME
 from core.decision.policy import Knobs
-from core.decision.toolresults import DIGIT_RUN_BOUNDS, IDLE, ClearingPlan, placeholder_base_tokens
+from core.decision.toolresults import (
+    DIGIT_RUN_BOUNDS,
+    IDLE,
+    ClearingPlan,
+    describe_steps,
+    placeholder_base_tokens,
+)
 from core.errors import InputError
 from core.request.placeholders import DEFAULT_TOOL_NAME
 from core.settings import Settings
 from core.storage.db import session_scope
 from core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, PINS, SUMMARIES, utcnow
+from core.values.records import AGED, ARGUMENTS, CLEARED, STAGES
 
 # The tool role as an SQL literal, the words of the partial index of tool results
 # (``core.storage.models.TOOL_ONLY``): a bound parameter would keep either database from using it.
 TOOL_ROLE = literal_column("'tool'", String)
 INSERT_CHUNK = 500  # rows per multi-row insert: far below SQLite's bound-parameter limit
+UNIQUE_KEY = ["message_id", "stage"]  # a step is recorded once (core.storage.models.Clearing)
 
 
 class Applied(NamedTuple):
-    """What a write cleared: results newly cleared and the tokens they reclaim."""
+    """What a write recorded: results newly cleared, the tokens the new steps save, results
+    newly aged and calls whose arguments were newly shortened."""
 
     cleared: int
     tokens_reclaimed: int
+    aged: int = 0
+    arguments: int = 0
+
+    @property
+    def steps(self) -> int:
+        """Rows written, every stage."""
+        return self.cleared + self.aged + self.arguments
+
+    def describe(self) -> str:
+        """What was written, every stage counted apart (the run's reason)."""
+        return describe_steps(self.cleared, self.aged, self.arguments, self.tokens_reclaimed)
 
 
 def _insert(session: Session) -> Any:
@@ -69,8 +89,9 @@ def _insert(session: Session) -> Any:
 def apply_clearings(
     session: Session, conversation_id: str, plan: ClearingPlan, *, now: datetime | None = None
 ) -> Applied:
-    """Record a plan's clearings; results already cleared are left as they are (idempotent),
-    and so are messages pinned since the plan was made (a pin is never cleared)."""
+    """Record a plan's steps; a step already recorded (the same message and stage) is left as
+    it is (idempotent, and one-way: a row is never changed), and so are messages pinned since
+    the plan was made (a pin is never aged or cleared)."""
     if not plan:
         return Applied(0, 0)
     pinned = {
@@ -95,21 +116,25 @@ def apply_clearings(
             "reason": plan.reason,
             "tokens_reclaimed": item.tokens_reclaimed,
             "created_at": moment,
+            "stage": item.stage,
+            "kept_chars": item.kept_chars,
         }
         for item in plan.items
     ]
-    cleared = reclaimed = 0
+    saves = {(item.message_id, item.stage): item.saves for item in plan.items}
+    counts = dict.fromkeys(STAGES, 0)
+    reclaimed = 0
     for start in range(0, len(rows), INSERT_CHUNK):
         statement = (
             _insert(session)
             .values(rows[start : start + INSERT_CHUNK])
-            .on_conflict_do_nothing(index_elements=["message_id"])
-            .returning(CLEARINGS.c.tokens_reclaimed)
+            .on_conflict_do_nothing(index_elements=UNIQUE_KEY)
+            .returning(CLEARINGS.c.message_id, CLEARINGS.c.stage)
         )
-        done = session.execute(statement).scalars().all()
-        cleared += len(done)
-        reclaimed += sum(int(value) for value in done)
-    return Applied(cleared, reclaimed)
+        for message_id, stage in session.execute(statement):
+            counts[stage] += 1
+            reclaimed += saves[(int(message_id), stage)]
+    return Applied(counts[CLEARED], reclaimed, counts[AGED], counts[ARGUMENTS])
 
 
 # --- the idle sweep ----------------------------------------------------------------------------
@@ -163,12 +188,13 @@ def sweep_batch(
 
     Two statements: one finds where the window of ``batch_size`` results ends, one set-based
     ``INSERT ... SELECT`` clears what is eligible inside it, working out each conversation's
-    thresholds once. Eligible, as in ``core.decision.toolresults.plan_clearings``: a tool result not
-    already cleared, not of a protected tool (a result without a tool name is left alone while
+    thresholds once. Eligible, as in ``core.decision.toolresults.plan_clearings`` (its ``cleared``
+    stage, ``policy.idle_clearing``): a tool result not already cleared (an aged one is), not of a
+    protected tool (a result without a tool name is left alone while
     any tool is protected), older than its conversation's last ``keep_last`` results, after the
-    conversation's latest summary cutoff, not pinned, and larger than its placeholder. Recency
-    is by message id across the whole conversation, so on a branched conversation the newest
-    branch's results are the ones kept.
+    conversation's latest summary cutoff, not pinned, and larger than its placeholder (than its
+    aged form too, for an aged result). Recency is by message id across the whole conversation,
+    so on a branched conversation the newest branch's results are the ones kept.
     """
     window = (
         select(MESSAGES.c.id)
@@ -192,14 +218,20 @@ def sweep_batch(
     if shielded:
         values["protected"] = shielded
     session.execute(statement, values)
-    # what this batch inserted: its window, its timestamp (counted in SQL, not row by row)
+    # what this batch inserted: its window, its timestamp (counted in SQL, not row by row); an
+    # aged result cleared saves what its placeholder saves beyond its aged form
     k = CLEARINGS.c
     inserted = (
-        select(k.conversation_id, func.count(), func.sum(k.tokens_reclaimed))
+        select(
+            k.conversation_id,
+            func.count(),
+            func.sum(k.tokens_reclaimed - func.coalesce(_aged_saving(k.message_id), 0)),
+        )
         .where(
             k.message_id > after_id,
             k.message_id <= batch.last_message_id,
             k.reason == IDLE,
+            k.stage == CLEARED,
             k.created_at == now,
         )
         .group_by(k.conversation_id)
@@ -209,6 +241,16 @@ def sweep_batch(
         batch.tokens_reclaimed += int(reclaimed)
         batch.conversation_ids.add(str(conversation_id))
     return batch
+
+
+def _aged_saving(message_id: Any) -> Any:
+    """What the aged row of a message saves (NULL when the message is not aged)."""
+    aged = CLEARINGS.alias("aged")
+    return (
+        select(aged.c.tokens_reclaimed)
+        .where(aged.c.message_id == message_id, aged.c.stage == AGED)
+        .scalar_subquery()
+    )
 
 
 @lru_cache(maxsize=16)
@@ -248,15 +290,19 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
         .prefix_with("MATERIALIZED")
     )
     reclaimed = reclaimed_sql(m)
+    cleared = select(CLEARINGS.c.message_id).where(
+        CLEARINGS.c.message_id == m.c.id, CLEARINGS.c.stage == CLEARED
+    )
     conditions = [
         m.c.id > after,
         m.c.id <= until,
         m.c.role == TOOL_ROLE,
         m.c.id > idle.c.covered,
-        reclaimed > 0,
+        # the step must save tokens: against the stored count, or an aged result's aged form
+        reclaimed - func.coalesce(_aged_saving(m.c.id), 0) > 0,
         # a result already cleared is skipped by one probe of the clearings' unique index, not
         # by a conflicting insert (which stays, for a result cleared meanwhile by another run)
-        ~select(CLEARINGS.c.message_id).where(CLEARINGS.c.message_id == m.c.id).exists(),
+        ~cleared.exists(),
         # a pinned result is sent as stored (core.request.pins): one probe of the pins' index
         ~select(PINS.c.message_id).where(PINS.c.message_id == m.c.id).exists(),
     ]
@@ -272,15 +318,16 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
             literal(IDLE, String),
             reclaimed,
             bindparam("now", type_=DateTime(timezone=True)),
+            literal(CLEARED, String),
         )
         .select_from(m.join(idle, idle.c.cid == m.c.conversation_id))
         .where(*conditions)
     )
     insert_ = postgresql.insert(CLEARINGS) if dialect == "postgresql" else sqlite.insert(CLEARINGS)
     return insert_.from_select(
-        ["conversation_id", "message_id", "reason", "tokens_reclaimed", "created_at"],
+        ["conversation_id", "message_id", "reason", "tokens_reclaimed", "created_at", "stage"],
         candidates,
-    ).on_conflict_do_nothing(index_elements=["message_id"])
+    ).on_conflict_do_nothing(index_elements=UNIQUE_KEY)
 
 
 @dataclass

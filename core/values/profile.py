@@ -67,16 +67,21 @@ def state_key(
     clearings: Collection[int],
     content_hash: str | None,
     pins: Collection[int] = (),
+    steps: int | None = None,
 ) -> str:
     """A key of what a request is built from: another model, leaf, summary, a new clearing,
     another set of pinned messages or other fixed parts give another key, so a reading of one
     request is not taken for another.
 
-    Clearings are one-way (a message is cleared once), so their number and newest message id
-    change with every new one; pins come and go, so they are named one by one (a branch
-    without pins keys as before pins existed)."""
+    Clearings are one-way, so their number and newest message id change with every new
+    message recorded; ``steps`` (``core.values.records.steps_of``) grows with every further step
+    of a message already recorded (an aged result cleared, old arguments shortened). A state of
+    cleared messages alone keeps the key it had before the aged stage existed. Pins come and go,
+    so they are named one by one (a branch without pins keys as before pins existed)."""
     newest = max(clearings) if clearings else 0
     text = f"{model}|{leaf_id}|{summary_id}|{len(clearings)}|{newest}|{content_hash or ''}"
+    if steps is not None and steps != 2 * len(clearings):
+        text += f"|{steps}"
     if pins:
         text += "|pins:" + ",".join(str(mid) for mid in sorted(pins))
     return hashlib.blake2b(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -64,10 +65,83 @@ class SummaryRec:
     created_at: datetime | None = None
 
 
+# The stages of a clearing row (one row per message and stage, one-way): a tool result goes
+# full -> ``aged`` (sent as its head and tail) -> ``cleared`` (its placeholder), or straight to
+# ``cleared``; every other record of a message (a result sent shortened, media or reasoning no
+# longer sent) is a ``cleared`` row too. ``arguments`` is an assistant message whose old tool-call
+# arguments are sent shortened: an aspect of its own, beside any other row of the message.
+AGED, CLEARED, ARGUMENTS = "aged", "cleared", "arguments"
+STAGES = (AGED, CLEARED, ARGUMENTS)
+
+
 @dataclass(frozen=True, slots=True)
 class ClearingRec:
-    """A tool result that renders as its placeholder."""
+    """How a message renders from now on (its recorded steps merged: ``merge_step``).
+
+    ``tokens_reclaimed`` is what the message's recorded state saves against its stored count,
+    all aspects together: its result (aged, cleared, shortened), media or reasoning (the
+    ``cleared`` or ``aged`` row) plus its shortened arguments (``arguments_tokens``, 0 when
+    none). ``stage`` is the furthest step: ``cleared`` over ``aged``, ``arguments`` alone when
+    that is the only one. ``kept_chars`` is the character cap an aged result renders within."""
 
     message_id: int
     reason: str
     tokens_reclaimed: int = 0
+    stage: str = CLEARED
+    arguments_tokens: int = 0
+    kept_chars: int | None = None
+
+    @property
+    def aged(self) -> bool:
+        """A tool result sent as its head and tail (aged, not cleared yet)."""
+        return self.stage == AGED
+
+    @property
+    def arguments_only(self) -> bool:
+        """Only the message's tool-call arguments are shortened: its content is as stored."""
+        return self.stage == ARGUMENTS
+
+
+def merge_step(
+    current: ClearingRec | None,
+    message_id: int,
+    reason: str,
+    tokens_reclaimed: int,
+    stage: str = CLEARED,
+    kept_chars: int | None = None,
+) -> ClearingRec:
+    """``current`` with one more recorded row (``tokens_reclaimed`` is the row's own saving
+    against the stored count), whatever order the rows come in: a ``cleared`` row supersedes an
+    ``aged`` one (never the other way: one-way, even when a late ``aged`` row lands after a
+    clearing), and ``arguments`` adds to either."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown clearing stage {stage!r} (expected one of {STAGES})")
+    if current is None:
+        if stage == ARGUMENTS:
+            return ClearingRec(message_id, reason, tokens_reclaimed, ARGUMENTS, tokens_reclaimed)
+        chars = kept_chars if stage == AGED else None
+        return ClearingRec(message_id, reason, tokens_reclaimed, stage, 0, chars)
+    arguments = current.arguments_tokens
+    if stage == ARGUMENTS:
+        if arguments or current.stage == ARGUMENTS:  # recorded already
+            return current
+        return ClearingRec(
+            message_id,
+            current.reason,
+            current.tokens_reclaimed + tokens_reclaimed,
+            current.stage,
+            tokens_reclaimed,
+            current.kept_chars,
+        )
+    if current.stage == CLEARED or (current.stage == AGED and stage == AGED):
+        return current  # the furthest step is recorded already
+    chars = kept_chars if stage == AGED else None
+    return ClearingRec(message_id, reason, tokens_reclaimed + arguments, stage, arguments, chars)
+
+
+def steps_of(clearings: Iterable[ClearingRec]) -> int:
+    """A count that grows with every recorded step that changes how a message renders: a
+    cleared message counts 2, an aged one 1, shortened arguments 1 more (so an aged result
+    cleared adds one, as a new clearing adds at least one)."""
+    weight = {CLEARED: 2, AGED: 1, ARGUMENTS: 0}
+    return sum(weight[c.stage] + (1 if c.arguments_tokens else 0) for c in clearings)

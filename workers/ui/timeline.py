@@ -7,6 +7,8 @@ result), never from a second reading of the rules:
 - ``pinned``: sent as stored whatever is summarized or cleared (``core.request.pins``): in its
   place, or right after the summary that covers it;
 - ``summarized``: on the branch at or before the cutoff of the summary the request sends;
+- ``aged``: a tool result sent as its head and tail, or a call with its old arguments shortened
+  (the aged stage), with the reason of the moment that aged it;
 - ``cleared``: a clearing is recorded for it (a tool result sent as its placeholder, media sent
   as a text part, reasoning no longer sent), with the clearing's reason;
 - ``omitted``: the request leaves it out (``dropped_message_ids``: it did not fit, or a result
@@ -26,7 +28,8 @@ from typing import Any
 
 from core.values.records import ClearingRec, Msg, SummaryRec
 
-FULL, CLEARED, SUMMARIZED, PINNED, OMITTED = "full", "cleared", "summarized", "pinned", "omitted"
+FULL, AGED, CLEARED, SUMMARIZED = "full", "aged", "cleared", "summarized"
+PINNED, OMITTED = "pinned", "omitted"
 PREVIEW_CHARS = 240  # the line a timeline entry shows
 # Entries shown of one summary's span, and of one run of omitted messages (the newest of them):
 # a page stays a few hundred kilobytes however long the conversation; `recap export` has the rest.
@@ -149,6 +152,8 @@ def states(
             out[message.id] = (SUMMARIZED, None)
         elif message.id in dropped_set:
             out[message.id] = (OMITTED, None)
+        elif clearing is not None and (clearing.aged or clearing.arguments_only):
+            out[message.id] = (AGED, clearing.reason)
         elif clearing is not None:
             out[message.id] = (CLEARED, clearing.reason)
         else:
