@@ -20,6 +20,7 @@ from core.results import CompressResult, ExportedConversation, Stats, SummaryInf
 from core.settings import Settings, get_settings
 from core.storage.db import get_engine, require_schema
 from core.storage.outputs import Ingest
+from core.storage.reuse import BranchReuse
 
 if TYPE_CHECKING:
     from core.recall import Recalled
@@ -47,6 +48,7 @@ class Recap:
         else:
             require_schema(self.engine)
         self._ingest = Ingest.from_settings(self.settings)
+        self._reuse = BranchReuse()  # each request's read, for the next (core.storage.reuse)
 
     def new(
         self,
@@ -122,6 +124,7 @@ class Recap:
             model=model,
             max_input_tokens=max_input_tokens,
             as_of=as_of,
+            reuse=self._reuse,
         )
 
     def record_usage(

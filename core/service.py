@@ -24,11 +24,13 @@ from core.request import assembly
 from core.request.validate import parse_json_line
 from core.results import ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from core.settings import Settings, get_settings
-from core.storage import outputs, reads, recount, store
+from core.storage import outputs, reads, recount, store, versions
 from core.storage import profile as profiles
+from core.storage import reuse as reuses
 from core.storage import snapshot as snapshots
 from core.storage.db import is_schema_missing, session_scope
 from core.storage.models import utcnow
+from core.storage.reuse import BranchReuse
 from core.values.records import ClearingRec, Msg
 
 Prepare = store.Preparer  # the ingest step (core.storage.outputs.Ingest)
@@ -331,6 +333,7 @@ def assemble(
     as_of: datetime | None = None,
     record: bool = True,
     reserve_tokens: int = 0,
+    reuse: BranchReuse | None = None,
 ) -> assembly.AssembledRequest:
     """The request the host should send now for the branch ending at ``leaf``.
 
@@ -345,6 +348,10 @@ def assemble(
     ``reserve_tokens`` keeps that much more of the budget free (the timeline's stand-in for the
     host parts it was not given). The files and media of a summarized span are listed in
     ``forgotten_files`` after any context file left out (``core.lifecycle.span_forgotten``).
+
+    With ``reuse``, the read starts from the conversation's last one when the database says
+    nothing changed since but messages appended (``core.storage.reuse``; not for ``as_of``):
+    the request is the same as a fresh read gives.
     """
     if max_input_tokens is not None and max_input_tokens <= 0:
         raise InputError(f"--max-input-tokens must be positive, got {max_input_tokens}")
@@ -354,7 +361,13 @@ def assemble(
         record = False
     try:
         with session_scope(engine) as session:
-            stored_model, stored_window = reads.conversation_head(session, conversation_id)
+            reused = reuse if as_of is None else None
+            version = None
+            if reused is not None:  # the head and the version, in one query
+                version = versions.request_version(session.connection(), conversation_id)
+                stored_model, stored_window = version.model, version.max_input_tokens
+            else:
+                stored_model, stored_window = reads.conversation_head(session, conversation_id)
             target = model or stored_model
             override = stored_window if max_input_tokens is None and model is None else None
             given = max_input_tokens or override
@@ -371,9 +384,13 @@ def assemble(
                     settings, target, window, given is not None, profile, leaf_id, now
                 )
 
-            loaded = reads.load_request_branch(
-                session, conversation_id, leaf, None if text_only else limit_at, as_of
-            )
+            budget = None if text_only else limit_at
+            if reused is not None and version is not None:
+                loaded = reuses.load_request_branch(
+                    session, conversation_id, leaf, budget, version, reused
+                )
+            else:
+                loaded = reads.load_request_branch(session, conversation_id, leaf, budget, as_of)
             plan = budget_at(loaded.branch[-1].id if loaded.branch else leaf)
             limit = limit_at(loaded.branch[-1].id if loaded.branch else leaf)
             loaded, recounted = recount.refreshed(loaded, target)
