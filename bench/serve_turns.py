@@ -43,7 +43,7 @@ from bench.litellm_proxy import PROXY_KEY, litellm_proxy
 from bench.serve import KEY, MODEL, REPLY, model_process, serve_process
 
 CONVERSATION = 200  # messages of history each timed request carries
-ROUNDS = 21  # timed rounds per side; the median of an odd count is one of them
+ROUNDS = 25  # timed rounds per side: odd (the median is one of them), each order five times
 WARMUP_ROUNDS = 3  # untimed rounds: connections and caches warm up
 NEW_TURN_BOUND = "<= 1.3"
 PROXY_BOUND = "<= 0.5"
@@ -230,9 +230,14 @@ def rounds(
         if proxy is not None:
             measures["proxy"] = sides.proxied(proxy)
         times: dict[str, list[float]] = {name: [] for name in measures}
+        names = list(measures)
         for index in range(WARMUP_ROUNDS + ROUNDS):
-            for name, measure in measures.items():
-                elapsed = measure()
+            # each round starts one later: every side follows every other equally often, so
+            # none is always the one that meets the work the side before it left running
+            # (a stored turn records its usage after its stream has ended)
+            turn = index % len(names)
+            for name in names[turn:] + names[:turn]:
+                elapsed = measures[name]()
                 if index >= WARMUP_ROUNDS:
                     times[name].append(elapsed)
     ms = {name: statistics.median(values) * 1000 for name, values in times.items()}

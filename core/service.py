@@ -208,11 +208,12 @@ def record_usage(
     the host last sent (else ``default_fixed``)."""
     now = utcnow()
     with session_scope(engine) as session:
-        snapshot = snapshots.read_snapshot(session, conversation_id, leaf, now=now)
-        sent = snapshot.profile.sent if snapshot.profile is not None else None
+        profile = profiles.load_profile(session.connection(), conversation_id)
+        sent = profile.sent if profile is not None else None
         if sent is not None and (leaf is None or leaf == sent.leaf_id):
             estimated, leaf_id, state = sent.tokens, sent.leaf_id, sent.state
         else:  # no request of this leaf was assembled here: the stored history's estimate
+            snapshot = snapshots.read_snapshot(session, conversation_id, leaf, now=now)
             fixed = policy.fixed_tokens(snapshot, policy.Knobs(default_fixed_tokens=default_fixed))
             estimated, leaf_id, state = fixed + policy.history_estimate(snapshot), leaf, None
             leaf_id = snapshot.leaf_id
