@@ -25,6 +25,10 @@ measured is Recap's (and the HTTP hops'), not a model's. `recap serve` runs as a
 - ``serve_requests_per_second`` (SQLite) and ``serve_requests_per_second_postgres``: stored,
   non-streaming turns completed per second by 16 concurrent clients, each resending its own
   growing conversation. Reported, not bounded: it depends on the machine's cores.
+- ``litellm_proxy_requests_per_second``: the same clients through the LiteLLM proxy
+  (``bench.litellm_proxy``: its own environment, one worker, its defaults; nothing stored) to
+  the same model server, in the same run; left out with the reason on stderr when the proxy
+  cannot be installed or started here.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from bench import Figure
 from bench.add import _postgres_database
 from bench.assemble import long_conversation
 from bench.data import load_all
+from bench.litellm_proxy import litellm_proxy
 
 KEY = "bench-client-key-0001"
 MODEL = "openai/stand-in"
@@ -80,6 +85,9 @@ def run() -> list[Figure]:
                 messages = long_conversation(records, CONVERSATION)
                 figures = overhead(base, upstream, (floor, lean), messages)
                 figures.append(throughput(base, records, ""))
+                with litellm_proxy(MODEL, upstream, root) as proxy:
+                    if proxy is not None:
+                        figures.append(proxy_throughput(proxy, records))
             database = _postgres_database()
             if database is None:
                 print(
@@ -288,12 +296,45 @@ def overhead(
 
 def throughput(base: str, records: list[dict[str, Any]], suffix: str) -> Figure:
     """Stored turns per second with ``CLIENTS`` clients at once."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    per_second = _turns_per_second(
+        base, records, lambda: {**auth, "X-Recap-Conversation": str(uuid.uuid4())}
+    )
+    database = "PostgreSQL" if suffix else "SQLite"
+    return Figure(
+        f"serve_requests_per_second{suffix}",
+        per_second,
+        "",
+        f"stored non-streaming turns per second, {CLIENTS} concurrent clients, {database}, "
+        "upstream answering at once",
+    )
+
+
+def proxy_throughput(proxy: str, records: list[dict[str, Any]]) -> Figure:
+    """The same clients' turns per second through the LiteLLM proxy (nothing stored)."""
+    from bench.litellm_proxy import PROXY_KEY, PROXY_VERSION
+
+    per_second = _turns_per_second(proxy, records, lambda: {"Authorization": f"Bearer {PROXY_KEY}"})
+    return Figure(
+        "litellm_proxy_requests_per_second",
+        per_second,
+        "",
+        f"the same {CLIENTS} clients' non-streaming turns per second through the LiteLLM proxy "
+        f"({PROXY_VERSION}, one worker, nothing stored) to the same model server, same run",
+    )
+
+
+def _turns_per_second(
+    base: str, records: list[dict[str, Any]], headers_for: Callable[[], dict[str, str]]
+) -> float:
+    """Turns completed per second by ``CLIENTS`` clients at once, each resending its own
+    growing conversation with the headers ``headers_for`` gives it."""
     start = long_conversation(records, START_HISTORY)
     errors: list[str] = []
     barrier = threading.Barrier(CLIENTS + 1)
 
     def client_loop() -> None:
-        headers = {"Authorization": f"Bearer {KEY}", "X-Recap-Conversation": str(uuid.uuid4())}
+        headers = headers_for()
         messages = [*start, {"role": "user", "content": "begin"}]
         with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
             barrier.wait()
@@ -316,11 +357,4 @@ def throughput(base: str, records: list[dict[str, Any]], suffix: str) -> Figure:
     elapsed = time.perf_counter() - started
     if errors:
         raise RuntimeError(f"bench.serve: {len(errors)} clients failed: {errors[0]}")
-    database = "PostgreSQL" if suffix else "SQLite"
-    return Figure(
-        f"serve_requests_per_second{suffix}",
-        round(CLIENTS * TURNS_PER_CLIENT / elapsed, 1),
-        "",
-        f"stored non-streaming turns per second, {CLIENTS} concurrent clients, {database}, "
-        "upstream answering at once",
-    )
+    return round(CLIENTS * TURNS_PER_CLIENT / elapsed, 1)

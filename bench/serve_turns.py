@@ -16,22 +16,21 @@ on a 200-message conversation, the model server answering at once in a process o
   model server): per round, the new turn through `recap serve` less the same request sent
   directly.
 - ``serve_ttfb_vs_litellm_proxy``: the new chat-completions turn over the LiteLLM proxy
-  forwarding the same request, when the proxy can start here (``litellm[proxy]``); left out
-  with a reason on stderr otherwise.
+  forwarding the same request to the same model server (``bench.litellm_proxy``: the proxy in
+  an environment of its own, started as a process beside `recap serve` and timed in the same
+  rounds); left out with the reason on stderr when it cannot be installed or started.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +39,11 @@ import httpx
 from bench import Figure
 from bench.assemble import long_conversation
 from bench.data import load_all
-from bench.serve import KEY, MODEL, REPLY, START_TIMEOUT, model_process, serve_process
+from bench.litellm_proxy import PROXY_KEY, litellm_proxy
+from bench.serve import KEY, MODEL, REPLY, model_process, serve_process
 
 CONVERSATION = 200  # messages of history each timed request carries
-ROUNDS = 21  # timed rounds per side; the median of an odd count is one of them
+ROUNDS = 25  # timed rounds per side: odd (the median is one of them), each order five times
 WARMUP_ROUNDS = 3  # untimed rounds: connections and caches warm up
 NEW_TURN_BOUND = "<= 1.3"
 PROXY_BOUND = "<= 0.5"
@@ -62,7 +62,7 @@ def run() -> list[Figure]:
             root = Path(folder)
             with serve_process(f"sqlite:///{root / 'serve.db'}", upstream, root / "s") as base:
                 history = long_conversation(records, CONVERSATION)
-                with litellm_proxy(upstream, root) as proxy:
+                with litellm_proxy(MODEL, upstream, root) as proxy:
                     figures = rounds(base, upstream, proxy, history)
             slow, slow_url = slow_model()
             try:
@@ -112,57 +112,6 @@ def added(base: str, upstream: str, history: list[dict[str, Any]]) -> list[Figur
         ),
         Figure("serve_added_ms_p90", round(p90, 1), "", f"90th percentile of the same, {where}"),
     ]
-
-
-@contextmanager
-def litellm_proxy(upstream: str, folder: Path) -> Iterator[str | None]:
-    """The LiteLLM proxy forwarding ``MODEL`` to the model server, or None (with the reason on
-    stderr) when it cannot start here."""
-    from tests.support.processes import free_port, stop_group, wait_for
-
-    executable = shutil.which("litellm") or str(Path(sys.executable).parent / "litellm")
-    check = subprocess.run(
-        [sys.executable, "-c", "import litellm.proxy.proxy_server"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if check.returncode != 0 or not Path(executable).exists():
-        reason = (check.stderr.strip().splitlines() or ["no litellm executable"])[-1]
-        print(f"bench.serve_turns: the LiteLLM proxy cannot start ({reason})", file=sys.stderr)
-        yield None
-        return
-    config = folder / "litellm.yaml"
-    config.write_text(
-        "model_list:\n"
-        f"  - model_name: {MODEL}\n"
-        "    litellm_params:\n"
-        f"      model: {MODEL}\n"
-        f"      api_base: {upstream}\n"
-        "      api_key: bench-upstream-key\n"
-    )
-    port = free_port()
-    process = subprocess.Popen(
-        [executable, "--config", str(config), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-    def healthy() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError("the LiteLLM proxy exited")
-        try:
-            url = f"http://127.0.0.1:{port}/health/liveliness"
-            return httpx.get(url, timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(healthy, START_TIMEOUT, "the LiteLLM proxy")
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        stop_group(process)
 
 
 def _first_byte(
@@ -257,7 +206,14 @@ class Sides:
         return elapsed
 
     def proxied(self, proxy: str) -> Callable[[], float]:
-        return lambda: self.chat(f"{proxy}/chat/completions", self.growing, None)
+        """The new turn's messages through the LiteLLM proxy (with the proxy's own key)."""
+        headers = {"Authorization": f"Bearer {PROXY_KEY}"}
+
+        def measure() -> float:
+            body = {"model": MODEL, "messages": self.growing, "stream": True}
+            return _first_byte(self.client, f"{proxy}/chat/completions", body, headers)[0]
+
+        return measure
 
 
 def rounds(
@@ -274,9 +230,14 @@ def rounds(
         if proxy is not None:
             measures["proxy"] = sides.proxied(proxy)
         times: dict[str, list[float]] = {name: [] for name in measures}
+        names = list(measures)
         for index in range(WARMUP_ROUNDS + ROUNDS):
-            for name, measure in measures.items():
-                elapsed = measure()
+            # each round starts one later: every side follows every other equally often, so
+            # none is always the one that meets the work the side before it left running
+            # (a stored turn records its usage after its stream has ended)
+            turn = index % len(names)
+            for name in names[turn:] + names[:turn]:
+                elapsed = measures[name]()
                 if index >= WARMUP_ROUNDS:
                     times[name].append(elapsed)
     ms = {name: statistics.median(values) * 1000 for name, values in times.items()}

@@ -27,6 +27,7 @@ from core.results import (
 from core.settings import Settings, get_settings
 from core.storage.db import get_engine, require_schema
 from core.storage.outputs import Ingest
+from core.storage.reuse import BranchReuse
 
 if TYPE_CHECKING:
     from core.compression.run import Parts
@@ -59,6 +60,7 @@ class Recap:
         else:
             require_schema(self.engine)
         self._ingest = Ingest.from_settings(self.settings)
+        self._reuse = BranchReuse()  # each request's read, for the next (core.storage.reuse)
 
     def new(
         self,
@@ -134,6 +136,7 @@ class Recap:
             model=model,
             max_input_tokens=max_input_tokens,
             as_of=as_of,
+            reuse=self._reuse,
         )
 
     def record_usage(

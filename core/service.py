@@ -24,11 +24,13 @@ from core.request import assembly
 from core.request.validate import parse_json_line
 from core.results import ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from core.settings import Settings, get_settings
-from core.storage import outputs, reads, recount, spans, store
+from core.storage import outputs, reads, recount, spans, store, versions
 from core.storage import profile as profiles
+from core.storage import reuse as reuses
 from core.storage import snapshot as snapshots
 from core.storage.db import is_schema_missing, session_scope
 from core.storage.models import utcnow
+from core.storage.reuse import BranchReuse
 from core.values.records import ClearingRec, Msg, merge_step, steps_of
 
 Prepare = store.Preparer  # the ingest step (core.storage.outputs.Ingest)
@@ -206,11 +208,12 @@ def record_usage(
     the host last sent (else ``default_fixed``)."""
     now = utcnow()
     with session_scope(engine) as session:
-        snapshot = snapshots.read_snapshot(session, conversation_id, leaf, now=now)
-        sent = snapshot.profile.sent if snapshot.profile is not None else None
+        profile = profiles.load_profile(session.connection(), conversation_id)
+        sent = profile.sent if profile is not None else None
         if sent is not None and (leaf is None or leaf == sent.leaf_id):
             estimated, leaf_id, state = sent.tokens, sent.leaf_id, sent.state
         else:  # no request of this leaf was assembled here: the stored history's estimate
+            snapshot = snapshots.read_snapshot(session, conversation_id, leaf, now=now)
             fixed = policy.fixed_tokens(snapshot, policy.Knobs(default_fixed_tokens=default_fixed))
             estimated, leaf_id, state = fixed + policy.history_estimate(snapshot), leaf, None
             leaf_id = snapshot.leaf_id
@@ -333,6 +336,7 @@ def assemble(
     as_of: datetime | None = None,
     record: bool = True,
     reserve_tokens: int = 0,
+    reuse: BranchReuse | None = None,
 ) -> assembly.AssembledRequest:
     """The request the host should send now for the branch ending at ``leaf``.
 
@@ -347,6 +351,10 @@ def assemble(
     ``reserve_tokens`` keeps that much more of the budget free (the timeline's stand-in for the
     host parts it was not given). The files and media of a summarized span are listed in
     ``forgotten_files`` after any context file left out (``core.storage.spans.span_forgotten``).
+
+    With ``reuse``, the read starts from the conversation's last one when the database says
+    nothing changed since but messages appended (``core.storage.reuse``; not for ``as_of``):
+    the request is the same as a fresh read gives.
     """
     if max_input_tokens is not None and max_input_tokens <= 0:
         raise InputError(f"--max-input-tokens must be positive, got {max_input_tokens}")
@@ -356,7 +364,8 @@ def assemble(
         record = False
     try:
         with session_scope(engine) as session:
-            stored_model, stored_window = reads.conversation_head(session, conversation_id)
+            reused = reuse if as_of is None else None
+            stored_model, stored_window, version = _head(session, conversation_id, reused)
             target = model or stored_model
             override = stored_window if max_input_tokens is None and model is None else None
             given = max_input_tokens or override
@@ -373,9 +382,13 @@ def assemble(
                     settings, target, window, given is not None, profile, leaf_id, now
                 )
 
-            loaded = reads.load_request_branch(
-                session, conversation_id, leaf, None if text_only else limit_at, as_of
-            )
+            budget = None if text_only else limit_at
+            if reused is not None and version is not None:
+                loaded = reuses.load_request_branch(
+                    session, conversation_id, leaf, budget, version, reused
+                )
+            else:
+                loaded = reads.load_request_branch(session, conversation_id, leaf, budget, as_of)
             plan = budget_at(loaded.branch[-1].id if loaded.branch else leaf)
             limit = limit_at(loaded.branch[-1].id if loaded.branch else leaf)
             loaded, recounted = recount.refreshed(loaded, target)
@@ -441,6 +454,19 @@ def _as_utc(moment: datetime) -> datetime:
     if moment.tzinfo is None:
         return moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC)
+
+
+def _head(
+    session: Any, conversation_id: str, reuse: BranchReuse | None
+) -> tuple[str, int | None, versions.RequestVersion | None]:
+    """The conversation's model and window override; with ``reuse``, read with its request
+    version in one query (``core.storage.versions``), which the reused read is checked
+    against."""
+    if reuse is None:
+        model, window = reads.conversation_head(session, conversation_id)
+        return model, window, None
+    version = versions.request_version(session.connection(), conversation_id)
+    return version.model, version.max_input_tokens, version
 
 
 def _span_forgotten(

@@ -125,16 +125,31 @@ def load_request_branch(
     after the cutoff, and those the summary covers are read on their own."""
     connection = session.connection()
     path = branch_path(connection, conversation_id, leaf)
+    summaries = store.load_summaries(session, conversation_id, as_of)
+    clearings = store.load_clearings(session, conversation_id, as_of)
+    pins = load_pins(connection, conversation_id, as_of)
+    rows = Rows(connection, conversation_id)
+    return request_branch(rows, path, summaries, clearings, budget, pins)
+
+
+def request_branch(
+    rows: Rows,
+    path: list[int],
+    summaries: list[SummaryRec],
+    clearings: dict[int, ClearingRec],
+    budget: int | Callable[[int], int] | None,
+    pins: frozenset[int] = frozenset(),
+) -> RequestBranch:
+    """``load_request_branch`` once the branch's ``path``, the conversation's summaries,
+    clearings and pinned messages are known: the rows read through ``rows`` (which may hold
+    some already, read by an earlier request: ``core.storage.reuse``; only the others are
+    read)."""
     if callable(budget):
         budget = budget(path[-1]) if path else None
-    summaries = store.load_summaries(session, conversation_id, as_of)
     summary = applicable_summary(summaries, set(path))
-    pins = load_pins(connection, conversation_id, as_of)
     pinned_ids = [mid for mid in path if mid in pins] if pins else []
-    clearings = store.load_clearings(session, conversation_id, as_of)
     if pinned_ids:
         clearings = dict(effective_clearings(clearings, pinned_ids))
-    rows = _Rows(connection, conversation_id)
     if not path:
         return RequestBranch(branch=[], summary=summary, clearings=clearings, omitted=[])
     cutoff = summary.cutoff_message_id if summary is not None else path[0]
@@ -159,7 +174,7 @@ def load_request_branch(
         clearings=clearings,
         omitted=after[:skip],
         bases={mid: rows.by_id[mid][BASIS] for mid in sent},
-        omitted_tokens=_tokens_of(connection, conversation_id, after[:skip], clearings),
+        omitted_tokens=rows.tokens_of(after[:skip], clearings),
         pinned=[rows.msg(mid) for mid in pinned_ids],
     )
 
@@ -195,7 +210,7 @@ def load_whole_branch(
     conversation_head(session, conversation_id)
     connection = session.connection()
     path = branch_path(connection, conversation_id, leaf)
-    rows = _Rows(connection, conversation_id)
+    rows = Rows(connection, conversation_id)
     rows.fetch(path)
     pins = load_pins(connection, conversation_id)
     branch = [rows.msg(mid) for mid in path]
@@ -250,11 +265,19 @@ def branch_path(connection: Connection, conversation_id: str, leaf: int | None) 
     """The ids from the root to ``leaf`` (default: the latest message).
 
     The ids and parents of the whole conversation come as two JSON arrays from the database
-    (two strings, not a row object per message), and a conversation that never forked (each
-    message the child of the one before it: compared as whole lists, not in a Python loop) has
-    its path without a walk; one with forks is walked from the leaf up.
+    (two strings, not a row object per message); ``path_to`` finds the path in them.
     """
-    ids, parents = _ids_and_parents(connection, conversation_id)
+    ids, parents = ids_and_parents(connection, conversation_id)
+    return path_to(ids, parents, conversation_id, leaf)
+
+
+def path_to(
+    ids: list[int], parents: list[int | None], conversation_id: str, leaf: int | None
+) -> list[int]:
+    """The ids from the root to ``leaf`` (default: the latest message) among the
+    conversation's ``ids`` (ascending) and their ``parents``. A conversation that never forked
+    (each message the child of the one before it: compared as whole lists, not in a Python
+    loop) has its path without a walk; one with forks is walked from the leaf up."""
     if not ids:
         if leaf is not None:
             raise NotFoundError(f"message {leaf} is not in conversation {conversation_id!r}")
@@ -271,7 +294,7 @@ def branch_path(connection: Connection, conversation_id: str, leaf: int | None) 
     return branch_ids(parent_of, leaf)
 
 
-def _ids_and_parents(
+def ids_and_parents(
     connection: Connection, conversation_id: str
 ) -> tuple[list[int], list[int | None]]:
     """Every message id of the conversation in ascending order, and each one's parent."""
@@ -297,7 +320,7 @@ def _json_list(value: Any) -> list[Any]:
 UNIT_LOOKBACK = 64  # rows read before a pinned result to find the call it answers
 
 
-def _unit_start(after: list[int], index: int, rows: _Rows) -> int:
+def _unit_start(after: list[int], index: int, rows: Rows) -> int:
     """Where the unit of message ``index`` starts: a tool result belongs to the assistant
     message before it that made its call (with that call's other results in between)."""
     low = max(0, index - UNIT_LOOKBACK)
@@ -308,9 +331,7 @@ def _unit_start(after: list[int], index: int, rows: _Rows) -> int:
     return start if rows.by_id[after[start]][ROLE] != "tool" else index
 
 
-def _omittable(
-    after: list[int], rows: _Rows, clearings: dict[int, ClearingRec], budget: int
-) -> int:
+def _omittable(after: list[int], rows: Rows, clearings: dict[int, ClearingRec], budget: int) -> int:
     """``assembly.omittable`` over the branch, reading rows newest first in batches sized from
     the tokens per row seen so far, so that little is read beyond what the budget can hold."""
     seen = [0, 0]  # rows walked, their tokens
@@ -338,21 +359,43 @@ def _omittable(
     return assembly.omittable(len(after), budget, row_at, calls_of)
 
 
-class _Rows:
+@dataclass(frozen=True, slots=True)
+class HeldRows:
+    """The rows one read held, and the values made of them, kept past its session."""
+
+    by_id: dict[int, Any]
+    calls: dict[int, list[dict[str, Any]]]
+    msgs: dict[int, Msg]
+
+
+class Rows:
     """Full message rows of one conversation by id, read by ranges of ascending ids."""
 
-    def __init__(self, connection: Connection, conversation_id: str) -> None:
+    def __init__(
+        self, connection: Connection, conversation_id: str, held: HeldRows | None = None
+    ) -> None:
+        """Rows read through ``connection``; with ``held``, starting from the rows (and the
+        values made of them) that a read of the same conversation, unchanged since, held."""
         self.connection = connection
         self.conversation_id = conversation_id
-        self.by_id: dict[int, Any] = {}
-        self._calls: dict[int, list[dict[str, Any]]] = {}
+        self.by_id: dict[int, Any] = dict(held.by_id) if held is not None else {}
+        self._calls: dict[int, list[dict[str, Any]]] = dict(held.calls) if held else {}
+        self._msgs: dict[int, Msg] = dict(held.msgs) if held is not None else {}
+
+    def held(self) -> HeldRows:
+        """What these rows hold, to start a later read from (``core.storage.reuse``)."""
+        return HeldRows(self.by_id, self._calls, self._msgs)
 
     def fetch(self, ids: list[int], also: tuple[int, int] | None = None) -> None:
         """Read the rows of ``ids`` (ascending) in one range query, and the two rows ``also``
         names; rows of other branches in the range are skipped."""
-        if not ids:
+        known = self.by_id
+        ids = [mid for mid in ids if mid not in known]
+        pair = [mid for mid in also or () if mid not in known]
+        if not ids and not pair:
             return
-        one, other = also or (ids[0], ids[0])
+        ids = ids or pair[:1]
+        one, other = (*pair, ids[0], ids[0])[:2]
         params = {
             "conversation_id": self.conversation_id,
             "one": one,
@@ -371,6 +414,15 @@ class _Rows:
             params = {"conversation_id": self.conversation_id, "ids": ids[start : start + ID_CHUNK]}
             self.by_id.update((row[0], row) for row in plain_rows(self.connection, _BY_IDS, params))
 
+    def tokens_of(self, ids: list[int], clearings: dict[int, ClearingRec]) -> int:
+        """The tokens the messages ``ids`` take as sent (``_tokens_of``), from the rows held when
+        all of them are, else summed by the database."""
+        known = self.by_id
+        if not all(mid in known for mid in ids):
+            return _tokens_of(self.connection, self.conversation_id, ids, clearings)
+        total = sum(int(known[mid][TOKENS]) for mid in ids)
+        return total - sum(clearings[mid].tokens_reclaimed for mid in ids if mid in clearings)
+
     def calls(self, mid: int) -> list[dict[str, Any]]:
         """The decoded tool calls of a message (decoded once)."""
         calls = self._calls.get(mid)
@@ -379,7 +431,13 @@ class _Rows:
         return calls
 
     def msg(self, mid: int) -> Msg:
-        """The row as a ``Msg`` (positional: this runs for every message sent)."""
+        """The row as a ``Msg`` (positional: this runs for every message sent), made once."""
+        made = self._msgs.get(mid)
+        if made is None:
+            made = self._msgs[mid] = self._made(mid)
+        return made
+
+    def _made(self, mid: int) -> Msg:
         row = self.by_id[mid]
         _, parent, role, content, count, _, call_id, name, parts, extra, path, size, _ = row
         parts, extra = _json_value(parts), _json_value(extra)
