@@ -1,0 +1,79 @@
+"""The embedded file broker (kombu's filesystem transport, as Recap configures it): a message is
+never seen half written, so concurrent producers and consumers lose none (kombu issue #1551)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+
+from kombu import Connection
+
+from workers import filebroker
+
+MESSAGES = 200
+PAD = "x" * 400_000  # a large message: writing it takes long enough for a consumer to look
+
+
+def _connection(folder: Path) -> Connection:
+    filebroker.private_messages()
+    queue = folder / "queue"
+    queue.mkdir(parents=True, exist_ok=True)
+    options = {"data_folder_in": str(queue), "data_folder_out": str(queue)}
+    return Connection("filesystem://", transport_options=options)
+
+
+def test_concurrent_producers_and_a_consumer_lose_no_message(tmp_path: Path) -> None:
+    """Two threads publish while two consume through the real transport: every message
+    arrives whole, once (before the fix a consumer could take a file created but not yet
+    written, fail to decode it and drop it)."""
+    received: list[int] = []
+    errors: list[BaseException] = []
+
+    def produce(start: int) -> None:
+        with _connection(tmp_path) as connection:
+            queue = connection.SimpleQueue("race")
+            for number in range(start, MESSAGES, 2):
+                queue.put({"n": number, "pad": PAD})
+            queue.close()
+
+    def consume() -> None:
+        try:
+            with _connection(tmp_path) as connection:
+                queue = connection.SimpleQueue("race")
+                while len(received) < MESSAGES:
+                    try:
+                        message = queue.get(timeout=2)
+                    except queue.Empty:
+                        continue
+                    received.append(int(message.payload["n"]))
+                    message.ack()
+                queue.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consume) for _ in range(2)]
+    threads += [threading.Thread(target=produce, args=(start,)) for start in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    assert sorted(received) == list(range(MESSAGES))
+
+
+def test_a_message_is_written_whole_private_and_under_its_final_name(tmp_path: Path) -> None:
+    """One put leaves one ``.msg`` file, 0600, holding the whole JSON, and no partial file."""
+    with _connection(tmp_path) as connection:
+        queue = connection.SimpleQueue("one")
+        queue.put({"hello": "world"})
+        queue.close()
+    names = sorted(os.listdir(tmp_path / "queue"))
+    messages = [name for name in names if name.endswith(".one.msg")]
+    assert len(messages) == 1
+    assert not [name for name in names if name.startswith(filebroker.PARTIAL_PREFIX)]
+    path = tmp_path / "queue" / messages[0]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text())["body"]
