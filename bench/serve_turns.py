@@ -43,7 +43,7 @@ from bench.litellm_proxy import PROXY_KEY, litellm_proxy
 from bench.serve import KEY, MODEL, REPLY, model_process, serve_process
 
 CONVERSATION = 200  # messages of history each timed request carries
-ROUNDS = 25  # timed rounds per side: odd (the median is one of them), each order five times
+ROUNDS = 25  # timed rounds per side: odd (the median is one of them); five of each order of five
 WARMUP_ROUNDS = 3  # untimed rounds: connections and caches warm up
 NEW_TURN_BOUND = "<= 1.3"
 PROXY_BOUND = "<= 0.5"
