@@ -113,6 +113,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "RECAP_SERVE_KEYS": f"{KEY_A},{KEY_B}",
         "RECAP_SERVE_MAX_INPUT_TOKENS": str(WINDOW),
         "RECAP_UPSTREAM_API_KEY": "sk-upstream-secret-for-tests",
+        # no aged stage here: the worker's post-summary step clears (the aged state has its own
+        # tests in tests/test_console.py); with it on, this trajectory's short results stay full
+        "RECAP_AGED_RESULT_CHARS": "0",
     }
     engine = make_engine(url)
     upgrade(engine)
