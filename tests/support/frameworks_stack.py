@@ -24,7 +24,7 @@ from tests.support.llm_server import LLMServer, Recorded, Reply
 from tests.support.processes import wait_for
 from tests.support.worker_stack import WorkerProcess, worker_env
 
-RUN_TIMEOUT = 180.0  # seconds for the worker to finish the run a turn enqueued (room for a loaded 2-core machine)
+RUN_TIMEOUT = 180.0  # seconds for the worker to finish a turn's run (room for a loaded machine)
 SUMMARY_MARK = SUMMARY_MESSAGE_PREFIX.strip()[:30]
 DONE_EVENT = '"event": "task_done"'  # the worker's log line for each finished task
 REPLY_WORDS = 90  # about 120 tokens per reply
