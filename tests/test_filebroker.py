@@ -77,3 +77,44 @@ def test_a_message_is_written_whole_private_and_under_its_final_name(tmp_path: P
     path = tmp_path / "queue" / messages[0]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert json.loads(path.read_text())["body"]
+
+
+def test_concurrent_bindings_keep_every_queue_and_never_show_a_torn_table(tmp_path: Path) -> None:
+    """Channels of separate processes bind queues to one exchange while others read its table
+    (as a worker and a host's first enqueue do when they start together): every read decodes,
+    and every binding is in the table at the end (kombu empties the file before writing it,
+    so a reader could fail to decode it and a second binder could wipe the first's entry)."""
+    bound = 24
+    failures: list[BaseException] = []
+    with _connection(tmp_path) as connection:
+        channel = connection.default_channel
+        stop = threading.Event()
+
+        def bind(number: int) -> None:
+            try:
+                channel._queue_bind("shared", f"key{number}", "", f"queue{number}")
+            except BaseException as exc:
+                failures.append(exc)
+
+        def read() -> None:
+            while not stop.is_set():
+                try:
+                    channel.get_table("shared")
+                except BaseException as exc:
+                    failures.append(exc)
+                    return
+
+        readers = [threading.Thread(target=read) for _ in range(2)]
+        for reader in readers:
+            reader.start()
+        binders = [threading.Thread(target=bind, args=(number,)) for number in range(bound)]
+        for binder in binders:
+            binder.start()
+        for binder in binders:
+            binder.join(timeout=60)
+        stop.set()
+        for reader in readers:
+            reader.join(timeout=60)
+        table = channel.get_table("shared")
+    assert failures == []
+    assert sorted(entry.queue for entry in table) == sorted(f"queue{n}" for n in range(bound))
