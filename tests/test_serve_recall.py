@@ -8,17 +8,28 @@ A real serve process, the real openai SDK as the client, and the stand-in upstre
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from core.decision.toolresults import ClearingPlan, PlannedClearing
 from core.storage.db import session_scope
+from core.storage.models import CLEARINGS
 from core.storage.sweep import apply_clearings
 from tests.support.llm_server import LLMServer, Reply
-from tests.support.serving import SYSTEM, Serve, as_message, new_id, running_serve, turn
+from tests.support.serving import (
+    SYSTEM,
+    Serve,
+    as_message,
+    new_id,
+    running_serve,
+    turn,
+    wait_until,
+)
 
 OUTPUT = "\n".join(f"src/module_{n}.py: def handler_{n}(request): ..." for n in range(60))
 TOOLS = [{"type": "function", "function": {"name": "grep", "parameters": {"type": "object"}}}]
@@ -52,6 +63,15 @@ def _cleared_history(serve: Serve, cid: str) -> tuple[list[dict[str, Any]], int]
         plan = ClearingPlan("idle", (PlannedClearing(result["id"], 100),))
         assert apply_clearings(session, cid, plan).cleared == 1
     return messages, int(result["id"])
+
+
+def _cleared(serve: Serve, message_id: int) -> bool:
+    """Whether a cleared step of the message is recorded."""
+    statement = select(CLEARINGS.c.id).where(
+        CLEARINGS.c.message_id == message_id, CLEARINGS.c.stage == "cleared"
+    )
+    with serve.engine.connect() as connection:
+        return connection.execute(statement).first() is not None
 
 
 def test_the_model_recalls_a_cleared_output_through_serve(serve: Serve) -> None:
@@ -117,3 +137,61 @@ def test_a_streamed_turn_goes_out_as_it_is(serve: Serve) -> None:
     assert text.startswith("reply to:")
     (sent,) = (r.body for r in serve.llm.requests[before:])
     assert [t["function"]["name"] for t in sent["tools"]] == ["grep"]
+
+
+@pytest.mark.redis
+def test_a_result_a_real_worker_cleared_is_recalled_through_serve(
+    llm: LLMServer, tmp_path: Path, private_redis_db: str
+) -> None:
+    """The whole loop with a real `recap worker`: an agent turn through serve, the worker's
+    idle sweep (sent on the broker, as beat sends it) clears the tool output, the model calls
+    ``recap_recall`` for it, serve answers the call, the upstream's next request carries the
+    original output and the client's reply shows no recall call."""
+    from tests.support.worker_stack import WorkerProcess, worker_env
+    from workers.enqueue import producer_app
+    from workers.queues import MAINTENANCE_QUEUE
+
+    url = f"sqlite:///{tmp_path / 'recap.db'}"
+    idle = {"RECAP_IDLE_MINUTES": "0.001", "RECAP_IDLE_KEEP_TOOL_RESULTS": "0",
+            "RECAP_CLEAR_AT_LEAST_TOKENS": "0"}  # fmt: skip
+    broker = {"RECAP_BROKER_URL": private_redis_db}
+    env = {"RECAP_SERVE_RECALL": "true", **broker, **idle}
+    with running_serve(url, tmp_path / "serve", llm, **env) as serve:
+        worker_environment = worker_env(RECAP_DATABASE_URL=url, **broker, **idle)
+        queues = ("--queues", f"compress,{MAINTENANCE_QUEUE}")
+        worker = WorkerProcess(worker_environment, tmp_path / "worker.log", queues).start()
+        try:
+            cid = new_id()
+            call = {"id": "call_g", "type": "function",
+                    "function": {"name": "grep", "arguments": "{}"}}  # fmt: skip
+            llm.script(Reply(text="", tool_calls=[call]))
+            messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "find them"}]
+            messages.append(as_message(turn(serve, cid, messages, tools=TOOLS).parse()))
+            tool = {"role": "tool", "tool_call_id": "call_g", "name": "grep", "content": OUTPUT}
+            messages.append(tool)
+            messages.append(as_message(turn(serve, cid, messages, tools=TOOLS).parse()))
+            result_id = next(m["id"] for m in serve.branch(cid) if m["role"] == "tool")
+
+            sender = producer_app(private_redis_db)  # the app beat and the CLI send with
+
+            def swept() -> bool:  # sent again until it clears, as beat sends it every few minutes
+                if _cleared(serve, result_id):
+                    return True
+                sender.send_task("recap.sweep_idle_tool_results", queue=MAINTENANCE_QUEUE)
+                time.sleep(1)
+                return False
+
+            wait_until(swept, what="the worker's sweep")
+
+            messages.append({"role": "user", "content": "which module has handler_42?"})
+            llm.script(Reply(text="", tool_calls=[recall_call("rc_w", f"m{result_id}")]))
+            before = len(llm.requests)
+            reply = turn(serve, cid, messages, tools=TOOLS).parse()
+            asked, answered = (r.body for r in llm.requests[before:])
+            placeholder = next(m["content"] for m in asked["messages"] if m["role"] == "tool")
+            assert f"ref=m{result_id}" in placeholder and OUTPUT not in placeholder
+            assert OUTPUT in answered["messages"][-1]["content"]
+            assert not reply.choices[0].message.tool_calls
+            assert not any("recap_recall" in json.dumps(m) for m in serve.branch(cid))
+        finally:
+            worker.stop()
