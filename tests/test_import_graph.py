@@ -22,10 +22,8 @@ KNOWN = {
     # serve's own append path and owner checks; they move into core/storage next.
     ("workers/serve/history.py", "sqlalchemy"),
     ("workers/serve/history.py", "sqlmodel"),
-    ("workers/serve/routes.py", "sqlalchemy"),
-    # the Responses route's lookup of a response id's message, and the start-up database check
+    # the Responses route's lookup of a response id's message
     ("workers/serve/api_routes.py", "sqlalchemy"),
-    ("workers/serve/startup.py", "sqlalchemy"),
 }
 
 

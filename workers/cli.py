@@ -213,10 +213,9 @@ def _environment_error(exc: Exception) -> str | None:
 
 def _database_named() -> str:
     """``RECAP_DATABASE_URL`` and its value, password hidden, for a database error."""
-    from sqlalchemy.engine import make_url
+    from core.storage.db import display_url
 
-    url = make_url(settings().database_url).render_as_string(hide_password=True)
-    return f"RECAP_DATABASE_URL={url}"
+    return f"RECAP_DATABASE_URL={display_url(settings().database_url)}"
 
 
 def _broker_error(exc: Exception) -> str | None:

@@ -76,6 +76,19 @@ def sqlite_file(url: str | URL) -> Path | None:
     return Path(database)
 
 
+def display_url(url: str | URL) -> str:
+    """The database URL as it may be shown in a line or a log: its password hidden."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def ping(engine: Engine) -> None:
+    """One round trip to the database (``/health``); raises what the driver raises."""
+    from sqlalchemy import text
+
+    with engine.connect() as connection:
+        connection.execute(text("select 1"))
+
+
 def make_engine(url: str | URL, *, create: bool = True, **kwargs: Any) -> Engine:
     """An engine for any SQLAlchemy URL; SQLite files get WAL and a busy timeout.
 

@@ -8,6 +8,9 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from core.errors import RecapError, SchemaMissingError
 
 MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 
@@ -56,3 +59,23 @@ def schema_drift(engine: Engine) -> list[object]:
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         return list(compare_metadata(context, SQLModel.metadata))
+
+
+def prepare(url: str) -> str | None:
+    """Create the schema when the database at ``url`` has none (``recap init``'s migration): the
+    revision it was brought to, or None when it was there already. A database that cannot be
+    reached is one ``RecapError`` line, its password hidden."""
+    from core.storage.db import display_url, make_engine, require_schema
+
+    engine = make_engine(url, create=True)
+    try:
+        try:
+            require_schema(engine)
+            return None
+        except SchemaMissingError:
+            return str(upgrade(engine))
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise RecapError(f"cannot open the database {display_url(url)}: {reason}") from None
+    finally:
+        engine.dispose()

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from core.counting.tokens import UnknownModelError
 from core.errors import NotFoundError, RecapError
+from core.storage.db import ping
 from workers.serve import headers, history, reader, upstream
 from workers.serve.auth import KeyRing
 from workers.serve.errors import ServeError, bad_request, client_text, not_found, unauthorized
@@ -281,16 +282,9 @@ async def health(request: Request) -> Response:
     """Alive, and the database answers."""
     turns = state_of(request).turns
     try:
-        await turns.recap.run(_ping, turns.recap.recap.engine)
+        await turns.recap.run(ping, turns.recap.recap.engine)
     except Exception as exc:
         error = client_text(turns.error_text(exc))  # answered without a key: no server path
         return JSONResponse({"status": "unavailable", "error": error}, status_code=503)
     fields = state_of(request).health_fields
     return JSONResponse({"status": "ok", **(fields() if fields is not None else {})})
-
-
-def _ping(engine: Any) -> None:
-    from sqlalchemy import text
-
-    with engine.connect() as connection:
-        connection.execute(text("select 1"))

@@ -13,9 +13,7 @@ from typing import Any
 import httpx
 import structlog
 from kombu.utils.url import maybe_sanitize_url
-from sqlalchemy.exc import SQLAlchemyError
 
-from core.errors import RecapError, SchemaMissingError
 from core.settings import Settings
 from workers.queues import COMPRESS_QUEUE
 
@@ -28,9 +26,9 @@ MODELS_TIMEOUT = 5.0  # seconds the upstream has to list its models
 
 def database_url(settings: Settings) -> str:
     """The database URL as it may be shown: without its password."""
-    from sqlalchemy.engine import make_url
+    from core.storage.db import display_url
 
-    return make_url(settings.database_url).render_as_string(hide_password=True)
+    return display_url(settings.database_url)
 
 
 def prepare_database(settings: Settings) -> str | None:
@@ -38,21 +36,9 @@ def prepare_database(settings: Settings) -> str | None:
     it was brought to, or None when it was there already. A database that cannot be reached is
     one ``RecapError`` line."""
     logging.getLogger("alembic").setLevel(logging.WARNING)  # no line per plugin or step
-    from core.storage.db import make_engine, require_schema
-    from core.storage.migrate import upgrade
+    from core.storage.migrate import prepare
 
-    engine = make_engine(settings.database_url, create=True)
-    try:
-        try:
-            require_schema(engine)
-            return None
-        except SchemaMissingError:
-            return str(upgrade(engine))
-    except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        raise RecapError(f"cannot open the database {database_url(settings)}: {reason}") from None
-    finally:
-        engine.dispose()
+    return prepare(settings.database_url)
 
 
 def compress_workers(timeout: float = WORKER_TIMEOUT) -> list[str]:
