@@ -22,8 +22,6 @@ KNOWN = {
     # serve's own append path and owner checks; they move into core/storage next.
     ("workers/serve/history.py", "sqlalchemy"),
     ("workers/serve/history.py", "sqlmodel"),
-    # the Responses route's lookup of a response id's message
-    ("workers/serve/api_routes.py", "sqlalchemy"),
 }
 
 

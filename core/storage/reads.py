@@ -488,3 +488,32 @@ def _json_value(value: Any) -> Any:
     if value is None or value == "null":
         return None
     return json.loads(value) if isinstance(value, str) else value
+
+
+def reply_to_continue(
+    engine: Any, conversation_id: str, message_id: int, *, exact: bool, owner: str
+) -> int:
+    """The stored reply a response id continues after (the Responses API's
+    ``previous_response_id``): the message it names when ``exact``, else the newest reply stored
+    after it; a ``NotFoundError`` when ``owner`` does not own the conversation or the message is
+    not there (a stream that never finished)."""
+    import hmac
+
+    m = MESSAGES.c
+    with engine.connect() as connection:
+        found = connection.execute(
+            select(CONVERSATIONS.c.owner).where(CONVERSATIONS.c.id == conversation_id)
+        ).first()
+        if found is None or found[0] is None or not hmac.compare_digest(found[0], owner):
+            raise NotFoundError(conversation_id)
+        where = m.conversation_id == conversation_id
+        if exact:
+            statement = select(m.id).where(and_(where, m.id == message_id))
+        else:
+            statement = select(func.max(m.id)).where(
+                and_(where, m.parent_id == message_id, m.role == "assistant")
+            )
+        row = connection.execute(statement).first()
+    if row is None or row[0] is None:
+        raise NotFoundError(conversation_id)
+    return int(row[0])

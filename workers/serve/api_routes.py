@@ -9,14 +9,12 @@ reply converted back by a ``Shape``.
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import structlog
-from sqlalchemy import Engine, and_, func, select
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -120,30 +118,13 @@ def previous_not_found(value: str) -> ServeError:
     )
 
 
-def resolve_previous(engine: Engine, ref: responses_api.Reference, owner: str) -> int:
-    """The stored message a response id continues after: the reply it names, or the newest
-    reply stored after the message it names; a ``NotFoundError`` when the key does not own
-    the conversation or the message is not there (a stream that never finished)."""
-    from core.storage.models import CONVERSATIONS, MESSAGES
+def resolve_previous(engine: Any, ref: responses_api.Reference, owner: str) -> int:
+    """The stored message a response id continues after (``core.storage.reads``)."""
+    from core.storage.reads import reply_to_continue
 
-    m = MESSAGES.c
-    with engine.connect() as connection:
-        found = connection.execute(
-            select(CONVERSATIONS.c.owner).where(CONVERSATIONS.c.id == ref.conversation_id)
-        ).first()
-        if found is None or found[0] is None or not hmac.compare_digest(found[0], owner):
-            raise NotFoundError(ref.conversation_id)
-        where = m.conversation_id == ref.conversation_id
-        if ref.exact:
-            statement = select(m.id).where(and_(where, m.id == ref.message_id))
-        else:
-            statement = select(func.max(m.id)).where(
-                and_(where, m.parent_id == ref.message_id, m.role == "assistant")
-            )
-        row = connection.execute(statement).first()
-    if row is None or row[0] is None:
-        raise NotFoundError(ref.conversation_id)
-    return int(row[0])
+    return reply_to_continue(
+        engine, ref.conversation_id, ref.message_id, exact=ref.exact, owner=owner
+    )
 
 
 def responses_shape(
