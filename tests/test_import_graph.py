@@ -18,11 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FLOORS = ("core/counting", "core/request", "core/decision", "core/summaries", "core/values")
 SQL_MODULES = ("sqlalchemy", "sqlmodel", "psycopg", "sqlite3")
 # Edges still to cut, with why they are there today.
-KNOWN = {
-    # serve's own append path and owner checks; they move into core/storage next.
-    ("workers/serve/history.py", "sqlalchemy"),
-    ("workers/serve/history.py", "sqlmodel"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def imports_of(path: Path) -> Iterator[str]:

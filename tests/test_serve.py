@@ -23,7 +23,9 @@ import openai
 import pytest
 
 from core.errors import InputError
+from core.request.prefix import longest_stored_prefix, open_calls, split_system
 from core.storage.hashing import message_hash
+from core.storage.requests import SeenRequests, checked_and_hashed, known_path
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import (
@@ -43,8 +45,6 @@ from tests.support.serving import (
     wait_until,
 )
 from workers.serve import direct, upstream
-from workers.serve.history import SeenRequests, checked_and_hashed, known_path
-from workers.serve.prefix import longest_stored_prefix, open_calls, split_system
 from workers.serve.turns import ConversationLocks
 
 # --- the pure parts ----------------------------------------------------------------------------

@@ -17,11 +17,11 @@ from sqlmodel import Session
 
 from core.errors import InputError, NotFoundError
 from core.settings import get_settings
+from core.storage import requests as history
 from core.storage import store
 from core.storage.models import CONVERSATIONS, utcnow
 from core.storage.outputs import Ingest
 from tests.support.data import migrated
-from workers.serve import history
 
 MODEL = "gpt-4o-mini"
 

@@ -21,9 +21,10 @@ from starlette.routing import Route
 
 from core.counting.tokens import TOKENS_REPLY_PRIMING
 from core.errors import BudgetError, InputError, NotFoundError
-from workers.serve import history, messages_api, responses_api, routes, upstream
+from core.request.prefix import split_system
+from core.storage import requests as history
+from workers.serve import messages_api, responses_api, routes, upstream
 from workers.serve.errors import ServeError, bad_request, context_too_long, not_found
-from workers.serve.prefix import split_system
 from workers.serve.shapes import Shape
 from workers.serve.streaming import Relay
 

@@ -15,11 +15,12 @@ from starlette.responses import JSONResponse, Response
 
 from core.counting.tokens import UnknownModelError
 from core.errors import NotFoundError, RecapError
+from core.request.prefix import split_system
+from core.storage import requests as history
 from core.storage.db import ping
-from workers.serve import headers, history, reader, upstream
+from workers.serve import headers, reader, upstream
 from workers.serve.auth import KeyRing
 from workers.serve.errors import ServeError, bad_request, client_text, not_found, unauthorized
-from workers.serve.prefix import split_system
 from workers.serve.shapes import Shape
 from workers.serve.startup import upstream_models
 from workers.serve.streaming import Relay, TurnStream

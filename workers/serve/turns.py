@@ -23,8 +23,9 @@ from core.errors import BudgetError
 from core.redact import error_text, known_secrets, redact
 from core.request.assembly import AssembledRequest
 from core.settings import Settings
+from core.storage import requests as history
 from core.storage.outputs import Ingest
-from workers.serve import history, recall, upstream
+from workers.serve import recall, upstream
 from workers.serve.errors import ServeError, client_text, context_too_long
 from workers.serve.headers import encoded
 

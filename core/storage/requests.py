@@ -1,6 +1,7 @@
-"""Storing a resent history and its reply: each in one short transaction that holds the
-conversation's append lock (the conversation row is updated first, which locks it on PostgreSQL
-and takes SQLite's write lock), so two processes serving one conversation never fork it."""
+"""``recap serve``'s writes: a resent history mapped onto the stored branch, the messages after a
+named one, and the model's reply; each in one short transaction that holds the conversation's
+append lock, the one ``store.append_messages`` takes (``store.lock_conversation``), so two
+processes serving one conversation, or serve and a host's ``Recap.add``, never fork it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
 from core.errors import NotFoundError
+from core.request.prefix import Node, longest_stored_prefix, open_calls
 from core.request.validate import check_message, check_tool_pairing
 from core.storage import store
 from core.storage.db import session_scope
@@ -23,7 +25,6 @@ from core.storage.hashing import message_hash
 from core.storage.models import CONVERSATIONS, MESSAGES, Conversation, utcnow
 from core.storage.outputs import Ingest
 from core.values.records import SYSTEM_ROLES
-from workers.serve.prefix import Node, longest_stored_prefix, open_calls
 
 HASH_BATCH = 500  # hashes per IN list: far below every driver's parameter limit
 CREATE_ATTEMPTS = 2  # a write that still meets another's new row is retried once
@@ -295,13 +296,10 @@ def _store_reply(
 
 
 def _claim(session: Session, conversation_id: str, owner: Owner) -> Conversation:
-    """The conversation, locked for appending (created when new); another owner's is hidden."""
-    locked = session.execute(
-        update(CONVERSATIONS)
-        .where(CONVERSATIONS.c.id == conversation_id)
-        .values(last_activity_at=utcnow())
-    )
-    if locked.rowcount == 0:  # type: ignore[attr-defined]
+    """The conversation under the append lock every writer takes (``store.lock_conversation``:
+    SQLite's write transaction, PostgreSQL's row lock), created when new (insert-or-get, so two
+    processes' first turns meet one row); its activity touched; another owner's is hidden."""
+    if not store.lock_conversation(session, conversation_id):
         conversation, created = store.ensure_conversation(
             session,
             conversation_id,
@@ -311,12 +309,12 @@ def _claim(session: Session, conversation_id: str, owner: Owner) -> Conversation
         )
         if created:
             return conversation
-        # created by another process meanwhile: lock it as an existing one
-        session.execute(
-            update(CONVERSATIONS)
-            .where(CONVERSATIONS.c.id == conversation_id)
-            .values(last_activity_at=utcnow())
-        )
+        store.lock_conversation(session, conversation_id)  # created by another process meanwhile
+    session.execute(
+        update(CONVERSATIONS)
+        .where(CONVERSATIONS.c.id == conversation_id)
+        .values(last_activity_at=utcnow())
+    )
     conversation = store.get_conversation(session, conversation_id)
     if conversation.owner is None or not hmac.compare_digest(conversation.owner, owner.fingerprint):
         raise NotFoundError(f"unknown conversation {conversation_id!r}")
