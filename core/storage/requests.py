@@ -106,11 +106,6 @@ class SeenRequests:
         return len(self._entries)
 
 
-def validate(messages: Sequence[Any]) -> list[dict[str, Any]]:
-    """The request's history, each message checked and its tool results paired with calls."""
-    return checked_and_hashed(messages, None).checked
-
-
 def checked_and_hashed(messages: Sequence[Any], previous: Seen | None) -> Seen:
     """The request's history checked (tool results paired with calls) and hashed; the messages
     equal to ``previous``'s, from the first on, reuse its checks and hashes."""

@@ -374,17 +374,6 @@ def append_messages(
     return insert_chain(session, conversation_id, rows, parent_id)
 
 
-def add_message(
-    session: Session,
-    conversation_id: str,
-    message: Mapping[str, Any],
-    parent_id: int | None = None,
-    prepare: Preparer | None = None,
-) -> int:
-    """Append one message after ``parent_id`` (default: the branch head), checking its pair."""
-    return append_messages(session, conversation_id, [message], parent_id, prepare)[0]
-
-
 def _lock_for_append(session: Session, conversation_id: str, parent_id: int | None) -> str:
     """Take the conversation's append lock; its model. An explicit parent must be one of its
     messages."""
