@@ -497,14 +497,9 @@ def reply_to_continue(
     ``previous_response_id``): the message it names when ``exact``, else the newest reply stored
     after it; a ``NotFoundError`` when ``owner`` does not own the conversation or the message is
     not there (a stream that never finished)."""
-    import hmac
-
     m = MESSAGES.c
     with engine.connect() as connection:
-        found = connection.execute(
-            select(CONVERSATIONS.c.owner).where(CONVERSATIONS.c.id == conversation_id)
-        ).first()
-        if found is None or found[0] is None or not hmac.compare_digest(found[0], owner):
+        if not store.owned_by(connection, conversation_id, owner):
             raise NotFoundError(conversation_id)
         where = m.conversation_id == conversation_id
         if exact:

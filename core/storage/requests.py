@@ -5,7 +5,6 @@ processes serving one conversation, or serve and a host's ``Recap.add``, never f
 
 from __future__ import annotations
 
-import hmac
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -231,12 +230,7 @@ def stored_prefix(
     checked = [check_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
     hashes = [message_hash(m) for m in checked]
     with session_scope(engine) as session:
-        owner = (
-            session.connection()
-            .execute(select(CONVERSATIONS.c.owner).where(CONVERSATIONS.c.id == conversation_id))
-            .first()
-        )
-        if owner is None or owner[0] is None or not hmac.compare_digest(owner[0], fingerprint):
+        if not store.owned_by(session.connection(), conversation_id, fingerprint):
             return None, 0
         starts = _start_parents(session, conversation_id)
         path = longest_stored_prefix(_candidates(session, conversation_id, hashes), hashes, starts)
@@ -311,7 +305,7 @@ def _claim(session: Session, conversation_id: str, owner: Owner) -> Conversation
         .values(last_activity_at=utcnow())
     )
     conversation = store.get_conversation(session, conversation_id)
-    if conversation.owner is None or not hmac.compare_digest(conversation.owner, owner.fingerprint):
+    if not store.is_owner(conversation.owner, owner.fingerprint):
         raise NotFoundError(f"unknown conversation {conversation_id!r}")
     return conversation
 

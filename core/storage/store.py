@@ -3,6 +3,7 @@ own the transaction, so an import is all-or-nothing."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import threading
 import uuid
@@ -133,6 +134,18 @@ def prepared_values(
         output_path=stored.output_path,
         original_bytes=stored.original_bytes,
     )
+
+
+def is_owner(stored: str | None, fingerprint: str) -> bool:
+    """Whether a conversation's stored owner is ``fingerprint`` (compared in constant time; a
+    conversation without an owner is nobody's)."""
+    return stored is not None and hmac.compare_digest(stored, fingerprint)
+
+
+def owned_by(connection: Connection, conversation_id: str, fingerprint: str) -> bool:
+    """Whether the conversation exists and belongs to ``fingerprint``."""
+    statement = sa_select(_c.owner).where(_c.id == conversation_id)
+    return is_owner(connection.execute(statement).scalar(), fingerprint)
 
 
 def get_conversation(session: Session, conversation_id: str) -> Conversation:
