@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Engine, and_, select, update
+from sqlalchemy import Engine, and_, bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
@@ -21,7 +21,7 @@ from core.request.validate import check_message, check_tool_pairing
 from core.storage import store
 from core.storage.db import session_scope
 from core.storage.hashing import message_hash
-from core.storage.models import CONVERSATIONS, MESSAGES, Conversation, utcnow
+from core.storage.models import CONVERSATIONS, MESSAGES, utcnow
 from core.storage.outputs import Ingest
 from core.values.records import SYSTEM_ROLES
 
@@ -284,10 +284,19 @@ def _store_reply(
         return store.insert_chain(session, conversation.id, [values], leaf_id)[0]
 
 
-def _claim(session: Session, conversation_id: str, owner: Owner) -> Conversation:
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """The conversation a write holds the append lock of: its id and model."""
+
+    id: str
+    model: str
+
+
+def _claim(session: Session, conversation_id: str, owner: Owner) -> Claimed:
     """The conversation under the append lock every writer takes (``store.lock_conversation``:
     SQLite's write transaction, PostgreSQL's row lock), created when new (insert-or-get, so two
-    processes' first turns meet one row); its activity touched; another owner's is hidden."""
+    processes' first turns meet one row); its activity touched, reading back its model and
+    owner in the same statement; another owner's is hidden."""
     if not store.lock_conversation(session, conversation_id):
         conversation, created = store.ensure_conversation(
             session,
@@ -297,22 +306,29 @@ def _claim(session: Session, conversation_id: str, owner: Owner) -> Conversation
             owner=owner.fingerprint,
         )
         if created:
-            return conversation
+            return Claimed(conversation.id, conversation.model)
         store.lock_conversation(session, conversation_id)  # created by another process meanwhile
-    session.execute(
-        update(CONVERSATIONS)
-        .where(CONVERSATIONS.c.id == conversation_id)
-        .values(last_activity_at=utcnow())
+    row = (
+        session.connection()
+        .execute(_TOUCH, {"conversation": conversation_id, "now": utcnow()})
+        .first()
     )
-    conversation = store.get_conversation(session, conversation_id)
-    if not store.is_owner(conversation.owner, owner.fingerprint):
+    if row is None or not store.is_owner(row[1], owner.fingerprint):
         raise NotFoundError(f"unknown conversation {conversation_id!r}")
-    return conversation
+    return Claimed(conversation_id, str(row[0]))
+
+
+_TOUCH = (
+    update(CONVERSATIONS)
+    .where(CONVERSATIONS.c.id == bindparam("conversation"))
+    .values(last_activity_at=bindparam("now"))
+    .returning(CONVERSATIONS.c.model, CONVERSATIONS.c.owner)
+)
 
 
 def _append(
     session: Session,
-    conversation: Conversation,
+    conversation: Claimed,
     ingest: Ingest,
     messages: Sequence[Mapping[str, Any]],
     hashes: Sequence[str],

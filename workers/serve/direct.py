@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
 
 from workers.serve import bounded
@@ -160,8 +161,7 @@ class DirectClient:
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-        content = json.dumps(body, separators=(",", ":")).encode()
-        request = self._client.build_request("POST", self.url, content=content)
+        request = self._client.build_request("POST", self.url, content=request_bytes(body))
         try:
             response = await self._client.send(request, stream=True)
         except httpx.TimeoutException:
@@ -182,6 +182,15 @@ class DirectClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def request_bytes(body: Mapping[str, Any]) -> bytes:
+    """The request's JSON as sent upstream: compact UTF-8 by orjson (a 185 KB request in a
+    tenth of the stdlib's time), the stdlib's when orjson cannot write a value."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError: a type or an integer orjson does not write
+        return json.dumps(body, separators=(",", ":")).encode()
 
 
 async def read_body(response: httpx.Response) -> bytes:
