@@ -134,6 +134,7 @@ def _profile_figures(engine: Any, settings: Any, messages: list[dict[str, Any]])
     from core.storage import profile as profiles
     from core.storage import reads
     from core.storage.db import session_scope
+    from core.values.request import RequestSpec
     from workers.replay import host_parts
 
     parts = host_parts({"messages": messages})
@@ -151,12 +152,8 @@ def _profile_figures(engine: Any, settings: Any, messages: list[dict[str, Any]])
         def record() -> None:
             with session_scope(engine) as session:  # what assemble has read by then
                 stored = profiles.load_profile(session.connection(), CONVERSATION_ID)
-            given = (system, tools, reminder, ())
-            fixed = profiles.FixedParts(
-                *assembly.fixed_part_tokens(
-                    [], model=MODEL, system=system, tools=tools, reminder=reminder, context_files=()
-                )
-            )
+            given = RequestSpec(system=system, tools=tools, reminder=reminder)
+            fixed = profiles.FixedParts(*assembly.fixed_part_tokens([], given, model=MODEL))
             started = time.process_time()
             service._record_profile(
                 engine, CONVERSATION_ID, fixed, stored, given, datetime.now(UTC), built

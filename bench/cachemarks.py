@@ -26,8 +26,9 @@ from bench import Figure
 from bench.data import load_all
 from core.counting import tokens
 from core.request import render
-from core.request.assembly import assemble
+from core.request.assembly import StoredBranch, Target, assemble
 from core.values.records import Msg
+from core.values.request import RequestSpec
 
 MODEL = "claude-3-5-sonnet-20241022"
 WINDOW = 1_000_000  # the whole run fits: the figure is about marks, not truncation
@@ -128,11 +129,9 @@ def _requests(record: dict[str, Any]) -> list[list[dict[str, Any]]]:
     for index, message in enumerate(messages):
         if message.get("role") == "assistant" and index:
             request = assemble(
-                branch[:index],
-                model=MODEL,
-                window=WINDOW,
-                safety_margin=0.0,
-                cache_breakpoints=True,
+                StoredBranch(branch[:index]),
+                RequestSpec(cache_breakpoints=True),
+                target=Target(MODEL, WINDOW, 0.0),
             )
             out.append(request.messages)
     return out

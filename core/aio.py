@@ -38,6 +38,7 @@ from core.results import (
     UsageRecorded,
 )
 from core.settings import Settings
+from core.values.request import ContextFile, RequestSpec, request_from
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -110,18 +111,17 @@ class AsyncRecap:
         system: str | None = None,
         tools: list[dict[str, Any]] | None = None,
         reminder: str | None = None,
-        context_files: Iterable[assembly.ContextFile] = (),
+        context_files: Iterable[ContextFile] = (),
         text_only: bool = False,
         cache_breakpoints: bool | None = None,
         model: str | None = None,
         max_input_tokens: int | None = None,
         as_of: datetime | None = None,
+        request: RequestSpec | None = None,
     ) -> assembly.AssembledRequest:
-        """``Recap.assemble``: the request to send now."""
-        return await self.run(
-            self.recap.assemble,
-            conversation_id,
-            leaf=leaf,
+        """``Recap.assemble``: the request to send now (its keyword parts, or ``request``)."""
+        spec = request_from(
+            request,
             system=system,
             tools=tools,
             reminder=reminder,
@@ -132,6 +132,7 @@ class AsyncRecap:
             max_input_tokens=max_input_tokens,
             as_of=as_of,
         )
+        return await self.run(self.recap.assemble, conversation_id, leaf=leaf, request=spec)
 
     async def record_usage(
         self,

@@ -28,6 +28,7 @@ from core.settings import Settings, get_settings
 from core.storage.db import get_engine, require_schema
 from core.storage.outputs import Ingest
 from core.storage.reuse import BranchReuse
+from core.values.request import ContextFile, RequestSpec, request_from
 
 if TYPE_CHECKING:
     from core.compression.run import Parts
@@ -109,34 +110,37 @@ class Recap:
         system: str | None = None,
         tools: list[dict[str, Any]] | None = None,
         reminder: str | None = None,
-        context_files: Iterable[assembly.ContextFile] = (),
+        context_files: Iterable[ContextFile] = (),
         text_only: bool = False,
         cache_breakpoints: bool | None = None,
         model: str | None = None,
         max_input_tokens: int | None = None,
         as_of: datetime | None = None,
+        request: RequestSpec | None = None,
     ) -> assembly.AssembledRequest:
         """The request to send now: ``.messages`` for the model, ``.tokens`` for accounting.
 
         ``model`` previews the request for another model (its window and tokenizer) without
         changing the conversation's; ``max_input_tokens`` overrides the window for this request.
         ``as_of`` builds the request as it was at that time (only the summaries, clearings and
-        pins recorded by then), writing nothing."""
-        return service.assemble(
-            self.engine,
-            conversation_id,
-            self.settings,
-            leaf=leaf,
+        pins recorded by then), writing nothing.
+
+        The keyword parts build one ``RequestSpec``; a host may pass that value as ``request``
+        instead (then giving a part besides it is an ``InputError``)."""
+        spec = request_from(
+            request,
             system=system,
             tools=tools,
             reminder=reminder,
-            context_files=context_files,
+            context_files=tuple(context_files),
             text_only=text_only,
             cache_breakpoints=cache_breakpoints,
             model=model,
             max_input_tokens=max_input_tokens,
             as_of=as_of,
-            reuse=self._reuse,
+        )
+        return service.assemble(
+            self.engine, conversation_id, self.settings, spec, leaf=leaf, reuse=self._reuse
         )
 
     def record_usage(

@@ -28,6 +28,7 @@ from core.storage import profile as profiles
 from core.storage.db import session_scope
 from core.storage.models import utcnow
 from core.values.records import Msg
+from core.values.request import RequestSpec
 
 EXPIRE_BATCH = 100  # conversations one retention run deletes before it re-enqueues itself
 MAX_PAGE = 1_000  # the largest page ``conversations`` returns
@@ -168,8 +169,8 @@ def timeline(
         engine,
         conversation_id,
         settings,
+        RequestSpec(as_of=as_of),
         leaf=leaf,
-        as_of=as_of,
         record=False,
         reserve_tokens=reserve,
     )

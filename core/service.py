@@ -8,9 +8,9 @@ import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
@@ -32,6 +32,7 @@ from core.storage.db import is_schema_missing, session_scope
 from core.storage.models import utcnow
 from core.storage.reuse import BranchReuse
 from core.values.records import ClearingRec, Msg, merge_step, steps_of
+from core.values.request import RequestParts, RequestSpec, request_from
 
 Prepare = store.Preparer  # the ingest step (core.storage.outputs.Ingest)
 log = logging.getLogger("recap.assemble")
@@ -323,22 +324,17 @@ def assemble(
     engine: Engine,
     conversation_id: str,
     settings: Settings,
+    request: RequestSpec | None = None,
     *,
     leaf: int | None = None,
-    system: str | None = None,
-    tools: list[dict[str, Any]] | None = None,
-    reminder: str | None = None,
-    context_files: Iterable[assembly.ContextFile] = (),
-    model: str | None = None,
-    max_input_tokens: int | None = None,
-    text_only: bool = False,
-    cache_breakpoints: bool | None = None,
-    as_of: datetime | None = None,
     record: bool = True,
     reserve_tokens: int = 0,
     reuse: BranchReuse | None = None,
+    **parts: Unpack[RequestParts],
 ) -> assembly.AssembledRequest:
-    """The request the host should send now for the branch ending at ``leaf``.
+    """The request the host should send now for the branch ending at ``leaf``: the one
+    ``request`` asks for, or (as ``Recap.assemble`` allows) the one its keyword ``parts`` build
+    (``core.values.request.request_from``; both at once is an ``InputError``).
 
     One short read session copies out what the request needs (``core.storage.reads``); the rest is
     ``core.request.assembly.assemble``. The window is ``max_input_tokens`` when given, else the
@@ -356,85 +352,127 @@ def assemble(
     nothing changed since but messages appended (``core.storage.reuse``; not for ``as_of``):
     the request is the same as a fresh read gives.
     """
-    if max_input_tokens is not None and max_input_tokens <= 0:
-        raise InputError(f"--max-input-tokens must be positive, got {max_input_tokens}")
+    spec = request_from(request, **parts)
     now = utcnow()
-    if as_of is not None:
-        as_of = _as_utc(as_of)
-        record = False
+    record = record and spec.as_of is None
+    read = _read_for_request(
+        engine,
+        conversation_id,
+        settings,
+        spec,
+        leaf,
+        reserve_tokens=reserve_tokens,
+        reuse=reuse,
+        now=now,
+    )
+    target, loaded = read.target, read.loaded
+    request_parts = profiles.FixedParts(
+        *assembly.fixed_part_tokens(loaded.branch, spec, model=target.model)
+    )
+    built = _assembled(loaded, settings, spec, target)
+    if built.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
+        with session_scope(engine) as session:
+            loaded = reads.load_request_branch(
+                session, conversation_id, read.leaf, None, spec.as_of
+            )
+        loaded, read.recounted = recount.refreshed(loaded, target.model)
+        built = _assembled(loaded, settings, spec, target)
+    built = dataclasses.replace(
+        built,
+        max_output_tokens=_reply_room(target.model, target.window, built, read.calibration),
+        truncated_tokens=built.truncated_tokens + loaded.omitted_tokens,
+        forgotten_files=[*built.forgotten_files, *read.forgotten],
+    )
+    if not record:
+        return built
+    _record_profile(
+        engine,
+        conversation_id,
+        request_parts,
+        read.profile,
+        spec,
+        now,
+        (target.model, loaded, built),
+    )
+    _record_media(engine, conversation_id, built)
+    if recount.current_bases(target.model) == recount.current_bases(read.stored_model):
+        recount.record(engine, conversation_id, read.recounted, built.reasoning_dropped)
+    if built.truncated:
+        _log_truncation(conversation_id, built)
+    return built
+
+
+@dataclasses.dataclass(slots=True)
+class _Read:
+    """What ``assemble``'s read session copied out: the model and limits the request is built
+    for, the branch as read, and what recording it needs."""
+
+    target: assembly.Target
+    loaded: reads.RequestBranch
+    leaf: int | None  # the leaf read: the given one, or the head at ``as_of``
+    recounted: list[recount.Change]  # counts made anew, to record (core.storage.recount)
+    forgotten: list[str]
+    profile: profiles.Profile | None
+    stored_model: str
+    calibration: float
+
+
+def _read_for_request(
+    engine: Engine,
+    conversation_id: str,
+    settings: Settings,
+    spec: RequestSpec,
+    leaf: int | None,
+    *,
+    reserve_tokens: int,
+    reuse: BranchReuse | None,
+    now: datetime,
+) -> _Read:
+    """One short read session: the conversation's model and window, the request profile, and
+    the branch within the budget (from the last read with ``reuse``, not for ``as_of``, whose
+    branch ends at the head of that moment unless ``leaf`` is given)."""
     try:
         with session_scope(engine) as session:
-            reused = reuse if as_of is None else None
+            reused = reuse if spec.as_of is None else None
             stored_model, stored_window, version = _head(session, conversation_id, reused)
-            target = model or stored_model
-            override = stored_window if max_input_tokens is None and model is None else None
-            given = max_input_tokens or override
-            window = tokens.context_window(target, given)
+            model = spec.model or stored_model
+            override = (
+                stored_window if spec.max_input_tokens is None and spec.model is None else None
+            )
+            given = spec.max_input_tokens or override
+            window = tokens.context_window(model, given)
             profile = profiles.load_profile(session.connection(), conversation_id)
-            if as_of is not None and leaf is None:
-                leaf = reads.leaf_at(session, conversation_id, as_of)
+            if spec.as_of is not None and leaf is None:
+                leaf = reads.leaf_at(session, conversation_id, spec.as_of)
+
+            def budget_at(leaf_id: int | None) -> budgets.Budget:
+                return _request_budget(
+                    settings, model, window, given is not None, profile, leaf_id, now
+                )
 
             def limit_at(leaf_id: int | None) -> int:
                 return budget_at(leaf_id).request - max(reserve_tokens, 0)
 
-            def budget_at(leaf_id: int | None) -> budgets.Budget:
-                return _request_budget(
-                    settings, target, window, given is not None, profile, leaf_id, now
-                )
-
-            budget = None if text_only else limit_at
+            budget = None if spec.text_only else limit_at
             if reused is not None and version is not None:
                 loaded = reuses.load_request_branch(
                     session, conversation_id, leaf, budget, version, reused
                 )
             else:
-                loaded = reads.load_request_branch(session, conversation_id, leaf, budget, as_of)
-            plan = budget_at(loaded.branch[-1].id if loaded.branch else leaf)
-            limit = limit_at(loaded.branch[-1].id if loaded.branch else leaf)
-            loaded, recounted = recount.refreshed(loaded, target)
+                loaded = reads.load_request_branch(
+                    session, conversation_id, leaf, budget, spec.as_of
+                )
+            head = loaded.branch[-1].id if loaded.branch else leaf
+            plan, limit = budget_at(head), limit_at(head)
+            loaded, recounted = recount.refreshed(loaded, model)
             forgotten = _span_forgotten(session, conversation_id, loaded, leaf, settings)
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
         raise
-    files = tuple(context_files)
-    parts = profiles.FixedParts(
-        *assembly.fixed_part_tokens(
-            loaded.branch,
-            model=target,
-            system=system,
-            tools=tools,
-            reminder=reminder,
-            context_files=files,
-        )
+    target = assembly.Target(model, window, settings.safety_margin, limit, media_policy(settings))
+    return _Read(
+        target, loaded, leaf, recounted, forgotten, profile, stored_model, plan.calibration
     )
-    given_parts = (system, tools, reminder, files)
-    request = _assembled(
-        loaded, settings, target, window, limit, given_parts, text_only, cache_breakpoints
-    )
-    if request.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
-        with session_scope(engine) as session:
-            loaded = reads.load_request_branch(session, conversation_id, leaf, None, as_of)
-        loaded, recounted = recount.refreshed(loaded, target)
-        request = _assembled(
-            loaded, settings, target, window, limit, given_parts, text_only, cache_breakpoints
-        )
-    request = dataclasses.replace(
-        request,
-        max_output_tokens=_reply_room(target, window, request, plan.calibration),
-        truncated_tokens=request.truncated_tokens + loaded.omitted_tokens,
-        forgotten_files=[*request.forgotten_files, *forgotten],
-    )
-    if not record:
-        return request
-    _record_profile(
-        engine, conversation_id, parts, profile, given_parts, now, (target, loaded, request)
-    )
-    _record_media(engine, conversation_id, request)
-    if recount.current_bases(target) == recount.current_bases(stored_model):  # not a preview
-        recount.record(engine, conversation_id, recounted, request.reasoning_dropped)
-    if request.truncated:
-        _log_truncation(conversation_id, request)
-    return request
 
 
 def _reply_room(
@@ -447,13 +485,6 @@ def _reply_room(
     if isinstance(most, int | float) and most > 0:
         room = min(room, int(most))
     return room
-
-
-def _as_utc(moment: datetime) -> datetime:
-    """A moment in UTC (a naive one is taken as UTC), as every stored time is."""
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
 
 
 def _head(
@@ -484,35 +515,19 @@ def _span_forgotten(
 
 
 def _assembled(
-    loaded: reads.RequestBranch,
-    settings: Settings,
-    target: str,
-    window: int,
-    limit: int,
-    given: tuple[str | None, list[dict[str, Any]] | None, str | None, tuple[Any, ...]],
-    text_only: bool,
-    cache_breakpoints: bool | None,
+    loaded: reads.RequestBranch, settings: Settings, spec: RequestSpec, target: assembly.Target
 ) -> assembly.AssembledRequest:
-    system, tools, reminder, files = given
-    return assembly.assemble(
+    """``core.request.assembly.assemble`` over the branch as read."""
+    missing = _missing_outputs(loaded.branch, loaded.clearings, settings.output_dir)
+    stored = assembly.StoredBranch(
         loaded.branch,
-        model=target,
-        window=window,
-        safety_margin=settings.safety_margin,
-        summary=loaded.summary,
-        clearings=loaded.clearings,
-        system=system,
-        tools=tools,
-        reminder=reminder,
-        context_files=files,
-        text_only=text_only,
-        cache_breakpoints=cache_breakpoints,
-        missing_outputs=_missing_outputs(loaded.branch, loaded.clearings, settings.output_dir),
-        omitted=loaded.omitted,
-        budget=limit,
-        media_policy=media_policy(settings),
-        pinned=loaded.pinned,
+        loaded.summary,
+        loaded.clearings,
+        loaded.pinned,
+        loaded.omitted,
+        missing,
     )
+    return assembly.assemble(stored, spec, target=target)
 
 
 def _request_budget(
@@ -547,7 +562,7 @@ def _record_profile(
     conversation_id: str,
     parts: profiles.FixedParts,
     stored: profiles.Profile | None,
-    given: tuple[str | None, list[dict[str, Any]] | None, str | None, tuple[Any, ...]],
+    spec: RequestSpec,
     now: datetime,
     built: tuple[str, reads.RequestBranch, assembly.AssembledRequest],
 ) -> None:
@@ -555,9 +570,10 @@ def _record_profile(
     (what ``record_usage`` compares the provider's reading with), unless the stored profile
     already says exactly that (a repeat of the same request writes nothing). Only a request
     that was built is recorded: a failing ``assemble`` writes nothing."""
-    system, tools, reminder, files = given
+    tools = spec.tools
     tools_text = json.dumps(tools, sort_keys=True, separators=(",", ":")) if tools else ""
-    digest = profiles.fingerprint(system, tools_text, reminder, files)
+    files = tuple(spec.context_files)
+    digest = profiles.fingerprint(spec.system, tools_text, spec.reminder, files)
     model, loaded, request = built
     leaf_id = loaded.branch[-1].id if loaded.branch else None
     after = _after_recording(loaded.clearings, request)

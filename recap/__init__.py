@@ -37,6 +37,7 @@ from core.results import (
     SummaryInfo,
     UsageRecorded,
 )
+from core.values.request import RequestSpec
 
 if TYPE_CHECKING:
     from workers.enqueue import compress_later
@@ -55,6 +56,7 @@ __all__ = [
     "PinResult",
     "Recap",
     "RecapError",
+    "RequestSpec",
     "SchemaMissingError",
     "Stats",
     "SummaryInfo",

@@ -32,7 +32,6 @@ from core.decision.toolresults import (
 )
 from core.errors import BudgetError
 from core.request import shorten
-from core.request.assembly import assemble
 from core.request.placeholders import aged_note
 from core.request.timeline import AGED as AGED_STATE
 from core.request.timeline import CLEARED as CLEARED_STATE
@@ -46,6 +45,7 @@ from core.values.records import (
     merge_step,
     steps_of,
 )
+from tests.support.assembling import assemble
 from tests.test_assembly import check_request
 
 MODEL = "gpt-4o-mini"

@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from core import service
 from core.counting import tokens
 from core.errors import BudgetError
-from core.request.assembly import AssembledRequest, assemble
+from core.request.assembly import AssembledRequest
 from core.request.placeholders import cleared_placeholder
 from core.request.shorten import SHORTENED
 from core.settings import Settings, load_settings
@@ -24,6 +24,7 @@ from core.storage.db import make_engine, session_scope
 from core.storage.migrate import upgrade
 from core.storage.models import Clearing, Summary, utcnow
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from tests.support.assembling import assemble
 from tests.support.data import DATA_FILES, load_data
 from tests.test_assembly import check_request
 

@@ -16,11 +16,12 @@ import pytest
 
 from core.counting import tokens
 from core.errors import BudgetError
-from core.request.assembly import AssembledRequest, assemble
+from core.request.assembly import AssembledRequest
 from core.request.placeholders import cleared_placeholder
 from core.request.refs import message_ref, summary_note
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from core.values.records import ClearingRec, Msg, SummaryRec
+from tests.support.assembling import assemble
 from tests.test_assembly import check_request
 
 MODEL = "gpt-4o-mini"

@@ -26,7 +26,6 @@ from sqlalchemy import Engine, select
 from core import service
 from core.counting import media, tokens
 from core.errors import InputError
-from core.request.assembly import assemble
 from core.settings import Settings, get_settings
 from core.storage.models import CLEARINGS, MESSAGES
 from core.storage.outputs import Ingest
@@ -34,6 +33,7 @@ from core.summaries.extractive import extractive_summary
 from core.summaries.identifiers import identifiers_of_message
 from core.summaries.planning import render_message
 from core.values.records import Msg
+from tests.support.assembling import assemble
 from tests.support.cli_helpers import assert_one_line_error, recap
 
 SCREEN = (1280, 800)  # a laptop screenshot

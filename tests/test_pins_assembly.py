@@ -13,10 +13,11 @@ import pytest
 from core.counting import tokens
 from core.errors import BudgetError
 from core.request import pins as pin_rules
-from core.request.assembly import REASONING_CLEARING, AssembledRequest, assemble
+from core.request.assembly import REASONING_CLEARING, AssembledRequest
 from core.request.render import text_only_call, text_only_results
 from core.request.timeline import PINNED, derive
 from core.values.records import ClearingRec, Msg, SummaryRec
+from tests.support.assembling import assemble
 from tests.test_assembly import ENCODING, MODEL, chain, check_request, label, labels
 from tests.test_assembly_random import _clearing, _count_summary, random_case
 

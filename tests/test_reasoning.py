@@ -17,13 +17,14 @@ from sqlalchemy import Engine, select
 
 from core import service
 from core.counting import reasoning, tokens
-from core.request.assembly import REASONING_CLEARING, assemble
+from core.request.assembly import REASONING_CLEARING
 from core.settings import Settings
 from core.storage.db import session_scope
 from core.storage.models import CLEARINGS, MESSAGES
 from core.storage.snapshot import read_snapshot
 from core.summaries.planning import request_history_tokens
 from core.values.records import Msg
+from tests.support.assembling import assemble
 from tests.support.token_check import assert_counts_cover, plain_count
 
 WORDS = 500  # the block: 500 words of reasoning per assistant turn

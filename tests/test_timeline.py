@@ -19,13 +19,13 @@ from core import lifecycle, service
 from core.client import Recap
 from core.counting import media
 from core.decision.toolresults import ClearingPlan, PlannedClearing
-from core.request import assembly
 from core.request.timeline import STATES, derive
 from core.settings import get_settings
 from core.storage.db import session_scope
 from core.storage.models import REQUEST_PROFILES
 from core.storage.sweep import apply_clearings
 from core.values.records import ClearingRec, Msg, SummaryRec
+from tests.support import assembling
 from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat
 from tests.test_lifecycle import big_output, rich_conversation, tool_turn
@@ -51,7 +51,7 @@ def states_of(branch: list[Msg], **kw: Any) -> dict[int, str]:
     clearings = kw.pop("clearings", {})
     window = kw.pop("window", 100_000)
     system = kw.pop("system", None)
-    request = assembly.assemble(
+    request = assembling.assemble(
         branch,
         model=MODEL,
         window=window,
@@ -118,7 +118,7 @@ def test_aged_media_and_the_tokens_each_state_costs() -> None:
     with_media = with_media._replace(content_parts=({"type": "text", "text": "a"}, image))
     branch = [SYSTEM, with_media, call(3, "a"), result(4, "a"), msg(5, "assistant"), msg(6, "user")]
     clearings = {2: ClearingRec(2, media.RECORDED, 700), 4: ClearingRec(4, "idle", 450)}
-    request = assembly.assemble(
+    request = assembling.assemble(
         branch, model=MODEL, window=100_000, safety_margin=0.0, clearings=clearings
     )
     line = derive(branch, request, clearings=clearings)
@@ -134,7 +134,7 @@ def test_summary_spans_follow_each_other() -> None:
     """Each summary on the branch spans the messages after the previous one's cutoff."""
     branch = [SYSTEM, *(msg(n, "user" if n % 2 == 0 else "assistant") for n in range(2, 12))]
     first, second = SummaryRec(1, 5, None, "one", 10), SummaryRec(2, 9, 1, "two", 12)
-    request = assembly.assemble(branch, model=MODEL, window=100_000, safety_margin=0.0,
+    request = assembling.assemble(branch, model=MODEL, window=100_000, safety_margin=0.0,
                                 summary=second)  # fmt: skip
     spans = derive(branch, request, summaries=[second, first]).summaries
     assert [(s.id, s.first_message_id, s.cutoff_message_id, s.messages, s.sent) for s in spans] == [

@@ -50,6 +50,7 @@ from core.storage.migrate import upgrade
 from core.storage.models import CLEARINGS, REQUEST_PROFILES, CompactionLog, table_of, utcnow
 from core.storage.sweep import sweep_idle
 from core.values import actions
+from core.values.request import RequestSpec
 
 KEEP_LAST_BASELINE = 3  # the common default elsewhere: all but the last 3 results, every request
 LOG = table_of(CompactionLog)
@@ -365,13 +366,9 @@ class _Requester:
 
     def _assemble(self) -> Any:
         parts = self.parts
-        return service.assemble(
-            self.engine,
-            self.cid,
-            self.settings,
-            system=parts.system if parts is not None else None,
-            tools=self.tools,
-        )
+        system = parts.system if parts is not None else None
+        request = RequestSpec(system=system, tools=self.tools)
+        return service.assemble(self.engine, self.cid, self.settings, request)
 
     def _report_usage(self, messages: Sequence[Mapping[str, Any]], factor: float) -> None:
         """The stand-in provider: prompt tokens as its tokenizer counts them, recorded."""

@@ -1,9 +1,16 @@
 """The request view (pure): from a stored branch to the request the host sends its model.
 
-``assemble`` takes plain values (the branch, the summary that applies to it, the clearings, the
-host's system prompt, tools, reminder and context files) and returns OpenAI-format messages with
+``assemble`` takes three plain values: what is stored (``StoredBranch``: the branch, the summary
+that applies to it, the clearings, the pinned messages), what the host asks for
+(``core.values.request.RequestSpec``: its system prompt, tools, reminder, context files and
+rendering) and the model with its limits (``Target``); it returns OpenAI-format messages with
 their token breakdown. Nothing here reads a database or a file: ``core.service.assemble`` loads the
 branch in one short session and calls it.
+
+Stages: ``assemble`` runs ``STAGES`` in order over one draft (media ageing, units, reasoning
+dropped, fixed parts, the tail, context files, older history, media finished with the byte guard,
+reasoning sent, text-only merging, cache marks); each stage is a small function that reports its
+own tokens in the draft's tally, and the breakdown is their sum.
 
 Order of the request::
 
@@ -37,7 +44,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -49,6 +56,8 @@ from core.request import refs, render, shorten
 from core.request.placeholders import cleared_placeholder
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
+from core.values.request import NO_PARTS, RequestSpec
+from core.values.request import ContextFile as ContextFile  # re-exported: hosts import it here
 
 # The summary, context files, forgotten-file note and reminder are user messages: every provider
 # accepts a user message anywhere, while a system message after the first is rejected by several
@@ -59,14 +68,6 @@ ADDED_ROLE = "user"
 REASONING_CLEARING = "reasoning"
 GAP_NOTE = "[Earlier messages of this conversation are left out here to fit the context window.]"
 COUNT_CACHE_SIZE = 512  # distinct system prompts, summaries, reminders and files kept counted
-
-
-@dataclass(frozen=True, slots=True)
-class ContextFile:
-    """A file (or the agent prompt) the model should see just before the last user message."""
-
-    name: str
-    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,214 +165,445 @@ def _count_tools(schema_text: str, encoding: str) -> int:
     return tokens.count_tools(json.loads(schema_text), encoding)
 
 
-def assemble(
-    branch: Sequence[Msg],
-    *,
-    model: str,
-    window: int,
-    safety_margin: float,
-    summary: SummaryRec | None = None,
-    clearings: Mapping[int, ClearingRec] | None = None,
-    system: str | None = None,
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    reminder: str | None = None,
-    context_files: Sequence[ContextFile] = (),
-    text_only: bool = False,
-    cache_breakpoints: bool | None = None,
-    missing_outputs: Collection[str] = frozenset(),
-    omitted: Sequence[int] = (),
-    budget: int | None = None,
-    media_policy: media.MediaPolicy | None = None,
-    pinned: Sequence[Msg] = (),
-) -> AssembledRequest:
-    """The request for ``branch`` (root first) within ``window`` tokens of ``model``.
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The model a request is for and the limits it must keep: ``window`` tokens less the
+    ``safety_margin``, or ``budget`` (estimated tokens) when the caller worked it out
+    (``core.counting.budget``: output reserve and calibration included), and what of its media
+    is sent in full (``media_policy``, see ``core.counting.media``; default: the defaults)."""
 
-    The system prompt is ``system`` when given; otherwise the branch's root message (no parent)
-    when it is a stored ``system`` (or ``developer``) message, sent even when a summary covers
-    it, since the summary replaces the conversation, not its instructions. A given ``system``
-    replaces the stored root prompt. Any other stored system message stays in place as history.
+    model: str
+    window: int
+    safety_margin: float
+    budget: int | None = None
+    media_policy: media.MediaPolicy | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a window or a margin no request can be built within."""
+        if self.window <= 0:
+            raise InputError(f"the window must be a positive number of tokens, got {self.window}")
+        if not 0 <= self.safety_margin < 1:
+            raise InputError(f"the safety margin must be in [0, 1), got {self.safety_margin}")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBranch:
+    """What the store holds for one branch (copied out by ``core.storage.reads``): the messages
+    root first, the summary that applies, the clearings, the pinned messages (root first), the
+    ids of the oldest messages the caller left unread because no request can hold them
+    (``omittable``) and the saved output files that no longer exist."""
+
+    branch: Sequence[Msg]
+    summary: SummaryRec | None = None
+    clearings: Mapping[int, ClearingRec] | None = None
+    pinned: Sequence[Msg] = ()
+    omitted: Sequence[int] = ()
+    missing_outputs: Collection[str] = frozenset()
+
+
+@dataclass(slots=True)
+class _Tally:
+    """The request's tokens as the stages report them; the breakdown adds them up at the end.
+
+    ``history`` holds what the stages after the fit change in the history's count (media
+    finished, reasoning counted apart, turns merged, cache marks); the fitted history itself
+    is read from the fit (``_Draft.fitted_tokens``)."""
+
+    system: int = 0
+    summary: int = 0
+    reminder: int = 0
+    tools: int = 0
+    pinned: int = 0  # pinned messages: history, but fitted as a fixed part
+    context: int = 0
+    history: int = 0
+    media: int = 0
+    reasoning: int = 0
+
+    @property
+    def fixed(self) -> int:
+        """The parts fitted before any history, with the reply priming."""
+        fixed = self.system + self.summary + self.reminder + self.tools + self.pinned
+        return fixed + tokens.TOKENS_REPLY_PRIMING
+
+
+@dataclass(slots=True)
+class _Draft:
+    """The request as the stages build it: what they were given, and what each has made."""
+
+    stored: StoredBranch
+    request: RequestSpec
+    target: Target
+    encoding: str
+    family: str  # what reasoning the provider takes back (core.counting.reasoning)
+    pins: frozenset[int]
+    cleared: Mapping[int, ClearingRec]
+    policy: media.MediaPolicy
+    budget: int
+    branch: Sequence[Msg]
+    root: Msg | None
+    tally: _Tally = field(default_factory=_Tally)
+    system_message: dict[str, Any] | None = None
+    summary_message: dict[str, Any] | None = None
+    reminder_message: dict[str, Any] | None = None
+    after: Sequence[Msg] = ()
+    older: list[_Unit] = field(default_factory=list)
+    tail: list[_Unit] = field(default_factory=list)
+    orphans: list[int] = field(default_factory=list)
+    repeated_call_ids: bool = False
+    block: list[dict[str, Any]] = field(default_factory=list)  # pinned messages a summary covers
+    media_aged: tuple[tuple[int, int], ...] = ()
+    reasoning_dropped: tuple[tuple[int, int], ...] = ()
+    shortened: tuple[tuple[int, int], ...] = ()
+    cut_steps: list[int] = field(default_factory=list)
+    fitted_tail: bool = False
+    summary_cut: bool = False
+    tail_tokens: int = 0
+    room: int = 0
+    context: list[dict[str, Any]] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)
+    parts: _Parts | None = None
+    fitted: _Fitted | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, stored: StoredBranch, request: RequestSpec, target: Target) -> _Draft:
+        """The draft before any stage: the tokenizer, the pins, the clearings that apply to
+        unpinned messages, the media policy and the budget."""
+        model = target.model
+        pins = frozenset(m.id for m in stored.pinned)
+        return cls(
+            stored=stored,
+            request=request,
+            target=target,
+            encoding=tokens.encoding_name_for(model),
+            family=reasoning.family_of(model),
+            pins=pins,
+            cleared=pin_rules.effective_clearings(stored.clearings or {}, pins),
+            policy=target.media_policy or media.MediaPolicy(),
+            budget=(
+                tokens.available_tokens(target.window, target.safety_margin)
+                if target.budget is None
+                else target.budget
+            ),
+            branch=stored.branch,
+            root=stored_prompt(stored.branch),
+        )
+
+    def fitted_tokens(self) -> int:
+        """The history as fitted: the tail, the gap note, the kept older units and the tokens
+        fresh call ids add."""
+        assert self.fitted is not None
+        fitted = self.fitted
+        return self.tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
+
+    def tail_error(self, tail_tokens: int) -> BudgetError:
+        """The error for a tail of ``tail_tokens`` that the fixed parts leave no room for."""
+        target = self.target
+        return _tail_error(
+            tail_tokens, self.tally.fixed, self.budget, target.window, target.safety_margin
+        )
+
+
+Stage = Callable[[_Draft], None]  # one step of ``assemble``: reads the draft, adds to it
+
+
+def assemble(
+    stored: StoredBranch, request: RequestSpec = NO_PARTS, *, target: Target
+) -> AssembledRequest:
+    """The request for ``stored.branch`` (root first) that ``request`` asks for, within
+    ``target``'s window of its model.
+
+    The system prompt is ``request.system`` when given; otherwise the branch's root message (no
+    parent) when it is a stored ``system`` (or ``developer``) message, sent even when a summary
+    covers it, since the summary replaces the conversation, not its instructions. A given
+    ``system`` replaces the stored root prompt. Any other stored system message stays in place
+    as history. ``request.model``, ``max_input_tokens`` and ``as_of`` were resolved by the
+    caller into ``target`` and ``stored``; they are not read here.
 
     The summary is sent as a user message right after the system prompt: it is a record of the
     conversation rather than an operator instruction, it keeps the system prompt byte-stable
     across summaries, and it gives providers that require the first turn to be a user turn one.
 
-    ``missing_outputs`` lists the saved output files that no longer exist, so the placeholder of a
-    cleared result can say so; ``text_only`` renders tool turns as plain text;
+    ``stored.missing_outputs`` lists the saved output files that no longer exist, so the
+    placeholder of a cleared result can say so; ``text_only`` renders tool turns as plain text;
     ``cache_breakpoints`` adds Anthropic-style cache marks (``_mark_cache``: the stable prefix and
     the newest messages, at most four); None (the default) marks for Anthropic models only.
 
-    ``omitted`` lists the oldest messages after the cutoff that the caller left out of ``branch``
-    because no request within the window can hold them (see ``omittable``): the request is the
-    same as with them passed, and they are reported as dropped.
+    ``stored.omitted`` lists the oldest messages after the cutoff that the caller left out of
+    the branch because no request within the window can hold them (see ``omittable``): the
+    request is the same as with them passed, and they are reported as dropped.
 
-    ``budget`` is the request's limit in estimated tokens when the caller worked it out
-    (``core.counting.budget``: output reserve and calibration included); else ``window x (1 -
-    margin)``.
+    Media (``target.media_policy``, see ``core.counting.media``): parts older than the last
+    ``keep_turns`` user turns, of a message recorded as aged, beyond the per-request caps, or in
+    a text-only request are sent as placeholders; the byte guard then ages the oldest parts
+    still sent in full until the request is within ``max_request_bytes``, and stored bytes are
+    put back by its loader. Messages whose media all aged here are listed in ``media_aged``, to
+    be recorded.
 
-    Media (``media_policy``, see ``core.counting.media``): parts older than the last ``keep_turns``
-    user turns, of a message recorded as aged, beyond the per-request caps, or in a text-only
-    request are sent as placeholders; the byte guard then ages the oldest parts still sent in full
-    until the request is within ``max_request_bytes``, and stored bytes are put back by its loader.
-    Messages whose media all aged here are listed in ``media_aged``, to be recorded.
+    ``stored.pinned`` lists the branch's pinned messages, root first (``core.request.pins``):
+    those after the cutoff are sent in their place whatever the budget (with their units), the
+    others right after the summary; all of them as stored, and counted before any history is
+    fitted.
 
-    ``pinned`` lists the branch's pinned messages, root first (``core.request.pins``): those
-    after the cutoff are sent in their place whatever the budget (with their units), the others
-    right after the summary; all of them as stored, and counted before any history is fitted.
+    The request is built by ``STAGES`` in turn, each a small function over one draft that
+    reports its own tokens in the draft's tally.
     """
-    _check_knobs(window, safety_margin)
-    encoding = tokens.encoding_name_for(model)
-    pins = frozenset(m.id for m in pinned)
-    cleared = pin_rules.effective_clearings(clearings or {}, pins)
-    policy = media_policy or media.MediaPolicy()
-    root = stored_prompt(branch)
-    branch, root, media_aged = _age_media(
-        branch, root, summary, cleared, policy, model=model, text_only=text_only, pins=pins
+    draft = _Draft.start(stored, request, target)
+    for stage in STAGES:
+        stage(draft)
+    return _result(draft)
+
+
+def _age_media_stage(d: _Draft) -> None:
+    """Media: aged parts as placeholders, messages with media counted anew; the messages whose
+    media all aged now, with the tokens that saves (``media_aged``)."""
+    d.branch, d.root, d.media_aged = _age_media(
+        d.branch,
+        d.root,
+        d.stored.summary,
+        d.cleared,
+        d.policy,
+        model=d.target.model,
+        text_only=d.request.text_only,
+        pins=d.pins,
     )
-    system_message, system_tokens = _system_part(root, system, encoding)
-    after = _after_cutoff(branch[1:] if root is not None else branch, summary, root)
-    if not after and summary is None:
+
+
+def _units_stage(d: _Draft) -> None:
+    """The system prompt, the messages after the cutoff as units with valid tool pairs, and
+    where the tail (the last user message on) starts."""
+    d.system_message, d.tally.system = _system_part(d.root, d.request.system, d.encoding)
+    summary = d.stored.summary
+    d.after = _after_cutoff(d.branch[1:] if d.root is not None else d.branch, summary, d.root)
+    if not d.after and summary is None:
         raise InputError("nothing to send: the branch has no message besides a system prompt")
-
-    units, orphans, repeated = _units(
-        after, cleared, missing_outputs, encoding, text_only=text_only, pins=pins
+    units, d.orphans, d.repeated_call_ids = _units(
+        d.after,
+        d.cleared,
+        d.stored.missing_outputs,
+        d.encoding,
+        text_only=d.request.text_only,
+        pins=d.pins,
     )
-    if pins:
+    if d.pins:
         for unit in units:
-            unit.pinned = any(mid in pins for mid in unit.ids)
+            unit.pinned = any(mid in d.pins for mid in unit.ids)
     split = _last_user_unit(units)
-    older, tail = units[:split], units[split:]
-    family = reasoning.family_of(model)
-    reasoning_dropped = _drop_reasoning(
-        older, tail, cleared, family, model=model, text_only=text_only
-    )
-    block: list[dict[str, Any]] = []
-    if pins:
-        placed = {m.id for m in after} | ({root.id} if root is not None else set())
-        block = pin_rules.block(pin_rules.summarized(pinned, placed), family, text_only=text_only)
-    pinned_tokens = sum(tokens.count_message(m, encoding, model=model) for m in block)
-    pinned_tokens += sum(unit.tokens for unit in older if unit.pinned)
+    d.older, d.tail = units[:split], units[split:]
 
-    summary_message, summary_tokens = _summary_part(summary, encoding)
-    reminder_message = {"role": ADDED_ROLE, "content": reminder} if reminder else None
-    reminder_tokens = _count(ADDED_ROLE, reminder, encoding) if reminder else 0
-    tools_tokens = _tools_tokens(tools, encoding)
-    fixed = system_tokens + summary_tokens + reminder_tokens + tools_tokens
-    fixed += tokens.TOKENS_REPLY_PRIMING + pinned_tokens
-    if budget is None:
-        budget = tokens.available_tokens(window, safety_margin)
-    summary_cut = False
-    if summary_message is not None and fixed + sum(unit.tokens for unit in tail) > budget:
-        summary_message, cut_tokens = _shortened_summary(
-            summary_message, summary_tokens, budget - fixed + summary_tokens, tail, encoding
-        )
-        summary_cut = cut_tokens < summary_tokens
-        fixed += cut_tokens - summary_tokens
-        summary_tokens = cut_tokens
-    tail, cut_older, cleared, shortened, cut_steps = _fit_tail(
-        tail, budget - fixed, cleared, encoding, pins
+
+def _drop_reasoning_stage(d: _Draft) -> None:
+    """Reasoning: the thinking this request does not send taken out of the units' counts; the
+    older messages whose thinking is left out, with its tokens (``reasoning_dropped``)."""
+    d.reasoning_dropped = _drop_reasoning(
+        d.older,
+        d.tail,
+        d.cleared,
+        d.family,
+        model=d.target.model,
+        text_only=d.request.text_only,
     )
-    older.extend(cut_older)
-    fitted_tail = bool(shortened or cut_older or cut_steps)
-    tail_tokens = sum(unit.tokens for unit in tail)
-    if fixed + tail_tokens > budget and summary_message is not None:  # the summary gives way
-        keep = budget - (fixed - summary_tokens) - tail_tokens
+
+
+def _fixed_stage(d: _Draft) -> None:
+    """The fixed parts: the pinned messages (those a summary covers as a block after it), the
+    summary, the reminder and the tools."""
+    if d.pins:
+        root = d.root
+        placed = {m.id for m in d.after} | ({root.id} if root is not None else set())
+        pinned = pin_rules.summarized(d.stored.pinned, placed)
+        d.block = pin_rules.block(pinned, d.family, text_only=d.request.text_only)
+    count = tokens.count_message
+    d.tally.pinned = sum(count(m, d.encoding, model=d.target.model) for m in d.block)
+    d.tally.pinned += sum(unit.tokens for unit in d.older if unit.pinned)
+    d.summary_message, d.tally.summary = _summary_part(d.stored.summary, d.encoding)
+    reminder = d.request.reminder
+    d.reminder_message = {"role": ADDED_ROLE, "content": reminder} if reminder else None
+    d.tally.reminder = _count(ADDED_ROLE, reminder, d.encoding) if reminder else 0
+    d.tally.tools = _tools_tokens(d.request.tools, d.encoding)
+
+
+def _fit_tail_stage(d: _Draft) -> None:
+    """The tail within what the fixed parts leave (``_fit_tail``), the summary shortened first
+    when the whole would crowd the newest turn out, and cut to its note when the tail still
+    does not fit; else a ``BudgetError``."""
+    tally = d.tally
+    if d.summary_message is not None and tally.fixed + _tokens_of(d.tail) > d.budget:
+        room = d.budget - tally.fixed + tally.summary
+        d.summary_message, cut_tokens = _shortened_summary(
+            d.summary_message, tally.summary, room, d.tail, d.encoding
+        )
+        d.summary_cut = cut_tokens < tally.summary
+        tally.summary = cut_tokens
+    d.tail, cut_older, d.cleared, d.shortened, d.cut_steps = _fit_tail(
+        d.tail, d.budget - tally.fixed, d.cleared, d.encoding, d.pins
+    )
+    d.older.extend(cut_older)
+    d.fitted_tail = bool(d.shortened or cut_older or d.cut_steps)
+    d.tail_tokens = _tokens_of(d.tail)
+    if tally.fixed + d.tail_tokens > d.budget and d.summary_message is not None:
+        keep = d.budget - (tally.fixed - tally.summary) - d.tail_tokens
         if keep > 0:  # down to its note alone: the request says the summary was cut
-            fixed -= summary_tokens
-            summary_message, summary_tokens = _summary_cut_to(summary_message, keep, encoding)
-            fixed += summary_tokens
-            summary_cut = True
-    if fixed + tail_tokens > budget:
-        raise _tail_error(tail_tokens, fixed, budget, window, safety_margin)
-    room = budget - fixed - tail_tokens
-    context, context_tokens, forgotten = _fit_context(context_files, room, encoding)
-    room -= context_tokens
-    if cut_steps:  # the turn's own steps did not all fit: no history from before the turn
-        room = 0
-    parts = _Parts(
-        context, tail, cleared, missing_outputs, encoding, repeated, family, text_only, pins
+            d.summary_message, tally.summary = _summary_cut_to(d.summary_message, keep, d.encoding)
+            d.summary_cut = True
+    if tally.fixed + d.tail_tokens > d.budget:
+        raise d.tail_error(d.tail_tokens)
+    d.room = d.budget - tally.fixed - d.tail_tokens
+
+
+def _context_stage(d: _Draft) -> None:
+    """The context files that fit what the tail leaves, each whole; no history from before the
+    turn when the turn's own steps did not all fit."""
+    d.context, d.tally.context, d.forgotten = _fit_context(
+        d.request.context_files, d.room, d.encoding
     )
-    fitted = _fit_history(older, room, parts, cut=bool(omitted))
-    history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
-    if fixed + history_tokens + context_tokens > budget:  # the tail's fresh call ids did it
-        raise _tail_error(tail_tokens + fitted.renamed, fixed, budget, window, safety_margin)
-    ends = (system_message, summary_message, reminder_message)
-    whole = _whole(ends, fitted, block)
-    held = _pinned_positions(ends, fitted, block)
-    finished = media.finish(whole, policy, model=model, count=_media_counter(model), keep=held)
-    excess = _bytes_over(finished.messages, policy.max_request_bytes)
-    if excess > 0 and fitted.kept_from < len(older):  # media aged first; then older history
-        fitted = _shed_bytes(older, fitted, parts, excess)
-        history_tokens = tail_tokens + fitted.gap_tokens + fitted.kept_tokens + fitted.renamed
-        held = _pinned_positions(ends, fitted, block)
-        finished = media.finish(
-            _whole(ends, fitted, block), policy, model=model, count=_media_counter(model), keep=held
-        )
-    kept_from = fitted.kept_from
-    messages = finished.messages
-    history_tokens += finished.tokens_delta - finished.media_tokens
-    reasoning_tokens = sum(tokens.count_reasoning(m, encoding) for m in messages)
-    history_tokens -= reasoning_tokens
-    if text_only:
-        history_tokens += _alternate(messages, encoding)
-    if cache_breakpoints is None:
-        cache_breakpoints = family == reasoning.ANTHROPIC and not text_only
-    if cache_breakpoints:
-        history_tokens += _mark_cache(
-            messages,
-            system_message is not None,
-            summary_message is not None,
-            reminder_message is not None,
-            encoding,
-            len(block),
+    d.room -= d.tally.context
+    if d.cut_steps:
+        d.room = 0
+
+
+def _history_stage(d: _Draft) -> None:
+    """The newest run of older units that fits the room left (``_fit_history``)."""
+    d.parts = _Parts(
+        d.context,
+        d.tail,
+        d.cleared,
+        d.stored.missing_outputs,
+        d.encoding,
+        d.repeated_call_ids,
+        d.family,
+        d.request.text_only,
+        d.pins,
+    )
+    d.fitted = _fit_history(d.older, d.room, d.parts, cut=bool(d.stored.omitted))
+    if d.tally.fixed + d.fitted_tokens() + d.tally.context > d.budget:  # fresh call ids did it
+        raise d.tail_error(d.tail_tokens + d.fitted.renamed)
+
+
+def _finish_media_stage(d: _Draft) -> None:
+    """Media sent in full, counted apart (``tally.media``); the byte guard ages the oldest
+    parts first, then leaves the oldest kept history out (``_shed_bytes``)."""
+    assert d.fitted is not None and d.parts is not None
+    finished = _finished(d)
+    excess = _bytes_over(finished.messages, d.policy.max_request_bytes)
+    if excess > 0 and d.fitted.kept_from < len(d.older):  # media aged first; then older history
+        d.fitted = _shed_bytes(d.older, d.fitted, d.parts, excess)
+        finished = _finished(d)
+    d.messages = finished.messages
+    d.tally.media = finished.media_tokens
+    d.tally.history += finished.tokens_delta - finished.media_tokens
+
+
+def _finished(d: _Draft) -> media.Finished:
+    """The whole request with its media finished (``media.finish``), pinned messages last to
+    age."""
+    assert d.fitted is not None
+    ends = (d.system_message, d.summary_message, d.reminder_message)
+    held = _pinned_positions(ends, d.fitted, d.block)
+    whole = _whole(ends, d.fitted, d.block)
+    counter = _media_counter(d.target.model)
+    return media.finish(whole, d.policy, model=d.target.model, count=counter, keep=held)
+
+
+def _sent_reasoning_stage(d: _Draft) -> None:
+    """Reasoning sent, counted apart (``tally.reasoning``)."""
+    sent = sum(tokens.count_reasoning(m, d.encoding) for m in d.messages)
+    d.tally.reasoning = sent
+    d.tally.history -= sent
+
+
+def _alternate_stage(d: _Draft) -> None:
+    """A text-only request merges neighbouring turns of one role (``_alternate``)."""
+    if d.request.text_only:
+        d.tally.history += _alternate(d.messages, d.encoding)
+
+
+def _cache_marks_stage(d: _Draft) -> None:
+    """Cache marks, when asked for (by default for Anthropic models, not text-only)."""
+    marks = d.request.cache_breakpoints
+    if marks is None:
+        marks = d.family == reasoning.ANTHROPIC and not d.request.text_only
+    if marks:
+        d.tally.history += _mark_cache(
+            d.messages,
+            d.system_message is not None,
+            d.summary_message is not None,
+            d.reminder_message is not None,
+            d.encoding,
+            len(d.block),
         )
 
-    older_dropped = (mid for unit in older[:kept_from] if not unit.pinned for mid in unit.ids)
-    dropped = sorted([*omitted, *orphans, *older_dropped, *cut_steps])
+
+STAGES: tuple[Stage, ...] = (
+    _age_media_stage,
+    _units_stage,
+    _drop_reasoning_stage,
+    _fixed_stage,
+    _fit_tail_stage,
+    _context_stage,
+    _history_stage,
+    _finish_media_stage,
+    _sent_reasoning_stage,
+    _alternate_stage,
+    _cache_marks_stage,
+)
+"""The stages of ``assemble``, in order; each reads and extends one ``_Draft``."""
+
+
+def _result(d: _Draft) -> AssembledRequest:
+    """The request the stages built, with its breakdown and what it left out."""
+    assert d.fitted is not None
+    tally, kept_from, summary = d.tally, d.fitted.kept_from, d.stored.summary
+    left_out = [unit for unit in d.older[:kept_from] if not unit.pinned]
+    older_dropped = (mid for unit in left_out for mid in unit.ids)
+    dropped = sorted([*d.stored.omitted, *d.orphans, *older_dropped, *d.cut_steps])
+    history = d.fitted_tokens() + tally.history + tally.pinned  # pinned ones are history
     breakdown = TokenBreakdown(
-        system=system_tokens,
-        summary=summary_tokens,
-        history=history_tokens + pinned_tokens,  # pinned ones are history, fitted as fixed
-        context=context_tokens,
-        tools=tools_tokens,
-        reminder=reminder_tokens,
-        media=finished.media_tokens,
-        reasoning=reasoning_tokens,
-        total=fixed + history_tokens + context_tokens + finished.media_tokens + reasoning_tokens,
+        system=tally.system,
+        summary=tally.summary,
+        history=history,
+        context=tally.context,
+        tools=tally.tools,
+        reminder=tally.reminder,
+        media=tally.media,
+        reasoning=tally.reasoning,
+        total=tally.fixed + history - tally.pinned + tally.context + tally.media + tally.reasoning,
     )
     return AssembledRequest(
-        messages=messages,
+        messages=d.messages,
         tokens=breakdown,
-        budget=budget,
-        window=window,
+        budget=d.budget,
+        window=d.target.window,
         summary_id=summary.id if summary is not None else None,
         dropped_message_ids=dropped,
-        forgotten_files=forgotten,
-        media_aged=media_aged,
-        truncated=bool(omitted) or kept_from > 0 or bool(cut_steps) or summary_cut,
-        truncated_tokens=sum(unit.tokens for unit in older[:kept_from] if not unit.pinned),
-        reasoning_dropped=reasoning_dropped,
-        shortened=shortened,
-        fitted_tail=fitted_tail,
+        forgotten_files=d.forgotten,
+        media_aged=d.media_aged,
+        truncated=bool(d.stored.omitted) or kept_from > 0 or bool(d.cut_steps) or d.summary_cut,
+        truncated_tokens=sum(unit.tokens for unit in left_out),
+        reasoning_dropped=d.reasoning_dropped,
+        shortened=d.shortened,
+        fitted_tail=d.fitted_tail,
     )
+
+
+def _tokens_of(units: Sequence[_Unit]) -> int:
+    return sum(unit.tokens for unit in units)
 
 
 def fixed_part_tokens(
-    branch: Sequence[Msg],
-    *,
-    model: str,
-    system: str | None = None,
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    reminder: str | None = None,
-    context_files: Sequence[ContextFile] = (),
+    branch: Sequence[Msg], request: RequestSpec, *, model: str
 ) -> tuple[int, int, int, int]:
-    """Tokens of the system prompt (the given one, else the stored root), the tools, the
-    reminder and all the context files given, counted as ``assemble`` counts them (cached): the
-    request profile records them even for a request that does not fit."""
+    """Tokens of the system prompt (the request's, else the stored root), the tools, the
+    reminder and all the context files the request gives, counted as ``assemble`` counts them
+    (cached): the request profile records them even for a request that does not fit."""
     encoding = tokens.encoding_name_for(model)
-    _, system_tokens = _system_part(stored_prompt(branch), system, encoding)
+    _, system_tokens = _system_part(stored_prompt(branch), request.system, encoding)
+    reminder = request.reminder
     reminder_tokens = _count(ADDED_ROLE, reminder, encoding) if reminder else 0
-    files = sum(_count(ADDED_ROLE, _context_message(f)["content"], encoding) for f in context_files)
-    return system_tokens, _tools_tokens(tools, encoding), reminder_tokens, files
+    files = sum(
+        _count(ADDED_ROLE, _context_message(f)["content"], encoding) for f in request.context_files
+    )
+    return system_tokens, _tools_tokens(request.tools, encoding), reminder_tokens, files
 
 
 LightRow = tuple[str, int, str | None]
@@ -483,13 +715,6 @@ def _age_media(
 def _media_counter(model: str) -> media.Counter:
     encoding = tokens.encoding_name_for(model)
     return lambda message: tokens.count_message(message, encoding, model=model)
-
-
-def _check_knobs(window: int, safety_margin: float) -> None:
-    if window <= 0:
-        raise InputError(f"the window must be a positive number of tokens, got {window}")
-    if not 0 <= safety_margin < 1:
-        raise InputError(f"the safety margin must be in [0, 1), got {safety_margin}")
 
 
 def stored_prompt(branch: Sequence[Msg]) -> Msg | None:

@@ -32,6 +32,7 @@ from core.storage.db import session_scope
 from core.storage.models import utcnow
 from core.storage.profile import Profile, load_profile
 from core.values.records import Msg, SummaryRec
+from core.values.request import RequestSpec
 from workers.serve.auth import fingerprint
 from workers.ui import chart
 from workers.ui.bar import Bar, token_bar
@@ -346,8 +347,8 @@ def as_of_view(
             engine,
             conversation_id,
             settings,
+            RequestSpec(as_of=moment),
             leaf=leaf,
-            as_of=moment,
             record=False,
             reserve_tokens=held_back,
         )
@@ -417,18 +418,21 @@ def preview_request(
         and m.id in loaded.clearings
         and not outputs.output_exists(m.output_path, settings.output_dir)
     )
-    return assembly.assemble(
+    stored = assembly.StoredBranch(
         loaded.branch,
-        model=read.model,
-        window=window,
-        safety_margin=settings.safety_margin,
-        summary=loaded.summary,
-        clearings=loaded.clearings,
+        loaded.summary,
+        loaded.clearings,
+        loaded.pinned,
         missing_outputs=missing,
+    )
+    target = assembly.Target(
+        read.model,
+        window,
+        settings.safety_margin,
         budget=max(limit - held_back, 1),
         media_policy=service.media_policy(settings),
-        pinned=loaded.pinned,
     )
+    return assembly.assemble(stored, target=target)
 
 
 def request_series(read: _Read, stats: Stats) -> dict[str, Any]:
