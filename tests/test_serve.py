@@ -333,7 +333,7 @@ def test_non_streaming_turn_is_stored(either: Serve) -> None:
     assert sent.messages == [SYSTEM, {"role": "user", "content": "hello"}]
     headers = {k.lower(): v for k, v in sent.headers.items()}
     assert headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
-    assert headers["user-agent"].startswith("python-httpx") == (serve.path == "direct")
+    assert headers["user-agent"].startswith("recap-serve") == (serve.path == "direct")
     assert [(m["role"], m["content"]) for m in serve.branch(cid)] == [
         ("user", "hello"),
         ("assistant", reply.choices[0].message.content),

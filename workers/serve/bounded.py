@@ -69,7 +69,7 @@ def loads(data: bytes | str) -> Any:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
         return reference_loads(data)  # refused (or a BOM): the reference decides and words it
-    if type(value) is dict or type(value) is list:
+    if isinstance(value, dict | list):
         if _plain(value, 0):
             return value
     elif _plain_scalar(value):
@@ -105,11 +105,10 @@ FLOAT_DOUBT = float(2**63)
 
 
 def _plain_scalar(value: Any) -> bool:
-    kind = type(value)
-    if kind is int:
-        return INT_MIN <= value <= INT_MAX
-    if kind is float:
+    if isinstance(value, float):
         return -FLOAT_DOUBT < value < FLOAT_DOUBT
+    if isinstance(value, int):
+        return INT_MIN <= value <= INT_MAX
     return True
 
 
@@ -119,18 +118,17 @@ def _plain(item: dict[str, Any] | list[Any], depth: int) -> bool:
     already: orjson refuses a lone surrogate)."""
     if depth >= MAX_DEPTH:
         return False
-    children = item.values() if type(item) is dict else item
+    children: Any = item.values() if isinstance(item, dict) else item
     for child in children:
-        kind = type(child)
-        if kind is str:
+        if isinstance(child, str):
             continue
-        if kind is dict or kind is list:
+        if isinstance(child, dict | list):
             if not _plain(child, depth + 1):
                 return False
-        elif kind is int:
-            if not INT_MIN <= child <= INT_MAX:
+        elif isinstance(child, float):
+            if not -FLOAT_DOUBT < child < FLOAT_DOUBT:
                 return False
-        elif kind is float and not -FLOAT_DOUBT < child < FLOAT_DOUBT:
+        elif isinstance(child, int) and not INT_MIN <= child <= INT_MAX:
             return False
     return True
 

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+import certifi
 import httpx
 import orjson
 from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
@@ -30,7 +34,8 @@ BAD_GATEWAY = 502
 GATEWAY_TIMEOUT = 504
 MAX_ERROR_TEXT = 2_000  # characters of a non-JSON error body kept in the message
 CONNECTIONS = 100  # at most this many upstream requests at once (the rest wait for one)
-KEEPALIVE = 32  # idle connections kept open for the next request
+USER_AGENT = f"recap-serve aiohttp/{aiohttp.__version__}"  # what the upstream sees calling
+DNS_CACHE_SECONDS = 10  # an upstream's address is looked up again after this long
 DATA = "data:"
 DONE = "[DONE]"
 EVENT_STREAM = "text/event-stream"
@@ -92,7 +97,7 @@ class Reply:
 class Stream:
     """The chunks of a streamed reply, read as they arrive; ``aclose`` lets the connection go."""
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
 
     async def __aiter__(self) -> AsyncIterator[Chunk]:
@@ -112,40 +117,68 @@ class Stream:
                 except bounded.Unreadable as exc:
                     raise UpstreamError(BAD_GATEWAY, f"a streamed chunk is {exc}") from None
                 if isinstance(data, dict) and isinstance(data.get("error"), dict):
-                    raise error_from(self._response.status_code, payload.encode())
+                    raise error_from(self._response.status, payload.encode())
                 if not isinstance(data, dict):
                     raise UpstreamError(BAD_GATEWAY, "a streamed chunk is not a JSON object")
                 yield Chunk(payload.encode(), data)
         finally:
-            await self._response.aclose()
+            self._response.release()
 
     async def _lines(self) -> AsyncIterator[str]:
-        """The body's lines; a connection lost mid-way is an ``UpstreamError``."""
+        """The body's lines (split on line feeds, a carriage return before one dropped, bytes
+        not UTF-8 replaced), read in whatever pieces arrive: a line of any length (a tool
+        call's arguments in one chunk) is one line; a connection lost mid-way is an
+        ``UpstreamError``."""
+        pending = b""
         try:
-            async for line in self._response.aiter_lines():
-                yield line
-        except httpx.HTTPError as exc:
+            async for piece in self._response.content.iter_any():
+                pending += piece
+                if b"\n" not in piece:
+                    continue
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.removesuffix(b"\r").decode("utf-8", "replace")
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise UpstreamError(
                 BAD_GATEWAY, f"the upstream's stream broke off ({type(exc).__name__})"
             ) from None
+        if pending:
+            yield pending.removesuffix(b"\r").decode("utf-8", "replace")
 
     async def aclose(self) -> None:
-        await self._response.aclose()
+        self._response.release()
 
 
 class DirectClient:
-    """OpenAI chat completions at ``base`` (``.../v1``) over one pooled HTTP client."""
+    """OpenAI chat completions at ``base`` (``.../v1``) over one pooled HTTP client (aiohttp:
+    a 185 KB request reaches the upstream's first byte about a third sooner than through
+    httpx, measured side by side; made on first use, inside the server's event loop)."""
 
     def __init__(self, base: str, key: str | None, timeout: float) -> None:
         self.url = base.rstrip("/") + "/chat/completions"
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        self._headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": USER_AGENT,
+        }
         if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._client = httpx.AsyncClient(
-            headers=headers,
-            timeout=timeout,
-            limits=httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=KEEPALIVE),
+            self._headers["Authorization"] = f"Bearer {key}"
+        # each step (connecting, every read) may take ``timeout``, as httpx's timeout means
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
         )
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=CONNECTIONS, ttl_dns_cache=DNS_CACHE_SECONDS, ssl=_tls_context()
+            )
+            # trust_env: HTTP(S)_PROXY, NO_PROXY and .netrc are honoured, as httpx honours them
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, timeout=self._timeout, connector=connector, trust_env=True
+            )
+        return self._session
 
     async def complete(
         self,
@@ -161,27 +194,45 @@ class DirectClient:
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-        request = self._client.build_request("POST", self.url, content=request_bytes(body))
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.TimeoutException:
+            response = await self._client().post(self.url, data=request_bytes(body))
+        except TimeoutError:
             raise UpstreamError(GATEWAY_TIMEOUT, "the upstream did not answer in time") from None
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             raise UpstreamError(
                 BAD_GATEWAY, f"cannot reach the upstream ({type(exc).__name__})"
             ) from None
-        streamed = response.headers.get("content-type", "").startswith(EVENT_STREAM)
-        if response.status_code >= 400 or not stream or not streamed:
-            raw = await read_body(response)
-            if response.status_code >= 400:
-                raise error_from(response.status_code, raw)
+        streamed = response.headers.get("Content-Type", "").startswith(EVENT_STREAM)
+        if response.status >= 400 or not stream or not streamed:
+            raw = await _read_all(response)
+            if response.status >= 400:
+                raise error_from(response.status, raw)
             reply = parse_reply(raw)
             # a server that ignores `stream` answers with the whole reply: one chunk of it
             return ReplyStream(reply) if stream else reply
         return Stream(response)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+
+
+def _tls_context() -> ssl.SSLContext:
+    """Certificates as the OpenAI and httpx clients verify them: ``SSL_CERT_FILE`` when set,
+    else certifi's bundle (not the system store, which a slim container may lack)."""
+    return ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or certifi.where())
+
+
+async def _read_all(response: aiohttp.ClientResponse) -> bytes:
+    """A direct reply's whole body; a connection lost mid-way is an ``UpstreamError``."""
+    try:
+        return await response.read()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise UpstreamError(
+            BAD_GATEWAY, f"the upstream's reply broke off ({type(exc).__name__})"
+        ) from None
+    finally:
+        response.release()
 
 
 def request_bytes(body: Mapping[str, Any]) -> bytes:
@@ -194,7 +245,8 @@ def request_bytes(body: Mapping[str, Any]) -> bytes:
 
 
 async def read_body(response: httpx.Response) -> bytes:
-    """The whole body; a connection lost mid-way is an ``UpstreamError``."""
+    """The whole body of an httpx response (the one litellm's OpenAI client holds); a
+    connection lost mid-way is an ``UpstreamError``."""
     try:
         return await response.aread()
     except httpx.HTTPError as exc:
