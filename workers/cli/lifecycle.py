@@ -1,9 +1,5 @@
-"""The lifecycle commands of ``recap``: ``pin``, ``delete``, ``conversations``, ``expire``,
-``timeline``, ``recall``.
-
-They register on ``workers.cli.app`` when ``workers.cli`` imports this module (at its end), and
-use its helpers: one clear line on stderr for bad input, ``--json`` for one JSON object.
-"""
+"""The commands over a conversation's life: ``pin`` (keep a message verbatim), ``delete``,
+``conversations`` (the list, one page at a time) and ``expire`` (delete the idle ones)."""
 
 from __future__ import annotations
 
@@ -11,21 +7,9 @@ from typing import Annotated
 
 import typer
 
-from workers.cli import (
-    MAX_DAYS,
-    MESSAGE_ID,
-    AsOfOption,
-    JsonFlag,
-    LeafOption,
-    app,
-    emit,
-    engine,
-    fail,
-    finite,
-    handles_errors,
-    settings,
-    table,
-)
+from workers.cli.common import emit, engine, settings, table
+from workers.cli.errors import fail, handles_errors
+from workers.cli.options import MAX_DAYS, MESSAGE_ID, JsonFlag, finite
 
 IdleDays = Annotated[
     float | None,
@@ -37,7 +21,6 @@ IdleDays = Annotated[
 ]
 
 
-@app.command()
 @handles_errors
 def pin(
     conversation: Annotated[str, typer.Argument(help="Conversation id.")],
@@ -66,7 +49,6 @@ def pin(
     )
 
 
-@app.command()
 @handles_errors
 def delete(
     conversation: Annotated[str, typer.Argument(help="Conversation id.")],
@@ -90,7 +72,6 @@ def delete(
     )
 
 
-@app.command()
 @handles_errors
 def conversations(
     idle_days: IdleDays = None,
@@ -117,7 +98,6 @@ def conversations(
     emit({"conversations": listed, "next": following}, as_json, human)
 
 
-@app.command()
 @handles_errors
 def expire(
     retention_days: Annotated[
@@ -146,52 +126,3 @@ def expire(
         if not done.more or not done.conversations:
             break
     emit(total, as_json, lambda: table("expire", list(total), [list(total.values())]))
-
-
-@app.command()
-@handles_errors
-def timeline(
-    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
-    leaf: LeafOption = None,
-    as_of: AsOfOption = None,
-    as_json: JsonFlag = False,
-) -> None:
-    """Each message of the branch with its state in the request now, and each summary's span."""
-    from core import lifecycle
-
-    view = lifecycle.timeline(engine(), conversation, settings(), leaf=leaf, as_of=as_of)
-    payload = view.as_dict()
-    columns = ["id", "role", "state", "tokens", "sent_tokens", "ref"]
-
-    def human() -> None:
-        rows = [[m.get(c, "") for c in columns] for m in payload["messages"]]
-        table(f"timeline of {conversation}", columns, rows)
-        for s in payload["summaries"]:
-            typer.echo(
-                f"summary {s['id']}: messages {s['first_message_id']}..{s['cutoff_message_id']} "
-                f"({s['messages']} messages, {s['tokens']} tokens){' [sent]' if s['sent'] else ''}"
-            )
-
-    emit(payload, as_json, human, verbatim=True)
-
-
-@app.command()
-@handles_errors
-def recall(
-    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
-    ref: Annotated[str, typer.Argument(help="The reference a placeholder or summary names.")],
-    offset: Annotated[int, typer.Option(help="Characters to skip.", min=0)] = 0,
-    as_json: JsonFlag = False,
-) -> None:
-    """Print the original a placeholder or summary names (ref=m42, ref=s17, ref=m42.1)."""
-    from core import recall as recalls
-
-    found = recalls.recall(engine(), conversation, ref, settings(), offset=offset)
-    payload = found.as_dict()
-
-    def human() -> None:
-        typer.echo(found.text)
-        if found.next_offset is not None:
-            typer.echo(f"[truncated: --offset {found.next_offset} reads on]")
-
-    emit(payload, as_json, human, verbatim=True)

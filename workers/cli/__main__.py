@@ -1,0 +1,6 @@
+"""``python -m workers.cli``: the same as the ``recap`` console script."""
+
+from workers.cli import main
+
+if __name__ == "__main__":
+    main()
