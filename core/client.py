@@ -143,6 +143,17 @@ class Recap:
             self.engine, conversation_id, self.settings, spec, leaf=leaf, reuse=self._reuse
         )
 
+    def assemble_unrecorded(
+        self, conversation_id: str, request: RequestSpec, *, leaf: int | None = None
+    ) -> tuple[assembly.AssembledRequest, service.Recording | None]:
+        """``assemble`` with its writes handed back: the request, and the ``Recording`` of it
+        (the profile ``record_usage`` compares with, media aged, counts made anew) for the
+        caller to ``write()`` before its next request of the conversation and before recording
+        the usage: a proxy writes it while the model answers. None for an ``as_of`` request."""
+        return service.assemble_unrecorded(
+            self.engine, conversation_id, self.settings, request, leaf=leaf, reuse=self._reuse
+        )
+
     def record_usage(
         self,
         conversation_id: str,

@@ -352,9 +352,73 @@ def assemble(
     nothing changed since but messages appended (``core.storage.reuse``; not for ``as_of``):
     the request is the same as a fresh read gives.
     """
-    spec = request_from(request, **parts)
+    built, recording = assemble_unrecorded(
+        engine,
+        conversation_id,
+        settings,
+        request_from(request, **parts),
+        leaf=leaf,
+        reserve_tokens=reserve_tokens,
+        reuse=reuse,
+    )
+    if record and recording is not None:
+        recording.write()
+    return built
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recording:
+    """What ``assemble`` records about a request it built, to write now or later: the fixed
+    parts and Recap's count of the request (what ``record_usage`` compares the provider's
+    reading with), media aged and results shortened (so they stay so), counts made anew, and
+    one log line when history was left out.
+
+    ``recap serve`` writes it while the upstream answers, not before the request goes out;
+    the conversation's turn lock, held to the stored reply, keeps its next request after it."""
+
+    engine: Engine
+    conversation_id: str
+    parts: profiles.FixedParts
+    profile: profiles.Profile | None
+    spec: RequestSpec
+    now: datetime
+    model: str
+    stored_model: str
+    loaded: reads.RequestBranch
+    built: assembly.AssembledRequest
+    recounted: list[recount.Change]
+
+    def write(self) -> None:
+        engine, conversation_id, built = self.engine, self.conversation_id, self.built
+        _record_profile(
+            engine,
+            conversation_id,
+            self.parts,
+            self.profile,
+            self.spec,
+            self.now,
+            (self.model, self.loaded, built),
+        )
+        _record_media(engine, conversation_id, built)
+        if recount.current_bases(self.model) == recount.current_bases(self.stored_model):
+            recount.record(engine, conversation_id, self.recounted, built.reasoning_dropped)
+        if built.truncated:
+            _log_truncation(conversation_id, built)
+
+
+def assemble_unrecorded(
+    engine: Engine,
+    conversation_id: str,
+    settings: Settings,
+    spec: RequestSpec,
+    *,
+    leaf: int | None = None,
+    reserve_tokens: int = 0,
+    reuse: BranchReuse | None = None,
+) -> tuple[assembly.AssembledRequest, Recording | None]:
+    """``assemble`` without its writes: the request, and the ``Recording`` to write for it
+    (None for a request ``as_of`` a past time, which writes nothing)."""
     now = utcnow()
-    record = record and spec.as_of is None
     read = _read_for_request(
         engine,
         conversation_id,
@@ -383,23 +447,22 @@ def assemble(
         truncated_tokens=built.truncated_tokens + loaded.omitted_tokens,
         forgotten_files=[*built.forgotten_files, *read.forgotten],
     )
-    if not record:
-        return built
-    _record_profile(
+    if spec.as_of is not None:
+        return built, None
+    recording = Recording(
         engine,
         conversation_id,
         request_parts,
         read.profile,
         spec,
         now,
-        (target.model, loaded, built),
+        target.model,
+        read.stored_model,
+        loaded,
+        built,
+        read.recounted,
     )
-    _record_media(engine, conversation_id, built)
-    if recount.current_bases(target.model) == recount.current_bases(read.stored_model):
-        recount.record(engine, conversation_id, read.recounted, built.reasoning_dropped)
-    if built.truncated:
-        _log_truncation(conversation_id, built)
-    return built
+    return built, recording
 
 
 @dataclasses.dataclass(slots=True)

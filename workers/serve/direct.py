@@ -16,6 +16,8 @@ import logging
 import os
 import ssl
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -168,15 +170,15 @@ class DirectClient:
             total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
         )
         self._session: aiohttp.ClientSession | None = None
+        self._proxy = env_proxy(self.url)  # read once, as httpx reads it making its client
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(
                 limit=CONNECTIONS, ttl_dns_cache=DNS_CACHE_SECONDS, ssl=_tls_context()
             )
-            # trust_env: HTTP(S)_PROXY, NO_PROXY and .netrc are honoured, as httpx honours them
             self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=self._timeout, connector=connector, trust_env=True
+                headers=self._headers, timeout=self._timeout, connector=connector
             )
         return self._session
 
@@ -195,7 +197,9 @@ class DirectClient:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         try:
-            response = await self._client().post(self.url, data=request_bytes(body))
+            response = await self._client().post(
+                self.url, data=request_bytes(body), proxy=self._proxy
+            )
         except TimeoutError:
             raise UpstreamError(GATEWAY_TIMEOUT, "the upstream did not answer in time") from None
         except aiohttp.ClientError as exc:
@@ -215,6 +219,17 @@ class DirectClient:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy ``HTTP_PROXY`` / ``HTTPS_PROXY`` name for ``url``, unless ``NO_PROXY`` leaves
+    its host out (read from the environment once: a lookup per request costs a scan of it)."""
+    parts = urllib.parse.urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return proxy
 
 
 def _tls_context() -> ssl.SSLContext:

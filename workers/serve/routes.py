@@ -164,6 +164,7 @@ async def stored_turn(
     handed_over = False
     try:
         mapped = await _prepare(turns, turn)
+        turns.start_recording(turn)  # written while the upstream answers
         response = await turns.call(turn, stream=stream)
         if stream:
             handed_over = True
@@ -178,7 +179,10 @@ async def stored_turn(
         reply_id = await turns.finish(turn, completion)
     finally:
         if not handed_over:
-            turns.locks.release(turn.conversation_id)
+            try:
+                await turns.recorded(turn)
+            finally:
+                turns.locks.release(turn.conversation_id)
     _log_turn(turn, mapped, started, "stored")
     if shape is not None:  # again, naming the stored reply (the same bytes but for its id)
         try:
@@ -242,7 +246,10 @@ def _stream_turn(
             outcome = "failed"
             log.error("serve_reply_not_stored", error=turns.error_text(exc))
         finally:  # the next turn needs the reply stored, not its usage recorded
-            turns.locks.release(turn.conversation_id)
+            try:
+                await turns.recorded(turn)
+            finally:
+                turns.locks.release(turn.conversation_id)
         _log_turn(turn, mapped, started, outcome)
         if response is not None:
             try:

@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from core import service
 from core.aio import AsyncRecap
 from core.errors import BudgetError
 from core.redact import error_text, known_secrets, redact
@@ -25,6 +26,7 @@ from core.request.assembly import AssembledRequest
 from core.settings import Settings
 from core.storage import requests as history
 from core.storage.outputs import Ingest
+from core.values.request import RequestSpec
 from workers.serve import recall, upstream
 from workers.serve.errors import ServeError, client_text, context_too_long
 from workers.serve.headers import encoded
@@ -78,6 +80,8 @@ class Turn:
     usage_response: Any = None  # the reply whose usage is recorded, when not the final one
     after: int | None = None  # ``history`` continues after this stored message (not resent)
     assembled: AssembledRequest | None = None  # Recap's last assembly for the turn
+    recording: service.Recording | None = None  # what the assembly records, not yet written
+    recorded: asyncio.Future[None] | None = None  # its write, under way while upstream answers
     # the reply as stored, from the upstream's message and reply (another API's spelling)
     reply_form: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
 
@@ -112,15 +116,35 @@ class Turns:
                 engine, self.ingest, turn.conversation_id, turn.owner, turn.history, self.seen
             )
         turn.leaf_id = mapped.leaf_id
+        spec = RequestSpec(system=turn.system, tools=self._tools(turn))
         try:
-            assembled = self.recap.recap.assemble(
-                turn.conversation_id, leaf=turn.leaf_id, system=turn.system, tools=self._tools(turn)
+            assembled, turn.recording = self.recap.recap.assemble_unrecorded(
+                turn.conversation_id, spec, leaf=turn.leaf_id
             )
         except BudgetError:
             return mapped, None
         turn.room = assembled.budget - assembled.tokens.total
         turn.assembled = assembled
         return mapped, assembled.messages
+
+    def start_recording(self, turn: Turn) -> None:
+        """Write what the turn's assembly records (``service.Recording``) on the thread pool
+        while the upstream answers: the request goes out without waiting for the write."""
+        recording, turn.recording = turn.recording, None
+        if recording is not None:
+            turn.recorded = asyncio.ensure_future(self.recap.run(recording.write))
+
+    async def recorded(self, turn: Turn) -> None:
+        """Wait for the turn's recording (before anything that reads it: compression, the
+        usage, the reply's store, the next turn); a failed write is logged, never raised (the
+        request is out: the next assembly records again)."""
+        task, turn.recorded = turn.recorded, None
+        if task is None:
+            return
+        try:
+            await task
+        except Exception as exc:
+            log.warning("serve_recording_failed", error=self.error_text(exc))
 
     def _tools(self, turn: Turn) -> list[dict[str, Any]] | None:
         return recall.tools_for(turn.tools, self.settings)
@@ -178,6 +202,7 @@ class Turns:
 
     async def compress_now(self, turn: Turn) -> None:
         """The synchronous compression: summarize now so the next assembly fits."""
+        await self.recorded(turn)
         outcome = await self.recap.compress(turn.conversation_id, leaf=turn.leaf_id, force=True)
         log.info(
             "serve_compressed_now",
@@ -196,6 +221,7 @@ class Turns:
         reply is read and checked first (``upstream.read_reply``: a ``MalformedReply`` before
         anything is stored) unless it is a ``Completion`` already."""
         completion = self.completion(response)
+        await self.recorded(turn)
         return await self.recap.run(self._finish, turn, completion)
 
     def completion(self, response: Any, *, storable: bool = True) -> upstream.Completion:
@@ -209,10 +235,12 @@ class Turns:
         """Store the reply of a finished stream: the relay's whole reply, or the reply its
         ``chunks`` assemble (built on the thread pool, not the event loop); the reply, whose
         usage ``record_usage`` records."""
+        await self.recorded(turn)
         return await self.recap.run(self._finish_stream, turn, chunks)
 
     async def record_usage(self, turn: Turn, response: Any) -> None:
         """The usage the provider reported for the turn, when it did."""
+        await self.recorded(turn)
         await self.recap.run(self._record_usage, turn, response)
 
     def _finish(self, turn: Turn, completion: upstream.Completion) -> int:
