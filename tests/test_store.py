@@ -244,3 +244,16 @@ def test_stats_count_what_the_request_carries(sqlite_engine: Engine, settings: S
     service.record_usage(sqlite_engine, "s", prompt_tokens=stats["used"] + 7)
     measured = service.conversation_stats(sqlite_engine, "s", settings)
     assert measured["basis"] == "measured" and measured["used"] == stats["used"] + 7
+
+
+def test_the_request_version_reads_the_messages_index_alone(sqlite_engine: Engine) -> None:
+    """Each assembly's version read (per basis: count, highest id, token sum) is answered from
+    the covering index of migration 0011, never from the message rows."""
+    from core.storage.versions import _BASES
+
+    statement = select(_BASES).params(conversation_id="any")
+    compiled = statement.compile(sqlite_engine, compile_kwargs={"literal_binds": True})
+    with sqlite_engine.connect() as connection:
+        plan = connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}").all()
+    steps = " | ".join(str(row[-1]) for row in plan)
+    assert "COVERING INDEX ix_messages_conversation_version" in steps, steps

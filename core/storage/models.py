@@ -74,6 +74,8 @@ class Message(SQLModel, table=True):
         Index(
             "ix_messages_conversation_hash", "conversation_id", "content_hash", "parent_id", "id"
         ),
+        # Each assembly's request version aggregates per basis from the index alone (0011).
+        Index("ix_messages_conversation_version", "conversation_id", "encoding", "id", "tokens"),
         # The idle sweep walks tool results alone, in id order (migration 0006).
         Index(
             "ix_messages_tool_results",
