@@ -78,12 +78,16 @@ def check_tool_pairing(
     messages: Iterable[Mapping[str, Any]],
     where: str,
     open_calls: Mapping[str, int] | Iterable[str] = (),
-) -> None:
+    *,
+    first_index: int = 0,
+) -> Counter[str]:
     """Every tool message answers an open call: one made by an earlier assistant message (or
     open before ``messages``) and not answered yet. Open calls are counted per id, so an id a
-    server reuses every turn (``call_0``) pairs again once its earlier call was answered."""
+    server reuses every turn (``call_0``) pairs again once its earlier call was answered.
+    Returns the calls still open after ``messages`` (to go on from with the messages after
+    them: ``first_index`` numbers the first of those in errors)."""
     pending = Counter(open_calls)
-    for index, message in enumerate(messages):
+    for index, message in enumerate(messages, first_index):
         if message.get("role") == "assistant":
             pending.update(str(call["id"]) for call in message.get("tool_calls") or ())
         elif message.get("role") == "tool":
@@ -94,6 +98,7 @@ def check_tool_pairing(
                     f"{label}: tool result {call_id!r} answers no earlier call that is still open"
                 )
             pending[call_id] -= 1
+    return pending
 
 
 def calls_needed(messages: Iterable[Mapping[str, Any]]) -> Counter[str]:

@@ -6,12 +6,12 @@ processes serving one conversation, or serve and a host's ``Recap.add``, never f
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, select, update
+from sqlalchemy import Engine, and_, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
@@ -21,7 +21,7 @@ from core.request.validate import check_message, check_tool_pairing
 from core.storage import store
 from core.storage.db import session_scope
 from core.storage.hashing import message_hash
-from core.storage.models import CONVERSATIONS, MESSAGES, utcnow
+from core.storage.models import MESSAGES
 from core.storage.outputs import Ingest
 from core.values.records import SYSTEM_ROLES
 
@@ -60,6 +60,7 @@ class Seen:
     hashes: list[str]
     path: tuple[int, ...] = ()
     reply: tuple[str, int] | None = None
+    open_calls: Counter[str] = field(default_factory=Counter)  # open after ``checked``
 
 
 class SeenRequests:
@@ -121,8 +122,13 @@ def checked_and_hashed(messages: Sequence[Any], previous: Seen | None) -> Seen:
         message = check_message(messages[index], f"messages[{index}]")
         checked.append(message)
         hashes.append(message_hash(message))
-    check_tool_pairing(checked, "messages")
-    return Seen(list(messages), checked, hashes)
+    if previous is not None and reused == len(previous.checked):  # paired up to there already
+        pending = check_tool_pairing(
+            checked[reused:], "messages", previous.open_calls, first_index=reused
+        )
+    else:
+        pending = check_tool_pairing(checked, "messages")
+    return Seen(list(messages), checked, hashes, open_calls=pending)
 
 
 def known_path(request: Seen, previous: Seen | None) -> list[int]:
@@ -293,11 +299,11 @@ class Claimed:
 
 
 def _claim(session: Session, conversation_id: str, owner: Owner) -> Claimed:
-    """The conversation under the append lock every writer takes (``store.lock_conversation``:
-    SQLite's write transaction, PostgreSQL's row lock), created when new (insert-or-get, so two
-    processes' first turns meet one row); its activity touched, reading back its model and
-    owner in the same statement; another owner's is hidden."""
-    if not store.lock_conversation(session, conversation_id):
+    """The conversation under the append lock every writer takes, its activity touched and its
+    model and owner read in the same statement (``store.touch_conversation``); created when new
+    (insert-or-get, so two processes' first turns meet one row); another owner's is hidden."""
+    found = store.touch_conversation(session, conversation_id)
+    if found is None:
         conversation, created = store.ensure_conversation(
             session,
             conversation_id,
@@ -307,23 +313,10 @@ def _claim(session: Session, conversation_id: str, owner: Owner) -> Claimed:
         )
         if created:
             return Claimed(conversation.id, conversation.model)
-        store.lock_conversation(session, conversation_id)  # created by another process meanwhile
-    row = (
-        session.connection()
-        .execute(_TOUCH, {"conversation": conversation_id, "now": utcnow()})
-        .first()
-    )
-    if row is None or not store.is_owner(row[1], owner.fingerprint):
+        found = store.touch_conversation(session, conversation_id)  # made by another meanwhile
+    if found is None or not store.is_owner(found[1], owner.fingerprint):
         raise NotFoundError(f"unknown conversation {conversation_id!r}")
-    return Claimed(conversation_id, str(row[0]))
-
-
-_TOUCH = (
-    update(CONVERSATIONS)
-    .where(CONVERSATIONS.c.id == bindparam("conversation"))
-    .values(last_activity_at=bindparam("now"))
-    .returning(CONVERSATIONS.c.model, CONVERSATIONS.c.owner)
-)
+    return Claimed(conversation_id, found[0])
 
 
 def _append(

@@ -418,6 +418,28 @@ def lock_conversation(session: Session, conversation_id: str, *, exclusive: bool
     return connection.execute(statement).first() is not None
 
 
+def touch_conversation(session: Session, conversation_id: str) -> tuple[str, str | None] | None:
+    """Start the session's transaction as a write holding the conversation's lock by touching
+    its last activity, as ``lock_conversation`` then an update would (SQLite: BEGIN IMMEDIATE;
+    PostgreSQL: the update's row lock, which a delete waits for and appends do not): its model
+    and owner read back by the same statement, or None when it is not there."""
+    bind = session.get_bind()
+    if isinstance(bind, Engine):
+        _hook(bind)
+    connection = session.connection(execution_options={APPEND_OPTION: True})
+    row = connection.execute(_TOUCH_ACTIVITY, {"conversation": conversation_id, "now": utcnow()})
+    found = row.first()
+    return (str(found[0]), found[1]) if found is not None else None
+
+
+_TOUCH_ACTIVITY = (
+    update(CONVERSATIONS)
+    .where(CONVERSATIONS.c.id == bindparam("conversation"))
+    .values(last_activity_at=bindparam("now"))
+    .returning(CONVERSATIONS.c.model, CONVERSATIONS.c.owner)
+)
+
+
 def _open_calls(
     session: Session, conversation_id: str, leaf: int | None, needed: Mapping[str, int]
 ) -> tuple[int | None, dict[str, int]]:
