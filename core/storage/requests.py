@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import Engine, and_, select
+from sqlalchemy import ColumnElement, Engine, and_, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
@@ -287,7 +287,7 @@ def _store_reply(
         if same is not None:
             return int(same[0])
         values = store.prepared_values(checked, conversation.model, ingest)
-        return store.insert_chain(session, conversation.id, [values], leaf_id)[0]
+        return store.insert_chain(session, conversation.id, [values], leaf_id, touch=False)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,10 +329,13 @@ def _append(
 ) -> Mapped:
     """The request on the tree: its longest stored prefix (the walk starts after ``known``,
     the ids of its first messages, when the last of them is still stored), the rest appended."""
-    if known and _holds(session, conversation.id, known[-1]):
-        starts: list[int | None] = [known[-1]]
-        rest = hashes[len(known) :]
-        found = longest_stored_prefix(_candidates(session, conversation.id, rest), rest, starts)
+    rest = hashes[len(known) :]
+    nodes = _candidates(session, conversation.id, rest, known[-1]) if known else None
+    starts: list[int | None]
+    if nodes is not None and any(node[0] == known[-1] for node in nodes):  # still stored
+        starts = [known[-1]]
+        wanted = set(rest)
+        found = longest_stored_prefix([n for n in nodes if n[2] in wanted], rest, starts)
         path = [*known, *found]
     else:
         starts = _start_parents(session, conversation.id)
@@ -343,15 +346,8 @@ def _append(
     check_tool_pairing(new, "messages", open_calls=open_calls(messages[: len(path)]))
     parent = path[-1] if path else max((s for s in starts if s is not None), default=None)
     rows = [store.prepared_values(dict(m), conversation.model, ingest) for m in new]
-    ids = store.insert_chain(session, conversation.id, rows, parent)
+    ids = store.insert_chain(session, conversation.id, rows, parent, touch=False)  # claimed
     return Mapped(ids[-1], len(path), ids, (*path, *ids))
-
-
-def _holds(session: Session, conversation_id: str, message_id: int) -> bool:
-    """Whether the conversation still holds the message."""
-    m = MESSAGES.c
-    statement = select(m.id).where(and_(m.conversation_id == conversation_id, m.id == message_id))
-    return session.connection().execute(statement).first() is not None
 
 
 def _start_parents(session: Session, conversation_id: str) -> list[int | None]:
@@ -370,16 +366,22 @@ def _start_parents(session: Session, conversation_id: str) -> list[int | None]:
     return [None, *sorted(int(row[0]) for row in rows)]
 
 
-def _candidates(session: Session, conversation_id: str, hashes: Sequence[str]) -> list[Node]:
-    """The stored messages whose hash is one of the request's: ids, parents and hashes only."""
+def _candidates(
+    session: Session, conversation_id: str, hashes: Sequence[str], known: int | None = None
+) -> list[Node]:
+    """The stored messages whose hash is one of the request's: ids, parents and hashes only;
+    with ``known``, that message too when it is still stored (read in the same query)."""
     m = MESSAGES.c
     unique = sorted(set(hashes))
     nodes: list[Node] = []
     connection = session.connection()
-    for start in range(0, len(unique), HASH_BATCH):
+    for start in range(0, max(len(unique), known is not None), HASH_BATCH):
         batch = unique[start : start + HASH_BATCH]
+        wanted: ColumnElement[bool] = m.content_hash.in_(batch)
+        if known is not None and start == 0:
+            wanted = or_(wanted, m.id == known)
         statement = select(m.id, m.parent_id, m.content_hash).where(
-            and_(m.conversation_id == conversation_id, m.content_hash.in_(batch))
+            and_(m.conversation_id == conversation_id, wanted)
         )
         nodes.extend((int(r[0]), r[1], r[2]) for r in connection.execute(statement))
     return nodes

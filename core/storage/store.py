@@ -243,8 +243,12 @@ def insert_chain(
     conversation_id: str,
     rows: Sequence[dict[str, Any]],
     parent_id: int | None,
+    *,
+    touch: bool = True,
 ) -> list[int]:
-    """Insert rows as a chain under ``parent_id``; returns their ids in order."""
+    """Insert rows as a chain under ``parent_id``; returns their ids in order. The
+    conversation's activity is touched unless the caller's transaction did already
+    (``touch=False``)."""
     connection = session.connection()
     ids: list[int] = []
     now = utcnow()
@@ -252,7 +256,8 @@ def insert_chain(
         params = {**values, "conversation_id": conversation_id, "parent_id": parent_id}
         parent_id = int(connection.execute(_INSERT_MESSAGE, {**params, "created_at": now}).one()[0])
         ids.append(parent_id)
-    connection.execute(_TOUCH, {"conversation_id": conversation_id, "now": now})
+    if touch:
+        connection.execute(_TOUCH, {"conversation_id": conversation_id, "now": now})
     return ids
 
 
