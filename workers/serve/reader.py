@@ -122,6 +122,23 @@ def check_message(message: Any, where: str) -> None:
             f"{where}: unknown role {_short(role)} (expected one of {', '.join(ROLES)}).",
             param="messages",
         )
+    _check_content(message, role, where)
+    for key in ("tool_call_id", "name", "id"):
+        if key in message and not isinstance(message[key], str):
+            raise bad_request(f"{where}: {key} must be a string.", param="messages")
+    if role == "tool" and not message.get("tool_call_id"):
+        raise bad_request(f"{where}: a tool message needs a tool_call_id.", param="messages")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise bad_request(f"{where}: tool_calls must be a list.", param="messages")
+        for index, call in enumerate(calls):
+            check_call(call, f"{where}.tool_calls[{index}]")
+
+
+def _check_content(message: dict[str, Any], role: str, where: str) -> None:
+    """The content: a string, a list of known parts, or null for an assistant that calls
+    tools (or refuses)."""
     content = message.get("content")
     if content is None:
         if role != "assistant" or not any(message.get(key) for key in (*CALLS_KEYS, "refusal")):
@@ -138,17 +155,6 @@ def check_message(message: Any, where: str) -> None:
             f"{where}: content must be a string, a list of content parts, or null.",
             param="messages",
         )
-    for key in ("tool_call_id", "name", "id"):
-        if key in message and not isinstance(message[key], str):
-            raise bad_request(f"{where}: {key} must be a string.", param="messages")
-    if role == "tool" and not message.get("tool_call_id"):
-        raise bad_request(f"{where}: a tool message needs a tool_call_id.", param="messages")
-    calls = message.get("tool_calls")
-    if calls is not None:
-        if not isinstance(calls, list):
-            raise bad_request(f"{where}: tool_calls must be a list.", param="messages")
-        for index, call in enumerate(calls):
-            check_call(call, f"{where}.tool_calls[{index}]")
 
 
 def _check_part(part: Any, where: str) -> None:
