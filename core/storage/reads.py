@@ -160,7 +160,8 @@ def request_branch(
         first = path.index(cutoff) + 1
         heads.append(cutoff)
     after = path[first:]
-    skip = 0 if budget is None else _omittable(after, rows, clearings, budget)
+    fits = budget is None or _held_within(after, rows, budget)  # the usual: no walk needed
+    skip = 0 if budget is None or fits else _omittable(after, rows, clearings, budget)
     if skip and pinned_ids:  # a pinned message is sent whatever the budget: read its unit on
         first_pin = next((i for i, mid in enumerate(after[:skip]) if mid in pins), skip)
         if first_pin < skip:
@@ -329,6 +330,18 @@ def _unit_start(after: list[int], index: int, rows: Rows) -> int:
     while start > low and rows.by_id[after[start]][ROLE] == "tool":
         start -= 1
     return start if rows.by_id[after[start]][ROLE] != "tool" else index
+
+
+def _held_within(after: list[int], rows: Rows, budget: int) -> bool:
+    """Whether the rows after the cutoff are all held already (a reused read) and their stored
+    counts add up to no more than ``budget``: what ``_omittable`` would add up is at most that
+    (clearings only lower a count, media count nothing there), so none is omitted, and the walk
+    is not needed. The usual turn: a conversation Recap keeps inside its window."""
+    by_id = rows.by_id
+    try:
+        return sum(int(by_id[mid][TOKENS]) for mid in after) <= budget
+    except KeyError:  # a row not held: the walk reads only what it needs
+        return False
 
 
 def _omittable(after: list[int], rows: Rows, clearings: dict[int, ClearingRec], budget: int) -> int:
