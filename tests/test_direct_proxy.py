@@ -1,5 +1,6 @@
-"""serve's direct upstream client takes its proxy from the environment, as httpx does: read
-once, ``NO_PROXY`` leaving hosts out."""
+"""serve's direct upstream client: its proxy from the environment, as httpx takes it (read once,
+``NO_PROXY`` leaving hosts out), and a streamed reply read whole whatever its line endings and
+the pieces it arrives in."""
 
 from __future__ import annotations
 
@@ -32,3 +33,48 @@ def test_the_proxy_comes_from_the_environment(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert env_proxy(url) == expected
+
+
+# --- the direct client's stream reading, against a raw HTTP server ---------------------------
+
+CHUNK = (
+    '{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"%s"}}]}'
+)
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
+@pytest.mark.parametrize("piece", [1, 3, 4096])
+def test_streamed_lines_are_read_whatever_their_ending(ending: bytes, piece: int) -> None:
+    """Server-sent events end lines with LF, CRLF or CR; the pieces a stream arrives in may cut
+    anywhere (between a CR and its LF too). Every chunk is read whole, a long one included."""
+    import asyncio
+
+    from workers.serve.direct import DirectClient
+
+    long = 70_000 if piece > 1 else 300  # 70 KB: longer than a line aiohttp's readline takes
+    texts = ["hello", "x" * long, "bye"]
+    events = [b"data: " + (CHUNK % text).encode() + ending + ending for text in texts]
+    body = b"".join(events) + b"data: [DONE]" + ending + ending
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(HEAD)
+        for start in range(0, len(body), piece):
+            writer.write(body[start : start + piece])
+            await writer.drain()
+        writer.close()
+
+    async def run() -> list[str]:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = DirectClient(f"http://127.0.0.1:{port}/v1", None, 10.0)
+        try:
+            stream = await client.complete("openai/m", [], {}, stream=True)
+            return [chunk.data["choices"][0]["delta"]["content"] async for chunk in stream]
+        finally:
+            await client.aclose()
+            server.close()
+
+    assert asyncio.run(run()) == texts

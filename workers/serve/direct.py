@@ -127,25 +127,27 @@ class Stream:
             self._response.release()
 
     async def _lines(self) -> AsyncIterator[str]:
-        """The body's lines (split on line feeds, a carriage return before one dropped, bytes
-        not UTF-8 replaced), read in whatever pieces arrive: a line of any length (a tool
-        call's arguments in one chunk) is one line; a connection lost mid-way is an
-        ``UpstreamError``."""
+        """The body's lines (ended by a line feed, a carriage return, or both, as server-sent
+        events end them; bytes not UTF-8 replaced), read in whatever pieces arrive: a line of
+        any length (a tool call's arguments in one chunk) is one line; a connection lost mid-way
+        is an ``UpstreamError``."""
         pending = b""
         try:
             async for piece in self._response.content.iter_any():
                 pending += piece
-                if b"\n" not in piece:
+                if b"\r" in piece:  # a CR and LF split between pieces makes one empty line more
+                    pending = pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+                elif b"\n" not in piece:
                     continue
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    yield line.removesuffix(b"\r").decode("utf-8", "replace")
+                    yield line.decode("utf-8", "replace")
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise UpstreamError(
                 BAD_GATEWAY, f"the upstream's stream broke off ({type(exc).__name__})"
             ) from None
         if pending:
-            yield pending.removesuffix(b"\r").decode("utf-8", "replace")
+            yield pending.decode("utf-8", "replace")
 
     async def aclose(self) -> None:
         self._response.release()
