@@ -160,8 +160,10 @@ def request_branch(
         first = path.index(cutoff) + 1
         heads.append(cutoff)
     after = path[first:]
-    fits = budget is None or _held_within(after, rows, budget)  # the usual: no walk needed
-    skip = 0 if budget is None or fits else _omittable(after, rows, clearings, budget)
+    if budget is None or _held_within(after, rows, budget):  # the usual turn: no walk needed
+        skip = 0
+    else:
+        skip = _omittable(after, rows, clearings, budget)
     if skip and pinned_ids:  # a pinned message is sent whatever the budget: read its unit on
         first_pin = next((i for i, mid in enumerate(after[:skip]) if mid in pins), skip)
         if first_pin < skip:

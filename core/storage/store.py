@@ -414,10 +414,7 @@ def lock_conversation(session: Session, conversation_id: str, *, exclusive: bool
     delete takes it, else ``FOR KEY SHARE``, as an append takes it); whether the conversation is
     still there. Call it first on a fresh session: a writer that must not write for a deleted
     conversation learns it here, and a delete waits for the writers already holding it."""
-    bind = session.get_bind()
-    if isinstance(bind, Engine):
-        _hook(bind)
-    connection = session.connection(execution_options={APPEND_OPTION: True})
+    connection = _append_connection(session)
     statement = sa_select(_c.id).where(_c.id == conversation_id)
     statement = statement.with_for_update(key_share=not exclusive)
     return connection.execute(statement).first() is not None
@@ -428,21 +425,21 @@ def touch_conversation(session: Session, conversation_id: str) -> tuple[str, str
     its last activity, as ``lock_conversation`` then an update would (SQLite: BEGIN IMMEDIATE;
     PostgreSQL: the update's row lock, which a delete waits for and appends do not): its model
     and owner read back by the same statement, or None when it is not there."""
-    bind = session.get_bind()
-    if isinstance(bind, Engine):
-        _hook(bind)
-    connection = session.connection(execution_options={APPEND_OPTION: True})
-    row = connection.execute(_TOUCH_ACTIVITY, {"conversation": conversation_id, "now": utcnow()})
-    found = row.first()
+    params = {"conversation_id": conversation_id, "now": utcnow()}
+    found = _append_connection(session).execute(_TOUCH_READING, params).first()
     return (str(found[0]), found[1]) if found is not None else None
 
 
-_TOUCH_ACTIVITY = (
-    update(CONVERSATIONS)
-    .where(CONVERSATIONS.c.id == bindparam("conversation"))
-    .values(last_activity_at=bindparam("now"))
-    .returning(CONVERSATIONS.c.model, CONVERSATIONS.c.owner)
-)
+_TOUCH_READING = _TOUCH.returning(CONVERSATIONS.c.model, CONVERSATIONS.c.owner)
+
+
+def _append_connection(session: Session) -> Connection:
+    """The session's connection, its transaction begun as an append's (on SQLite, BEGIN
+    IMMEDIATE: the write lock taken before the first read)."""
+    bind = session.get_bind()
+    if isinstance(bind, Engine):
+        _hook(bind)
+    return session.connection(execution_options={APPEND_OPTION: True})
 
 
 def _open_calls(

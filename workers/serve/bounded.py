@@ -69,12 +69,8 @@ def loads(data: bytes | str) -> Any:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
         return reference_loads(data)  # refused (or a BOM): the reference decides and words it
-    if isinstance(value, dict | list):
-        if _plain(value, 0):
-            return value
-    elif _plain_scalar(value):
-        return value
-    return reference_loads(data)
+    # the value as the one child of a list one level up: scalars and containers walked alike
+    return value if _plain([value], -1) else reference_loads(data)
 
 
 def reference_loads(data: bytes | str) -> Any:
@@ -102,14 +98,6 @@ def reference_loads(data: bytes | str) -> Any:
 
 # a float at least this large may be an integer of more than 64 bits that orjson made a float
 FLOAT_DOUBT = float(2**63)
-
-
-def _plain_scalar(value: Any) -> bool:
-    if isinstance(value, float):
-        return -FLOAT_DOUBT < value < FLOAT_DOUBT
-    if isinstance(value, int):
-        return INT_MIN <= value <= INT_MAX
-    return True
 
 
 def _plain(item: dict[str, Any] | list[Any], depth: int) -> bool:

@@ -239,8 +239,8 @@ class Turns:
         return await self.recap.run(self._finish_stream, turn, chunks)
 
     async def record_usage(self, turn: Turn, response: Any) -> None:
-        """The usage the provider reported for the turn, when it did."""
-        await self.recorded(turn)
+        """The usage the provider reported for the turn, when it did (called once the turn's
+        recording is written: ``stored_turn`` awaits it before letting the conversation go)."""
         await self.recap.run(self._record_usage, turn, response)
 
     def _finish(self, turn: Turn, completion: upstream.Completion) -> int:
