@@ -257,3 +257,18 @@ def test_the_request_version_reads_the_messages_index_alone(sqlite_engine: Engin
         plan = connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}").all()
     steps = " | ".join(str(row[-1]) for row in plan)
     assert "COVERING INDEX ix_messages_conversation_version" in steps, steps
+
+
+def test_the_tree_is_read_from_its_index_alone(sqlite_engine: Engine) -> None:
+    """Each request's path read (every id, parent and stored count of the conversation, which
+    tell what the budget can hold before a row is read) is answered from the tree index of
+    migration 0012, never from the message rows."""
+    from core.storage import reads
+
+    for statement in (reads._AGGREGATED_PARENTS["sqlite"], reads._PARENTS):
+        bound = statement.params(conversation_id="any")
+        text = bound.compile(sqlite_engine, compile_kwargs={"literal_binds": True})
+        with sqlite_engine.connect() as connection:
+            plan = connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {text}").all()
+        steps = " | ".join(str(row[-1]) for row in plan)
+        assert "COVERING INDEX ix_messages_conversation_tree" in steps, steps

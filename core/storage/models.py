@@ -68,7 +68,8 @@ class Message(SQLModel, table=True):
 
     __tablename__ = "messages"
     __table_args__ = (
-        Index("ix_messages_conversation_tree", "conversation_id", "id", "parent_id"),
+        # Paths are read in id order, and the tokens left unread summed, from the index (0012).
+        Index("ix_messages_conversation_tree", "conversation_id", "id", "parent_id", "tokens"),
         Index("ix_messages_conversation_tool_call", "conversation_id", "tool_call_id"),
         # `recap serve` maps a resent history onto the tree from hashes, parents and ids alone.
         Index(

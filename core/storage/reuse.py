@@ -42,7 +42,6 @@ _AFTER = select(*reads.COLUMNS).where(  # the rows stored since a read: one inde
     MESSAGES.c.conversation_id == bindparam("conversation_id"),
     MESSAGES.c.id > bindparam("after"),
 )
-_PARENT = 1  # position in reads.COLUMNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +49,7 @@ class HeldRead:
     """What one read of a conversation held, at ``version``."""
 
     version: RequestVersion
-    ids: list[int]  # every message id, ascending
-    parents: list[int | None]  # each one's parent
+    tree: reads.Tree  # every message id, ascending, with its parent and stored count
     summaries: list[SummaryRec]
     clearings: dict[int, ClearingRec]
     rows: reads.HeldRows
@@ -108,26 +106,28 @@ def load_request_branch(
     grown = _grown(connection, conversation_id, held, version) if held is not None else None
     reuse.count(hit=grown is not None)
     if grown is not None and held is not None:
-        ids, parents, rows = grown
+        tree, rows = grown
         summaries, clearings, pins = held.summaries, held.clearings, held.pins
     else:
-        ids, parents = reads.ids_and_parents(connection, conversation_id)
+        tree = reads.read_tree(connection, conversation_id)
         summaries = store.load_summaries(session, conversation_id)
         clearings = store.load_clearings(session, conversation_id)
         pins = load_pins(connection, conversation_id)
         rows = reads.Rows(connection, conversation_id)
-    path = reads.path_to(ids, parents, conversation_id, leaf)
-    loaded = reads.request_branch(rows, path, summaries, clearings, budget, pins)
-    held_now = HeldRead(version, ids, parents, summaries, clearings, rows.held(), pins)
+    path = tree.path(conversation_id, leaf)
+    tokens = tree.tokens_along(path)
+    loaded = reads.request_branch(rows, path, tokens, summaries, clearings, budget, pins)
+    held_now = HeldRead(version, tree, summaries, clearings, rows.held(), pins)
     reuse.put(conversation_id, held_now)
     return loaded
 
 
 def _grown(
     connection: Connection, conversation_id: str, held: HeldRead, version: RequestVersion
-) -> tuple[list[int], list[int | None], reads.Rows] | None:
-    """The held read's ids, parents and rows, grown by the messages stored since, when those
-    account for every change ``version`` shows; else None (read afresh)."""
+) -> tuple[reads.Tree, reads.Rows] | None:
+    """The held read's tree and rows, grown by the messages stored since, when those account
+    for every change ``version`` shows (so no held count was made anew); else None (read
+    afresh)."""
     before = held.version
     if not version.same_but_messages(before):
         return None
@@ -139,12 +139,10 @@ def _grown(
     if grown_by(before.messages, added_rows) != version.messages:
         return None  # a row was recounted, or another one came meanwhile: read afresh
     rows = reads.Rows(connection, conversation_id, held=held.rows)
-    last = held.ids[-1] if held.ids else 0
+    last = held.tree.ids[-1] if held.tree.ids else 0
     added = [row for row in new if int(row[0]) > last]  # a fresh read may have seen some
-    ids = [*held.ids, *(int(row[0]) for row in added)]
-    parents = [*held.parents, *(row[_PARENT] for row in added)]
     rows.by_id.update((int(row[0]), row) for row in new)
-    return ids, parents, rows
+    return held.tree.grown(added), rows
 
 
 __all__ = ["SIZE", "BranchReuse", "HeldRead", "load_request_branch"]
