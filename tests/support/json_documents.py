@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable, Iterable
 from typing import Any
 
 EDGE_NUMBERS = [
@@ -152,3 +153,34 @@ def same(left: Any, right: Any) -> bool:
         elif one != other:
             return False
     return True
+
+
+def outcome(
+    parse: Callable[[Any], Any],
+    document: Any,
+    refusals: type[BaseException] | tuple[type[BaseException], ...],
+    detail: Callable[[BaseException], Any] = lambda exc: type(exc).__name__,
+) -> tuple[str, Any]:
+    """What ``parse`` answers for ``document``: ``("value", v)`` or ``("refused", detail)``."""
+    try:
+        return "value", parse(document)
+    except refusals as exc:
+        return "refused", detail(exc)
+
+
+def assert_agree(
+    fast: Callable[[Any], Any],
+    reference: Callable[[Any], Any],
+    documents: Iterable[Any],
+    refusals: type[BaseException] | tuple[type[BaseException], ...],
+    detail: Callable[[BaseException], Any] = lambda exc: type(exc).__name__,
+) -> int:
+    """Asserts that ``fast`` answers every document as ``reference`` does (the same value of the
+    same types, or the same refusal); returns how many the reference refused."""
+    refused = 0
+    for case, document in enumerate(documents):
+        mine = outcome(fast, document, refusals, detail)
+        theirs = outcome(reference, document, refusals, detail)
+        refused += theirs[0] == "refused"
+        assert mine[0] == theirs[0] and same(mine[1], theirs[1]), (case, document[:200])
+    return refused
