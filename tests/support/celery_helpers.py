@@ -33,12 +33,16 @@ _DECLARATION_CACHES = (
 
 
 def reset_app_connections() -> None:
-    """Drop the app's cached broker connections and queue declarations, so a new broker URL
-    takes effect."""
+    """Drop the app's cached broker connections, queue declarations and result backend, so a new
+    broker URL or result backend takes effect."""
     if app._pool is not None:
         app._pool.force_close_all()
         app._pool = None
     app.amqp._producer_pool = None
+    # The result backend is made once from the configuration of its first use and kept: a test
+    # that read results with none configured would leave every later one a DisabledBackend.
+    app._backend_cache = None  # a thread-safe backend is kept on the app, any other per thread
+    app._local.__dict__.pop("backend", None)
     for name in _DECLARATION_CACHES:
         app.amqp.__dict__.pop(name, None)
 
