@@ -163,14 +163,14 @@ def request_branch(
     if not path:
         return RequestBranch(branch=[], summary=summary, clearings=clearings, omitted=[])
     cutoff = summary.cutoff_message_id if summary is not None else path[0]
+    low = path.index(cutoff) + 1  # the first message after the cutoff
     counts = _SentCounts(path, stored_tokens, clearings)
-    low = path.index(cutoff) + 1 if summary is not None else 1
     start = low if budget is None else max(low, counts.reach(len(path) - 1, budget) - READ_MARGIN)
     rows.fetch(path[start:], also=(path[0], cutoff))  # what the budget can hold, root, cutoff
     heads = [path[0]] if rows.by_id[path[0]][ROLE] in SYSTEM_ROLES else []
     first = len(heads)
     if summary is not None and cutoff not in heads:
-        first = path.index(cutoff) + 1
+        first = low
         heads.append(cutoff)
     after = path[first:]
     if budget is None or counts.between(first, len(path)) <= budget:  # the usual turn: no walk
