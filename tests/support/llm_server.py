@@ -98,6 +98,9 @@ class LLMServer:
     default: Callable[[dict[str, Any]], str] = stand_in_summary
     default_delay: float = 0.0  # seconds every unscripted reply waits (a model's latency)
     probe: Callable[[], Any] | None = None
+    # counts each chat request by its content and refuses one over its window (usage reports
+    # its count and cached share): ``tests.support.content_meter.ContentMeter``
+    meter: Any = None
     requests: list[Recorded] = field(default_factory=list)
     _script: deque[Reply] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -129,6 +132,11 @@ class LLMServer:
         with self._lock:
             self._script.extend(replies)
 
+    def clear_script(self) -> None:
+        """Forget the scripted replies not used yet."""
+        with self._lock:
+            self._script.clear()
+
     def release(self) -> None:
         """Let every held reply go (and any later one with ``hold``)."""
         self._released.set()
@@ -158,16 +166,27 @@ class LLMServer:
 STREAM_WORDS_PER_CHUNK = 3  # a streamed reply arrives in several chunks, as from a real model
 
 
-def _usage(text: str, body: dict[str, Any]) -> dict[str, int]:
+def _usage(
+    text: str, body: dict[str, Any], read: tuple[int, int] | None = None
+) -> dict[str, Any]:
     prompt_chars = sum(len(str(m.get("content") or "")) for m in body.get("messages", []))
-    return {
-        "prompt_tokens": prompt_chars // 4,
+    prompt, cached = read if read is not None else (prompt_chars // 4, None)
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
         "completion_tokens": len(text) // 4,
-        "total_tokens": prompt_chars // 4 + len(text) // 4,
+        "total_tokens": prompt + len(text) // 4,
     }
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
-def _completion(text: str, body: dict[str, Any], reply: Reply | None = None) -> dict[str, Any]:
+def _completion(
+    text: str,
+    body: dict[str, Any],
+    reply: Reply | None = None,
+    read: tuple[int, int] | None = None,
+) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if reply is not None and reply.tool_calls:
         message["tool_calls"] = reply.tool_calls
@@ -186,7 +205,7 @@ def _completion(text: str, body: dict[str, Any], reply: Reply | None = None) -> 
                 "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
             }
         ],
-        "usage": _usage(text, body),
+        "usage": _usage(text, body, read),
     }
 
 
@@ -314,7 +333,9 @@ def _stream_deltas(text: str, reply: Reply) -> list[dict[str, Any]]:
     return deltas
 
 
-def _stream_events(text: str, body: dict[str, Any], reply: Reply) -> list[dict[str, Any]]:
+def _stream_events(
+    text: str, body: dict[str, Any], reply: Reply, read: tuple[int, int] | None = None
+) -> list[dict[str, Any]]:
     """Every chunk object of a streamed reply, the usage chunk last when asked for."""
     base = {
         "id": f"chatcmpl-{time.monotonic_ns()}",
@@ -329,7 +350,7 @@ def _stream_events(text: str, body: dict[str, Any], reply: Reply) -> list[dict[s
     finish = "tool_calls" if reply.tool_calls else "stop"
     events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
     if (body.get("stream_options") or {}).get("include_usage"):
-        events.append({**base, "choices": [], "usage": _usage(text, body)})
+        events.append({**base, "choices": [], "usage": _usage(text, body, read)})
     return events
 
 
@@ -358,6 +379,14 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 body = {}
             server._record(body, dict(self.headers.items()))
+            read = None
+            if server.meter is not None and self.path.rstrip("/").endswith("/chat/completions"):
+                read = server.meter.read(body)
+                if read[0] > server.meter.window:  # refused before a scripted reply is used
+                    message = server.meter.refusal(read[0])
+                    error = {"message": message, "type": "invalid_request_error"}
+                    self._send(400, {"error": {**error, "code": "context_length_exceeded"}})
+                    return
             reply = server._next() or Reply(delay=server.default_delay)
             # the reply is written before the wait, so that the delay is the whole answer time
             # seen by the client, as with a real model (not the delay plus this server's work)
@@ -381,9 +410,9 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                     self._send(200, answer)
                 return
             if body.get("stream"):
-                self._stream(_stream_events(text, body, reply), reply.chunk_delay)
+                self._stream(_stream_events(text, body, reply, read), reply.chunk_delay)
                 return
-            self._send(200, _completion(text, body, reply))
+            self._send(200, _completion(text, body, reply, read))
 
         def _stream(self, events: list[dict[str, Any]], delay: float) -> None:
             """Server-sent events in HTTP/1.1 chunks, one event per chunk, then ``[DONE]``."""

@@ -1,0 +1,127 @@
+"""A provider that counts a chat-completions request by its content, as real tokenizers differ
+from tiktoken: prose about 1.0-1.15x cl100k, code and JSON 1.3-1.7x, runs of digits 2x (each
+session draws its own factors from a seed). The stand-in model server (``LLMServer(meter=...)``)
+reports this count as ``prompt_tokens``, the leading messages it saw in the previous request as
+``cached_tokens`` (a prompt cache), and refuses a request over its window as OpenAI does:
+HTTP 400, code ``context_length_exceeded``, the count in the message.
+
+No single calibration factor fits such a provider: a turn heavy in JSON or numbers counts more
+per tiktoken token than a chatty one, which is what the framework live-loop tests put Recap's
+adapters through (``tests/test_frameworks_loop.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.counting import tokens
+
+ENCODING = "cl100k_base"
+DIGITS = re.compile(r"\d+")
+CODE_MARKS = frozenset('{}[]()<>;:=",_/\\')
+CODE_SHARE = 0.06  # a line with more punctuation than this share of its characters is code
+DIGIT_FACTOR = 2.0  # a run of digits costs twice tiktoken's count
+MESSAGE_OVERHEAD = 4  # role and framing per message
+REPLY_PRIMING = 3  # the reply's own framing
+
+
+@dataclass
+class ContentMeter:
+    """One provider's counting, drawn from ``seed``, with a context window of ``window``."""
+
+    window: int
+    seed: int = 0
+    prose: float = 1.0
+    code: float = 1.5
+    requests: list[int] = field(default_factory=list)  # every request's count, refused ones too
+    _previous: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        rng = random.Random(self.seed)
+        self.prose = rng.uniform(1.0, 1.15)
+        self.code = rng.uniform(1.3, 1.7)
+
+    # --- counting ---------------------------------------------------------------------------
+
+    def text(self, text: str) -> float:
+        """Tokens of one text: digit runs, code lines and prose lines each at their own rate."""
+        total = 0.0
+        for line in text.splitlines(keepends=True):
+            digits = DIGITS.findall(line)
+            total += DIGIT_FACTOR * sum(tokens.count_text(run, ENCODING) for run in digits)
+            rest = DIGITS.sub("", line)
+            if not rest.strip():
+                total += tokens.count_text(rest, ENCODING) if rest else 0
+                continue
+            marks = sum(1 for char in rest if char in CODE_MARKS)
+            factor = self.code if marks > CODE_SHARE * len(rest) else self.prose
+            total += factor * tokens.count_text(rest, ENCODING)
+        return total
+
+    def message(self, message: dict[str, Any]) -> float:
+        total = float(MESSAGE_OVERHEAD)
+        content = message.get("content")
+        if isinstance(content, str):
+            total += self.text(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    total += self.text(part["text"])
+                else:
+                    total += self.code * tokens.count_text(json.dumps(part), ENCODING)
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            total += self.text(str(function.get("name") or ""))
+            arguments = str(function.get("arguments") or "")
+            total += self.code * tokens.count_text(arguments, ENCODING)
+        for key in ("tool_call_id", "name"):
+            if isinstance(message.get(key), str):
+                total += tokens.count_text(message[key], ENCODING)
+        return total
+
+    def count(self, body: dict[str, Any]) -> int:
+        """The request's input tokens, as this provider counts them."""
+        messages = [m for m in body.get("messages") or () if isinstance(m, dict)]
+        total = REPLY_PRIMING + sum(self.message(m) for m in messages)
+        tools = body.get("tools")
+        if tools:
+            total += self.code * tokens.count_text(json.dumps(tools), ENCODING)
+        return math.ceil(total)
+
+    # --- the server's side ------------------------------------------------------------------
+
+    def read(self, body: dict[str, Any]) -> tuple[int, int]:
+        """The request's count and its cached share (the leading messages the previous request
+        sent too, a provider's prompt cache); remembered as the next request's cache."""
+        count = self.count(body)
+        messages = [json.dumps(m, sort_keys=True) for m in body.get("messages") or ()]
+        with self._lock:
+            self.requests.append(count)
+            shared = 0
+            for old, new in zip(self._previous, messages, strict=False):
+                if old != new:
+                    break
+                shared += 1
+            if count <= self.window:
+                self._previous = messages
+        cached = sum(self.message(json.loads(m)) for m in messages[:shared])
+        return count, min(math.floor(cached), count)
+
+    def over(self) -> list[int]:
+        """The counts of the requests over the window."""
+        with self._lock:
+            return [n for n in self.requests if n > self.window]
+
+    def refusal(self, count: int) -> str:
+        """OpenAI's message for a request over the window."""
+        return (
+            f"This model's maximum context length is {self.window} tokens. However, your "
+            f"messages resulted in {count} tokens. Please reduce the length of the messages."
+        )

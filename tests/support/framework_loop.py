@@ -1,0 +1,218 @@
+"""The live loop through a framework adapter: seeded sessions of a LangChain or Pydantic AI agent
+talking to the stand-in model server, which counts by content (``content_meter``), with a real
+``recap worker`` compressing between turns.
+
+Each session draws a window (3k or 6k tokens in the fast subset), the provider's factors, and a
+conversation: user turns mixing prose, code, JSON and numbers, model answers of either kind, and
+tool calls whose JSON outputs reach half the window. What is counted, per session:
+
+- ``over_window``: requests the provider counted above the window (it refused them);
+- ``dead_ends``: agent runs that failed, although the system prompt, the tools and the user
+  message fit the window by the provider's count;
+- ``readings``: the usage rows Recap stored for the conversation, and whether any carried the
+  provider's cached tokens; ``calibration``: the stored factor at the end (``recap stats``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import text
+
+from core.client import Recap
+from tests.support.content_meter import ContentMeter
+from tests.support.frameworks_stack import FrameworkStack, tool_call_reply
+from tests.support.llm_server import LLMServer, Reply
+
+SYSTEM = (
+    "You are the support agent of an online shop. Answer in short sentences, quote order ids, "
+    "tracking numbers and amounts exactly as the tools give them, and never invent a status. "
+    "When a customer asks about an order, look it up first; when they ask about a refund, "
+    "check the payment record. Escalate to a human when the customer asks for one, when a "
+    "refund is over 500 EUR, or when the order history looks inconsistent."
+)
+TOOL_NAME = "lookup"
+PROSE = (
+    "the customer wrote again about the parcel that was supposed to arrive before the weekend "
+    "and asked whether the courier could leave it with a neighbour or at the pickup point near "
+    "the station since nobody will be home during the day"
+).split()
+CODE_LINES = [
+    "def refund(order_id: str, amount: float) -> dict[str, object]:",
+    '    return {"order": order_id, "amount": round(amount, 2), "status": "pending"}',
+    "SELECT id, status, total FROM orders WHERE customer_id = :cid ORDER BY created_at;",
+    'if (order.status === "shipped") { notify(order.id, ["email", "sms"]); }',
+]
+
+
+def prose(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(PROSE) for _ in range(max(words, 1)))
+
+
+def numbers(rng: random.Random, count: int) -> str:
+    return " ".join(str(rng.randrange(10**6, 10**12)) for _ in range(max(count, 1)))
+
+
+def json_blob(rng: random.Random, tokens: int) -> str:
+    """A JSON tool output of about ``tokens`` tiktoken tokens."""
+    rows = []
+    size = 0
+    while size < tokens:
+        rows.append(
+            {
+                "order_id": f"A{rng.randrange(10**5)}",
+                "tracking": numbers(rng, 1),
+                "status": rng.choice(["shipped", "pending", "returned", "lost"]),
+                "note": prose(rng, rng.randrange(3, 12)),
+            }
+        )
+        size += 45
+    return json.dumps({"orders": rows})
+
+
+def user_turn(rng: random.Random, window: int, turn: int) -> str:
+    """A user message within about 6 % of the window: prose, and code, JSON or numbers."""
+    budget = int(window * rng.uniform(0.01, 0.06))
+    parts = [f"turn {turn}: " + prose(rng, budget // 2)]
+    kind = rng.choice(["code", "json", "numbers", "prose"])
+    if kind == "code":
+        parts.append("\n".join(rng.sample(CODE_LINES, 2)))
+    elif kind == "json":
+        parts.append(json_blob(rng, budget // 3))
+    elif kind == "numbers":
+        parts.append("my references: " + numbers(rng, budget // 8))
+    return "\n".join(parts)
+
+
+def model_reply(seed: int) -> Callable[[dict[str, Any]], str]:
+    """The stand-in model's answers: prose, code or numbers, about 60-200 tokens each."""
+    rng = random.Random(seed * 31 + 7)
+
+    def answer(body: dict[str, Any]) -> str:
+        kind = rng.choice(["prose", "prose", "code", "numbers"])
+        if kind == "code":
+            return "Here is the change:\n" + "\n".join(rng.choices(CODE_LINES, k=4))
+        if kind == "numbers":
+            return "The tracking numbers are " + numbers(rng, rng.randrange(10, 30))
+        return prose(rng, rng.randrange(40, 140))
+
+    return answer
+
+
+@dataclass
+class Draw:
+    """One session: its window, provider and turns."""
+
+    seed: int
+    window: int
+    turns: int
+    outputs: dict[str, str] = field(default_factory=dict)  # tool call key -> its JSON output
+
+    def plan(self) -> list[tuple[str, list[str]]]:
+        """Each turn's user message and the keys of the tool calls the model makes first."""
+        rng = random.Random(self.seed)
+        turns: list[tuple[str, list[str]]] = []
+        for turn in range(self.turns):
+            calls = []
+            for step in range(rng.choice([0, 0, 1, 1, 2])):
+                key = f"t{turn}s{step}"
+                share = rng.choice([0.02, 0.05, 0.1, 0.2, 0.35, 0.5])
+                self.outputs[key] = json_blob(rng, int(self.window * share / 1.4))
+                calls.append(key)
+            turns.append((user_turn(rng, self.window, turn), calls))
+        return turns
+
+
+@dataclass
+class Figures:
+    """What a set of sessions counted."""
+
+    sessions: int = 0
+    turns: int = 0
+    requests: int = 0
+    over_window: int = 0
+    dead_ends: int = 0
+    readings: int = 0
+    cached_readings: int = 0
+    uncalibrated: int = 0  # sessions whose stored factor stayed 1.0
+    failures: list[str] = field(default_factory=list)
+
+    def add(self, other: Figures) -> None:
+        for name in (
+            "sessions",
+            "turns",
+            "requests",
+            "over_window",
+            "dead_ends",
+            "readings",
+            "cached_readings",
+            "uncalibrated",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.failures.extend(other.failures)
+
+
+# A turn: the user message in; the agent runs (raising on failure) in the session's event loop.
+Talk = Callable[[str], Any]
+# An adapter's session maker: (recap, server, conversation id, window, tool outputs) -> talk.
+MakeTalk = Callable[[Recap, LLMServer, str, int, dict[str, str]], Talk]
+
+
+def tool_reply(key: str, turn_step: int) -> Reply:
+    return tool_call_reply(f"call_{key}", TOOL_NAME, json.dumps({"key": key}))
+
+
+async def run_session(
+    stack: FrameworkStack, recap: Recap, make: MakeTalk, draw: Draw, name: str
+) -> Figures:
+    """One seeded session through an adapter; the worker's run after each turn is waited for."""
+    meter = ContentMeter(draw.window, seed=draw.seed)
+    server = LLMServer(default=model_reply(draw.seed), meter=meter).start()
+    figures = Figures(sessions=1)
+    cid = f"{name}-{draw.seed}-{draw.window}"
+    try:
+        turns = draw.plan()
+        talk = make(recap, server, cid, draw.window, draw.outputs)
+        done = 0  # turns that ended, each having enqueued one run
+        for turn, (message, calls) in enumerate(turns):
+            for step, key in enumerate(calls):
+                server.script(tool_reply(key, step))
+            figures.turns += 1
+            try:
+                await talk(message)
+                done += 1
+            except Exception as exc:
+                server.clear_script()  # the tool calls of a failed turn are not answered
+                figures.dead_ends += 1
+                figures.failures.append(
+                    f"{cid} turn {turn}: dead end: {type(exc).__name__}: {str(exc)[:160]}"
+                )
+            await asyncio.to_thread(stack.wait_runs, cid, done)
+        figures.requests = len(meter.requests)
+        over = meter.over()
+        figures.over_window = len(over)
+        if over:
+            figures.failures.append(f"{cid}: requests over the {draw.window} window: {over}")
+        _readings(recap, cid, figures)
+    finally:
+        server.stop()
+    return figures
+
+
+def _readings(recap: Recap, cid: str, figures: Figures) -> None:
+    with recap.engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT prompt_tokens, cached_tokens FROM usage WHERE conversation_id = :c"),
+            {"c": cid},
+        ).all()
+    figures.readings += len(rows)
+    figures.cached_readings += sum(1 for row in rows if row[1])
+    stats = recap.stats(cid)
+    if stats.calibration == 1.0:
+        figures.uncalibrated += 1
+        figures.failures.append(f"{cid}: no calibration stored ({len(rows)} usage rows)")

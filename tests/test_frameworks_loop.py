@@ -1,0 +1,168 @@
+"""The whole live loop through the LangChain and Pydantic AI adapters (``tests/support/
+framework_loop.py``): the real framework against a stand-in model server that counts tokens by
+content and refuses a request over its window, a real ``recap worker`` between turns, seeded
+sessions at small windows.
+
+No request goes over the window, no agent run fails, and the adapter records the provider's
+usage of every model call (the stored calibration moves off 1.0, cached tokens included). The
+fast subset runs two seeds at 3k and 6k windows per adapter; ``RECAP_SLOW_TESTS=1`` adds the
+longer run (more seeds, longer sessions, windows up to 32k).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from core.client import Recap
+from core.settings import get_settings
+from tests.support import framework_loop as loop
+from tests.support.frameworks_stack import FrameworkStack, start_stack
+from tests.support.llm_server import LLMServer
+from workers import enqueue
+
+pytest.importorskip("langchain.agents", reason="the langchain extra is not installed")
+pytest.importorskip("langchain_openai", reason="langchain-openai is not installed")
+pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed")
+
+FAST = [loop.Draw(seed, window, turns=8) for seed in (1, 2) for window in (3_000, 6_000)]
+LONG = [
+    loop.Draw(seed, window, turns=20)
+    for seed in range(3, 9)
+    for window in (3_000, 6_000, 12_000, 32_000)
+]
+slow = pytest.mark.skipif(
+    not os.environ.get("RECAP_SLOW_TESTS"), reason="a longer run: set RECAP_SLOW_TESTS=1"
+)
+LOOKUP_DOC = (
+    "Look up an order, a shipment or a payment record by its key. Returns the JSON record as "
+    "the shop's back office stores it: the order id, the tracking number, the status and the "
+    "agent's notes. Use it before answering any question about an order."
+)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrameworkStack]:
+    running = start_stack(tmp_path_factory.mktemp("frameworks-loop"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def recap(stack: FrameworkStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Recap]:
+    """A host on the stack, its settings in the environment too (``compress_later`` reads the
+    broker folder from there)."""
+    for key, value in stack.host_env().items():
+        monkeypatch.setenv(key, value)
+    get_settings.cache_clear()
+    enqueue.reset()
+    host = Recap(get_settings())
+    try:
+        yield host
+    finally:
+        enqueue.reset()
+        host.engine.dispose()
+
+
+def langchain_talk(
+    recap: Recap, server: LLMServer, cid: str, window: int, outputs: dict[str, str]
+) -> loop.Talk:
+    """A ``create_agent`` agent with ``RecapMiddleware`` on a checkpointed thread."""
+    from langchain.agents import create_agent
+    from langchain_core.tools import StructuredTool
+    from langchain_openai import ChatOpenAI
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from recap.integrations.langchain import RecapMiddleware
+
+    def lookup(key: str) -> str:
+        return outputs[key]
+
+    tool = StructuredTool.from_function(lookup, name=loop.TOOL_NAME, description=LOOKUP_DOC)
+    model = ChatOpenAI(model="stand-in", base_url=server.url, api_key="test-key", max_retries=0)
+    middleware = RecapMiddleware(recap=recap, max_input_tokens=window)
+    agent = create_agent(
+        model,
+        [tool],
+        system_prompt=loop.SYSTEM,
+        middleware=[middleware],
+        checkpointer=InMemorySaver(),
+    )
+    config: Any = {"configurable": {"thread_id": cid}}
+
+    async def talk(message: str) -> None:
+        await agent.ainvoke({"messages": [("user", message)]}, config)
+
+    return talk
+
+
+def pydantic_ai_talk(
+    recap: Recap, server: LLMServer, cid: str, window: int, outputs: dict[str, str]
+) -> loop.Talk:
+    """An ``Agent`` with ``RecapHistory`` as a capability."""
+    from pydantic_ai import Agent, Tool
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from recap.integrations.pydantic_ai import RecapHistory
+
+    def lookup(key: str) -> str:
+        return outputs[key]
+
+    provider = OpenAIProvider(base_url=server.url, api_key="test-key")
+    history = RecapHistory(cid, recap=recap, max_input_tokens=window)
+    tool = Tool(lookup, name=loop.TOOL_NAME, description=LOOKUP_DOC)
+    agent = Agent(
+        OpenAIChatModel("stand-in", provider=provider),
+        system_prompt=loop.SYSTEM,
+        tools=[tool],
+        capabilities=[history],
+    )
+
+    async def talk(message: str) -> None:
+        await agent.run(message)
+
+    return talk
+
+
+ADAPTERS = {"langchain": langchain_talk, "pydantic_ai": pydantic_ai_talk}
+
+
+def run(stack: FrameworkStack, recap: Recap, name: str, draws: list[loop.Draw]) -> loop.Figures:
+    total = loop.Figures()
+    for draw in draws:
+        total.add(asyncio.run(loop.run_session(stack, recap, ADAPTERS[name], draw, name)))
+    return total
+
+
+def check(figures: loop.Figures, draws: list[loop.Draw]) -> None:
+    shown = "\n".join(figures.failures[:12])
+    assert figures.sessions == len(draws)
+    assert figures.requests > figures.turns, shown  # tool steps ran
+    assert figures.over_window == 0, shown
+    assert figures.dead_ends == 0, shown
+    assert figures.readings >= figures.requests - figures.over_window, shown
+    assert figures.cached_readings > 0, shown
+    assert figures.uncalibrated == 0, shown
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_the_adapter_runs_the_whole_loop(stack: FrameworkStack, recap: Recap, name: str) -> None:
+    """At 3k and 6k windows: nothing over the window, no failed run, every call's usage
+    recorded."""
+    check(run(stack, recap, name, FAST), FAST)
+
+
+@slow
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_the_adapter_runs_the_whole_loop_longer(
+    stack: FrameworkStack, recap: Recap, name: str
+) -> None:
+    """The longer run: six seeds, 20 turns, windows from 3k to 32k."""
+    check(run(stack, recap, name, LONG), LONG)
