@@ -10,9 +10,13 @@ The conversation is the run's ``thread_id`` (or ``conversation_id``). Before eac
 state's messages not recorded yet are added to Recap (tool messages with their call ids); the
 model call then gets Recap's assembly of the thread in place of the message list (the summary,
 the kept history, cleared results as placeholders, valid tool pairs), while the graph state is
-left as it is. After the agent's turn its last messages are recorded and ``compress_session`` is
-enqueued. With a checkpointer the state remembers how many of its messages are recorded; without
-one, each run's input messages are the new ones (Recap holds the history), so pass only those.
+left as it is. The assembly is planned with the request's own system prompt, tool schemas and
+``max_tokens``; the usage the model reports (``AIMessage.usage_metadata``) is recorded for the
+request it answered, so the budget learns how the provider counts; a context-length error
+compresses now and sends the new assembly once (never the same request again). After the agent's
+turn its last messages are recorded and ``compress_session`` is enqueued. With a checkpointer the
+state remembers how many of its messages are recorded; without one, each run's input messages are
+the new ones (Recap holds the history), so pass only those.
 """
 
 from __future__ import annotations
@@ -21,14 +25,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NotRequired
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
 from core.aio import AsyncRecap
 from core.client import Recap
 from recap.convert import langchain as convert
-from recap.integrations import _host
+from recap.integrations import _host, _loop
 
 RECORDED_KEY = "recap_recorded"
 
@@ -66,7 +70,7 @@ class RecapMiddleware(AgentMiddleware[RecapState, Any, Any]):
         self.max_input_tokens = max_input_tokens
         self.model = model
         self.enqueue = enqueue
-        self._known: set[str] = set()  # conversations seen to exist by this middleware
+        self._loop = _loop.HostLoop(self.recap, model=model, max_input_tokens=max_input_tokens)
 
     # --- which conversation -----------------------------------------------------------------
 
@@ -88,19 +92,11 @@ class RecapMiddleware(AgentMiddleware[RecapState, Any, Any]):
             )
         return cid
 
-    def _ensure(self, cid: str) -> str:
-        if cid not in self._known:
-            _host.ensure_conversation(
-                self.recap, cid, model=self.model, max_input_tokens=self.max_input_tokens
-            )
-            self._known.add(cid)
-        return cid
-
     # --- recording --------------------------------------------------------------------------
 
     def _record(self, state: Mapping[str, Any], cid: str) -> dict[str, Any] | None:
         """Add the state's messages Recap has not recorded yet; the state update."""
-        self._ensure(cid)
+        self._loop.ensure(cid)
         messages: Sequence[BaseMessage] = state.get("messages") or ()
         done = int(state.get(RECORDED_KEY) or 0)
         if done > len(messages):  # the state was cut back (a rewind): nothing new to record
@@ -133,32 +129,128 @@ class RecapMiddleware(AgentMiddleware[RecapState, Any, Any]):
 
     # --- the model call ---------------------------------------------------------------------
 
-    def _request(self, request: ModelRequest[Any], cid: str) -> ModelRequest[Any]:
+    def _request(self, request: ModelRequest[Any], cid: str) -> _Call:
         """The request with Recap's assembly in place of its messages."""
-        self._ensure(cid)
-        assembled = _host.assemble(
-            self.recap,
-            cid,
-            system=convert.message_text(request.system_message),
-            tools=_tool_schemas(request.tools),
-        )
-        if not assembled.history:  # nothing recorded yet: the request as it came
-            return request
-        return request.override(messages=convert.from_recap_all(assembled.history))
+        call = _Call(cid, request)
+        call.assembled = self._loop.assemble(cid, **call.parts)
+        return call
+
+    def _after_overflow(self, call: _Call, error: BaseException) -> bool:
+        """Compress after the provider's context-length error and assemble again; whether
+        there is a new request to send."""
+        if call.retried or call.assembled is None or not _loop.is_context_overflow(error):
+            return False
+        call.retried = True
+        again = self._loop.after_overflow(call.cid, error, call.assembled, **call.parts)
+        if again is None:
+            self._failed(call)
+            return False
+        call.assembled = again
+        return True
+
+    def _retry(
+        self, call: _Call, handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
+    ) -> ModelResponse[Any]:
+        try:
+            return handler(call.sent())
+        except Exception:
+            self._failed(call)
+            raise
+
+    def _failed(self, call: _Call) -> None:
+        """The call failed for good: the run ends before ``after_agent``, so enqueue the turn's
+        compression here (the next turn then finds the conversation compressed)."""
+        if self.enqueue:
+            self._loop.enqueue(call.cid)
+
+    def _record_usage(self, call: _Call, response: Any) -> None:
+        self._loop.record(call.cid, _reading(response))
 
     def wrap_model_call(
         self,
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
     ) -> ModelResponse[Any]:
-        return handler(self._request(request, self._name()))
+        call = self._request(request, self._name())
+        try:
+            response = handler(call.sent())
+        except Exception as exc:
+            if not self._after_overflow(call, exc):
+                raise
+            response = self._retry(call, handler)
+        self._record_usage(call, response)
+        return response
 
     async def awrap_model_call(
         self,
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> ModelResponse[Any]:
-        return await handler(await self._async.run(self._request, request, self._name()))
+        run = self._async.run
+        call = await run(self._request, request, self._name())
+        try:
+            response = await handler(call.sent())
+        except Exception as exc:
+            if not await run(self._after_overflow, call, exc):
+                raise
+            try:
+                response = await handler(call.sent())
+            except Exception:
+                await run(self._failed, call)
+                raise
+        await run(self._record_usage, call, response)
+        return response
+
+
+class _Call:
+    """One model call of the agent: the framework's request, its fixed parts as Recap counts
+    them, and Recap's assembly for it."""
+
+    def __init__(self, cid: str, request: ModelRequest[Any]) -> None:
+        self.cid = cid
+        self.request = request
+        self.parts: dict[str, Any] = {
+            "system": convert.message_text(request.system_message),
+            "tools": _tool_schemas(request.tools),
+            "reserve": _max_tokens(request),
+        }
+        self.assembled: _host.Assembled | None = None
+        self.retried = False
+
+    def sent(self) -> ModelRequest[Any]:
+        """The request to hand on: the framework's, with Recap's messages when it has any."""
+        if self.assembled is None or not self.assembled.history:
+            return self.request  # nothing recorded yet: the request as it came
+        return self.request.override(messages=convert.from_recap_all(self.assembled.history))
+
+
+def _max_tokens(request: ModelRequest[Any]) -> int | None:
+    """The reply's ``max_tokens`` of this call: the call's settings, else the chat model's."""
+    for value in (
+        request.model_settings.get("max_tokens"),
+        request.model_settings.get("max_completion_tokens"),
+        getattr(request.model, "max_tokens", None),
+        getattr(request.model, "max_completion_tokens", None),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _reading(response: Any) -> _loop.Reading | None:
+    """The usage the model reported on its answer (``AIMessage.usage_metadata``)."""
+    response = getattr(response, "model_response", response)  # an ExtendedModelResponse
+    messages = [response] if isinstance(response, AIMessage) else getattr(response, "result", [])
+    for message in reversed(messages):
+        usage = getattr(message, "usage_metadata", None) if isinstance(message, AIMessage) else None
+        if usage:
+            details = usage.get("input_token_details") or {}
+            return _loop.Reading(
+                int(usage.get("input_tokens") or 0),
+                int(usage.get("output_tokens") or 0),
+                int(details.get("cache_read") or 0),
+            )
+    return None
 
 
 def _tool_schemas(tools: Sequence[Any]) -> list[dict[str, Any]] | None:
