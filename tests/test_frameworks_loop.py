@@ -12,6 +12,7 @@ longer run (more seeds, longer sessions, windows up to 32k).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -20,10 +21,12 @@ import pytest
 
 from core.client import Recap
 from core.settings import get_settings
+from recap.integrations import _loop
 from tests.support import framework_loop as loop
 from tests.support.frameworks_stack import FrameworkStack, start_stack
 from tests.support.llm_server import LLMServer
 from workers import enqueue
+from workers.enqueue import compress_later
 
 pytest.importorskip("langchain.agents", reason="the langchain extra is not installed")
 pytest.importorskip("langchain_openai", reason="langchain-openai is not installed")
@@ -43,6 +46,11 @@ LOOKUP_DOC = (
     "the shop's back office stores it: the order id, the tracking number, the status and the "
     "agent's notes. Use it before answering any question about an order."
 )
+LOOKUP_SCHEMA = {
+    "type": "object",
+    "properties": {"key": {"type": "string"}},
+    "required": ["key"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -131,38 +139,137 @@ def pydantic_ai_talk(
     return talk
 
 
+def python_api_talk(
+    recap: Recap, server: LLMServer, cid: str, window: int, outputs: dict[str, str]
+) -> loop.Talk:
+    """The reference: the README's host loop on the Python API, with the same system prompt and
+    tool (assemble, call, record the usage, add the reply; compress on ``BudgetError`` or on the
+    provider's context-length error and send the new request once)."""
+    from openai import AsyncOpenAI, BadRequestError
+
+    from core.errors import BudgetError
+
+    client = AsyncOpenAI(base_url=server.url, api_key="test-key", max_retries=0)
+    tools = [_loop.openai_tool(loop.TOOL_NAME, LOOKUP_DOC, LOOKUP_SCHEMA)]
+    recap.new(cid, max_input_tokens=window)
+
+    def assemble() -> Any:
+        try:
+            return recap.assemble(cid, system=loop.SYSTEM, tools=tools)
+        except BudgetError:
+            recap.compress(cid)
+            return recap.assemble(cid, system=loop.SYSTEM, tools=tools)
+
+    async def call(messages: list[dict[str, Any]]) -> Any:
+        return await client.chat.completions.create(
+            model="stand-in",
+            messages=messages,
+            tools=tools,  # type: ignore[arg-type]
+        )
+
+    async def step() -> bool:
+        built = assemble()
+        try:
+            reply = await call(built.messages)
+        except BadRequestError as exc:
+            if not _loop.is_context_overflow(exc):
+                raise
+            recap.compress(cid, force=True)
+            again = assemble()
+            if again.messages == built.messages:
+                raise
+            reply = await call(again.messages)
+        usage = reply.usage
+        details = usage.prompt_tokens_details
+        recap.record_usage(
+            cid,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=(details.cached_tokens or 0) if details else 0,
+        )
+        message = reply.choices[0].message.model_dump(exclude_none=True)
+        recap.add(cid, message)
+        for tool_call in message.get("tool_calls") or ():
+            key = json.loads(tool_call["function"]["arguments"])["key"]
+            result = {"role": "tool", "tool_call_id": tool_call["id"], "content": outputs[key]}
+            recap.add(cid, result)
+        return bool(message.get("tool_calls"))
+
+    async def talk(message: str) -> None:
+        recap.add(cid, {"role": "user", "content": message})
+        while await step():
+            pass
+        compress_later(cid, broker_url=recap.settings.broker_url)
+
+    return talk
+
+
 ADAPTERS = {"langchain": langchain_talk, "pydantic_ai": pydantic_ai_talk}
+REFERENCE = {"python_api": python_api_talk}
 
 
 def run(stack: FrameworkStack, recap: Recap, name: str, draws: list[loop.Draw]) -> loop.Figures:
+    make = {**ADAPTERS, **REFERENCE}[name]
     total = loop.Figures()
     for draw in draws:
-        total.add(asyncio.run(loop.run_session(stack, recap, ADAPTERS[name], draw, name)))
+        total.add(asyncio.run(loop.run_session(stack, recap, make, draw, name)))
     return total
 
 
-def check(figures: loop.Figures, draws: list[loop.Draw]) -> None:
+def check(figures: loop.Figures, draws: list[loop.Draw], reference: loop.Figures) -> None:
+    """No failed run, every call's usage recorded and the calibration stored, cached tokens
+    among the readings; no more requests over the window than the Python API's loop sent over
+    the same sessions (one over the window is a turn whose new content counts at a higher
+    rate than the calibrated mix: the provider refuses it, the retry goes through)."""
     shown = "\n".join(figures.failures[:12])
     assert figures.sessions == len(draws)
     assert figures.requests > figures.turns, shown  # tool steps ran
-    assert figures.over_window == 0, shown
     assert figures.dead_ends == 0, shown
+    assert figures.over_window <= reference.over_window, shown
     assert figures.readings >= figures.requests - figures.over_window, shown
     assert figures.cached_readings > 0, shown
     assert figures.uncalibrated == 0, shown
 
 
+@pytest.fixture(scope="module")
+def reference(stack: FrameworkStack, tmp_path_factory: pytest.TempPathFactory) -> loop.Figures:
+    """The README's loop on the Python API over the fast sessions: the figures to match."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in stack.host_env().items():
+            patch.setenv(key, value)
+        get_settings.cache_clear()
+        host = Recap(get_settings())
+        try:
+            return run(stack, host, "python_api", FAST)
+        finally:
+            host.engine.dispose()
+            get_settings.cache_clear()
+
+
+def test_the_python_api_reference(reference: loop.Figures) -> None:
+    """The reference itself: no failed run, at most one refused request per session."""
+    shown = "\n".join(reference.failures[:12])
+    assert reference.dead_ends == 0 and reference.readings > 0, shown
+    assert reference.over_window <= reference.sessions, shown
+
+
 @pytest.mark.parametrize("name", sorted(ADAPTERS))
-def test_the_adapter_runs_the_whole_loop(stack: FrameworkStack, recap: Recap, name: str) -> None:
-    """At 3k and 6k windows: nothing over the window, no failed run, every call's usage
-    recorded."""
-    check(run(stack, recap, name, FAST), FAST)
+def test_the_adapter_runs_the_whole_loop(
+    stack: FrameworkStack, recap: Recap, reference: loop.Figures, name: str
+) -> None:
+    """At 3k and 6k windows: no failed run, every call's usage recorded, no more requests over
+    the window than the Python API's loop."""
+    check(run(stack, recap, name, FAST), FAST, reference)
 
 
 @slow
-@pytest.mark.parametrize("name", sorted(ADAPTERS))
-def test_the_adapter_runs_the_whole_loop_longer(
-    stack: FrameworkStack, recap: Recap, name: str
-) -> None:
-    """The longer run: six seeds, 20 turns, windows from 3k to 32k."""
-    check(run(stack, recap, name, LONG), LONG)
+@pytest.mark.parametrize("name", sorted({**ADAPTERS, **REFERENCE}))
+def test_the_loop_longer(stack: FrameworkStack, recap: Recap, name: str) -> None:
+    """The longer run: six seeds, 20 turns, windows from 3k to 32k; the figures are printed."""
+    figures = run(stack, recap, name, LONG)
+    print(name, {k: v for k, v in vars(figures).items() if k != "failures"})
+    print("\n".join(figures.failures))
+    shown = "\n".join(figures.failures[:12])
+    assert figures.dead_ends == 0, shown
+    assert figures.readings >= figures.requests - figures.over_window, shown
+    assert figures.uncalibrated == 0, shown

@@ -37,11 +37,12 @@ SYSTEM = (
     "refund is over 500 EUR, or when the order history looks inconsistent."
 )
 TOOL_NAME = "lookup"
-PROSE = (
+PROSE_TEXT = (
     "the customer wrote again about the parcel that was supposed to arrive before the weekend "
     "and asked whether the courier could leave it with a neighbour or at the pickup point near "
     "the station since nobody will be home during the day"
-).split()
+)
+PROSE = PROSE_TEXT.split(" ")
 CODE_LINES = [
     "def refund(order_id: str, amount: float) -> dict[str, object]:",
     '    return {"order": order_id, "amount": round(amount, 2), "status": "pending"}',
@@ -163,7 +164,7 @@ Talk = Callable[[str], Any]
 MakeTalk = Callable[[Recap, LLMServer, str, int, dict[str, str]], Talk]
 
 
-def tool_reply(key: str, turn_step: int) -> Reply:
+def tool_reply(key: str) -> Reply:
     return tool_call_reply(f"call_{key}", TOOL_NAME, json.dumps({"key": key}))
 
 
@@ -180,8 +181,8 @@ async def run_session(
         talk = make(recap, server, cid, draw.window, draw.outputs)
         done = 0  # turns that ended, each having enqueued one run
         for turn, (message, calls) in enumerate(turns):
-            for step, key in enumerate(calls):
-                server.script(tool_reply(key, step))
+            for key in calls:
+                server.script(tool_reply(key))
             figures.turns += 1
             try:
                 await talk(message)

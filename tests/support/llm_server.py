@@ -166,9 +166,7 @@ class LLMServer:
 STREAM_WORDS_PER_CHUNK = 3  # a streamed reply arrives in several chunks, as from a real model
 
 
-def _usage(
-    text: str, body: dict[str, Any], read: tuple[int, int] | None = None
-) -> dict[str, Any]:
+def _usage(text: str, body: dict[str, Any], read: tuple[int, int] | None = None) -> dict[str, Any]:
     prompt_chars = sum(len(str(m.get("content") or "")) for m in body.get("messages", []))
     prompt, cached = read if read is not None else (prompt_chars // 4, None)
     usage: dict[str, Any] = {
