@@ -141,9 +141,9 @@ class HostLoop:
         fixed parts; ``reserve`` is the reply's ``max_tokens`` when the framework sets one (the
         room kept free for it), None for Recap's own rule."""
         self.ensure(cid)
-        if cid not in self._reserves or self._reserves[cid] != reserve:
+        if reserve != self._reserves.get(cid):  # a stored reserve stays until a call sets one
             self.recap.set_output_reserve(cid, reserve)
-            self._reserves[cid] = reserve
+        self._reserves[cid] = reserve
         return _host.assemble(self.recap, cid, system=system, tools=tools)
 
     def record(self, cid: str, reading: Reading | None) -> None:
