@@ -1,12 +1,16 @@
 """The whole live loop through the LangChain and Pydantic AI adapters (``tests/support/
 framework_loop.py``): the real framework against a stand-in model server that counts tokens by
 content and refuses a request over its window, a real ``recap worker`` between turns, seeded
-sessions at small windows.
+sessions at small windows; the README's loop on the Python API runs the same sessions as the
+reference.
 
-No request goes over the window, no agent run fails, and the adapter records the provider's
-usage of every model call (the stored calibration moves off 1.0, cached tokens included). The
-fast subset runs two seeds at 3k and 6k windows per adapter; ``RECAP_SLOW_TESTS=1`` adds the
-longer run (more seeds, longer sessions, windows up to 32k).
+No agent run fails, every model call's usage is recorded (the stored calibration moves off 1.0,
+cached tokens among the readings), and no adapter sends more requests over the window than the
+Python API does. Those few are turns whose new content (a large JSON tool output) counts at a
+higher rate than the mix the calibration learned, by more than the safety margin: the provider
+refuses them, and the adapter compresses and sends a smaller request once. The fast subset runs
+two seeds at 3k and 6k windows per adapter; ``RECAP_SLOW_TESTS=1`` adds the longer run (six
+seeds, 20 turns, windows up to 32k).
 """
 
 from __future__ import annotations
