@@ -115,6 +115,20 @@ def _chat_tokens(body: dict[str, Any]) -> int:
     return total + tokens.count_tools(body.get("tools"), ENCODING)
 
 
+class TiktokenUsage:
+    """The stand-in agent model's usage reading of a chat request: this benchmark's own count
+    (the adapters record it, so the budget is calibrated to the count the window is checked
+    by here); it refuses nothing (the benchmark counts what goes over)."""
+
+    window = 10**9
+
+    def read(self, body: dict[str, Any]) -> tuple[int, int]:
+        return _chat_tokens(body), 0
+
+    def refusal(self, count: int) -> str:
+        return f"{count} tokens"
+
+
 def _responses_tokens(body: dict[str, Any]) -> int:
     """A Responses request's tokens: input items (a compaction item by its summary text, which
     the stand-in puts in its encrypted content), instructions and tool schemas."""
@@ -356,7 +370,7 @@ def run() -> list[Figure]:
 
     configure_logging(json_output=False, level="WARNING", force=True)  # stdout is the JSON
     users, replies = dialogue_texts()
-    agent_server = LLMServer(default=Answers(replies)).start()
+    agent_server = LLMServer(default=Answers(replies), meter=TiktokenUsage()).start()
     summary_server = LLMServer(default=stand_in_summary, default_delay=SUMMARY_SECONDS).start()
     servers = Servers(agent_server, summary_server, users)
     with tempfile.TemporaryDirectory(prefix="recap-bench-frameworks-") as tmp:
