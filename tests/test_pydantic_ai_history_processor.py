@@ -1,10 +1,10 @@
 """Pydantic AI's own tests of history processors, run against the installed pydantic-ai-slim.
 
 Adapted from pydantic/pydantic-ai, ``tests/test_history_processor.py`` at commit
-4fda38988f2939fa6ea9cdefcf120693e10ef491 (the newest stored snapshot of the repository; its
-newest tag is v2.33.0, and no tag of the installed 2.78 line is stored). Copyright (c) Pydantic
-Services Inc. and contributors, MIT licence (https://github.com/pydantic/pydantic-ai/blob/main/
-LICENSE). Changed: the snapshot and matcher helpers of their ``conftest.py`` and
+4fda38988f2939fa6ea9cdefcf120693e10ef491 (22 August 2026, after the v2.33.0 tag: the newest
+commit we had; the sources of the installed 2.78 release were not available). Copyright (c)
+Pydantic Services Inc. 2024 to present, MIT licence
+(https://github.com/pydantic/pydantic-ai/blob/main/LICENSE). Changed: the snapshot and matcher helpers of their ``conftest.py`` and
 ``_inline_snapshot.py`` are replaced by the small equivalents in
 ``tests/support/pydantic_ai_matchers.py``, and their ``create_module`` fixture by a short one
 below; the tests are otherwise as upstream wrote them (formatted to this project's style).
