@@ -9,6 +9,7 @@ picks one from the settings. A summarizer returns the summary's text and usage, 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from functools import lru_cache
@@ -25,7 +26,7 @@ from core.compression.summarizer import SummaryText as SummaryText
 from core.counting import tokens
 from core.decision import policy
 from core.settings import Settings
-from core.summaries import planning
+from core.summaries import planning, sizing
 from core.summaries.identifiers import identifiers_of_span, retention
 from core.summaries.planning import Rendered, Split
 
@@ -53,6 +54,26 @@ def summarizer_for(settings: Settings, attempt: int, deadline: float) -> Summari
     if settings.summary_model:
         return ModelSummarizer(settings, attempt=attempt, deadline=deadline)
     return ExtractiveSummarizer()
+
+
+# how providers state their window in a context-length error: OpenAI and the servers that copy
+# it ("maximum context length is 8192 tokens"), Anthropic ("... tokens > 200000 maximum"),
+# llama.cpp and vLLM ("context length of 4096", "n_ctx: 4096")
+STATED_WINDOW = (
+    re.compile(r"maximum context length is (\d[\d,]*)"),
+    re.compile(r"tokens? > (\d[\d,]*) maximum"),
+    re.compile(r"context (?:length|window|size) of (\d[\d,]*)"),
+    re.compile(r"n_ctx\W+(\d[\d,]*)"),
+)
+
+
+def stated_window(message: str) -> int | None:
+    """The window a provider's context-length error names, or None when it names none."""
+    for pattern in STATED_WINDOW:
+        found = pattern.search(message)
+        if found:
+            return int(found.group(1).replace(",", ""))
+    return None
 
 
 def summarizer_window(settings: Settings) -> int:
@@ -95,12 +116,16 @@ class ModelSummarizer:
 
         settings = self.settings
         window = summarizer_window(settings)
-        share = 1.0
         for _shrink in range(MAX_SHRINKS + 1):
             try:
-                return self._chunks(llm, snapshot, split, window, share)
-            except llm.ContextTooLongError:
-                share /= 2  # smaller chunks; the prompt, summary and output keep their room
+                return self._chunks(llm, snapshot, split, window)
+            except llm.ContextTooLongError as exc:
+                # the provider's own limit where its error states one (one more call, at the
+                # right size); else the window halves, which shrinks every part of the request
+                # (halving the chunks alone left the prompt, summary and recent context as they
+                # were, so call after call was refused at nearly the same size)
+                stated = stated_window(str(exc))
+                window = stated if stated is not None and stated < window else window // 2
             except llm.RetryableLLMError as exc:
                 if self.attempt + 1 >= settings.max_attempts:
                     raise SummaryFailed(
@@ -120,7 +145,6 @@ class ModelSummarizer:
         snapshot: policy.Snapshot,
         split: Split,
         window: int,
-        share: float = 1.0,
     ) -> SummaryText:
         settings = self.settings
         count = _counter(tokens.encoding_name_for(settings.summary_model or snapshot.model))
@@ -138,15 +162,19 @@ class ModelSummarizer:
             clearings=snapshot.clearings,
         )
         previous = snapshot.summary.text if snapshot.summary else None
+        # the most the summary may take (its room in the request, within the cap): asked for in
+        # the prompt and as the reply's limit, with a quarter more so a line can end; the run
+        # cuts whatever is still over it (core.summaries.sizing)
+        limit = sizing.summary_limit(split.summary_room, settings.summary_max_output_tokens)
+        max_output = min(settings.summary_max_output_tokens, limit + limit // 4)
         plan = planning.plan_summary(
             older=older,
             recent=recent,
             prompt=settings.summary_prompt,
             previous_summary_tokens=snapshot.summary.tokens if snapshot.summary else 0,
             window=window,
-            max_output_tokens=settings.summary_max_output_tokens,
+            max_output_tokens=max_output,
             count=count,
-            chunk_share=share,
         )
         result = SummaryText(text=previous or "", model=settings.summary_model or "", retention=0)
         seed: str | None = None
@@ -159,13 +187,12 @@ class ModelSummarizer:
                 older=chunk,
                 recent=plan.recent if last else (),
             )
-            room = split.summary_room
-            if room is not None and room < settings.summary_max_output_tokens:
+            if limit < settings.summary_max_output_tokens:
                 messages[-1] = {  # asked shorter: the summary must leave the newest turns room
                     **messages[-1],
-                    "content": f"{messages[-1]['content']}\n\n" + SHORTER.format(tokens=room),
+                    "content": f"{messages[-1]['content']}\n\n" + SHORTER.format(tokens=limit),
                 }
-            self._call(llm, messages, result)
+            self._call(llm, messages, result, plan.max_output_tokens)
             if not last and not _usable(result.text):
                 raise SummaryFailed(
                     f"chunk {index + 1} of {len(plan.chunks)} gave no usable summary"
@@ -181,7 +208,9 @@ class ModelSummarizer:
                 log.info("retention_reask_skipped", conversation_id=snapshot.conversation_id)
         return result
 
-    def _call(self, llm: ModuleType, messages: list[Rendered], into: SummaryText) -> None:
+    def _call(
+        self, llm: ModuleType, messages: list[Rendered], into: SummaryText, max_output: int
+    ) -> None:
         """One summarizer call within the run's deadline, its reply and usage added to ``into``."""
         settings, deadline = self.settings, self.deadline
         left = deadline - time.monotonic()
@@ -191,7 +220,7 @@ class ModelSummarizer:
                 "(RECAP_TASK_TIME_LIMIT) left, too little for a summarizer call"
             )
         try:
-            reply = llm.complete(messages, settings, timeout=left)
+            reply = llm.complete(messages, settings, max_tokens=max_output, timeout=left)
         except llm.RetryableLLMError as exc:
             late = time.monotonic() >= deadline - DEADLINE_SLACK_SECONDS
             if left < settings.llm_timeout and late:
@@ -226,7 +255,7 @@ class ModelSummarizer:
             missing=listed,
         )
         first_text, first_score = result.text, result.retention
-        self._call(llm, messages, result)
+        self._call(llm, messages, result, plan.max_output_tokens)
         second = retention(wanted, result.text).score
         if _usable(result.text) and second > first_score:
             result.retention = second
