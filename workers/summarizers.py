@@ -64,6 +64,8 @@ STATED_WINDOW = (
     re.compile(r"tokens? > (\d[\d,]*) maximum"),
     re.compile(r"context (?:length|window|size) of (\d[\d,]*)"),
     re.compile(r"n_ctx\W+(\d[\d,]*)"),
+    re.compile(r"while limit is (\d[\d,]*)"),
+    re.compile(r"maximum input length is (\d[\d,]*)"),
 )
 
 
@@ -74,6 +76,18 @@ def stated_window(message: str) -> int | None:
         if found:
             return int(found.group(1).replace(",", ""))
     return None
+
+
+REFUSED_SHARE = 0.75  # an unstated window is taken as this share of the refused request's size
+
+
+def smaller_window(window: int, stated: int | None, sent: int | None) -> int:
+    """The window to plan the next call with after a context-length refusal: the one the
+    provider's error states; else three quarters of what the refused request took (or of the
+    window, when that is not known)."""
+    if stated is not None and stated < window:
+        return stated
+    return int(min(window, sent or window) * REFUSED_SHARE)
 
 
 def summarizer_window(settings: Settings) -> int:
@@ -110,6 +124,8 @@ class ModelSummarizer:
         self.settings = settings
         self.attempt = attempt
         self.deadline = deadline  # time.monotonic() by which the run ends
+        self.asked: int | None = None  # the size each call asks for, when less than the cap
+        self.count: planning.Counter = _counter("o200k_base")  # the summary model's, once known
 
     def summarize(self, snapshot: policy.Snapshot, split: Split) -> SummaryText:
         from workers import llm
@@ -120,12 +136,10 @@ class ModelSummarizer:
             try:
                 return self._chunks(llm, snapshot, split, window)
             except llm.ContextTooLongError as exc:
-                # the provider's own limit where its error states one (one more call, at the
-                # right size); else the window halves, which shrinks every part of the request
+                # the window is learnt from the refusal, so every part of the request shrinks
                 # (halving the chunks alone left the prompt, summary and recent context as they
                 # were, so call after call was refused at nearly the same size)
-                stated = stated_window(str(exc))
-                window = stated if stated is not None and stated < window else window // 2
+                window = smaller_window(window, stated_window(str(exc)), exc.sent_tokens)
             except llm.RetryableLLMError as exc:
                 if self.attempt + 1 >= settings.max_attempts:
                     raise SummaryFailed(
@@ -147,7 +161,9 @@ class ModelSummarizer:
         window: int,
     ) -> SummaryText:
         settings = self.settings
-        count = _counter(tokens.encoding_name_for(settings.summary_model or snapshot.model))
+        count = self.count = _counter(
+            tokens.encoding_name_for(settings.summary_model or snapshot.model)
+        )
         names = planning.tool_names(snapshot.branch)
         older = planning.render_messages(
             split.older,
@@ -165,8 +181,11 @@ class ModelSummarizer:
         # the most the summary may take (its room in the request, within the cap): asked for in
         # the prompt and as the reply's limit, with a quarter more so a line can end; the run
         # cuts whatever is still over it (core.summaries.sizing)
-        limit = sizing.summary_limit(split.summary_room, settings.summary_max_output_tokens)
-        max_output = min(settings.summary_max_output_tokens, limit + limit // 4)
+        # (and never over a third of the summarizer's own window, so a small one holds a chunk)
+        cap = settings.summary_max_output_tokens
+        limit = sizing.summary_limit(split.summary_room, cap)
+        max_output = min(cap, limit + limit // 4, window // 3)
+        self.asked = min(limit, max_output) if min(limit, max_output) < cap else None
         plan = planning.plan_summary(
             older=older,
             recent=recent,
@@ -187,11 +206,6 @@ class ModelSummarizer:
                 older=chunk,
                 recent=plan.recent if last else (),
             )
-            if limit < settings.summary_max_output_tokens:
-                messages[-1] = {  # asked shorter: the summary must leave the newest turns room
-                    **messages[-1],
-                    "content": f"{messages[-1]['content']}\n\n" + SHORTER.format(tokens=limit),
-                }
             self._call(llm, messages, result, plan.max_output_tokens)
             if not last and not _usable(result.text):
                 raise SummaryFailed(
@@ -213,6 +227,12 @@ class ModelSummarizer:
     ) -> None:
         """One summarizer call within the run's deadline, its reply and usage added to ``into``."""
         settings, deadline = self.settings, self.deadline
+        if self.asked is not None:  # asked shorter: the summary must leave the newest turns room
+            shorter = SHORTER.format(tokens=self.asked)
+            messages = [
+                *messages[:-1],
+                {**messages[-1], "content": f"{messages[-1]['content']}\n\n{shorter}"},
+            ]
         left = deadline - time.monotonic()
         if left < min(settings.llm_timeout, CALL_FLOOR_SECONDS, settings.run_seconds / 2):
             raise OutOfTime(
@@ -221,6 +241,9 @@ class ModelSummarizer:
             )
         try:
             reply = llm.complete(messages, settings, max_tokens=max_output, timeout=left)
+        except llm.ContextTooLongError as exc:
+            exc.sent_tokens = sum(self.count(m) for m in messages) + max_output
+            raise
         except llm.RetryableLLMError as exc:
             late = time.monotonic() >= deadline - DEADLINE_SLACK_SECONDS
             if left < settings.llm_timeout and late:

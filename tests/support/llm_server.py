@@ -98,6 +98,8 @@ class LLMServer:
     default: Callable[[dict[str, Any]], str] = stand_in_summary
     default_delay: float = 0.0  # seconds every unscripted reply waits (a model's latency)
     probe: Callable[[], Any] | None = None
+    # answers a request by its body before the default (a window that refuses what is too long)
+    refuse: Callable[[dict[str, Any]], Reply | None] | None = None
     requests: list[Recorded] = field(default_factory=list)
     _script: deque[Reply] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -358,7 +360,8 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 body = {}
             server._record(body, dict(self.headers.items()))
-            reply = server._next() or Reply(delay=server.default_delay)
+            refused = server.refuse(body) if server.refuse is not None else None
+            reply = server._next() or refused or Reply(delay=server.default_delay)
             # the reply is written before the wait, so that the delay is the whole answer time
             # seen by the client, as with a real model (not the delay plus this server's work)
             text = reply.text if reply.text is not None else server.default(body)
