@@ -287,6 +287,8 @@ def conversation_stats(
         trigger=p.trigger,
         decision=decision.action,
         reason=decision.reason,
+        summary_tokens=snapshot.summary.tokens if snapshot.summary else 0,
+        summary_cap=settings.summary_max_output_tokens,
     )
 
 

@@ -220,3 +220,18 @@ def test_a_summarizer_that_refuses_long_input_is_refused_at_most_once_or_twice(
 
 def test_the_shorter_instruction_names_the_room() -> None:
     assert "{tokens}" in SHORTER
+
+
+def test_stats_report_the_summary_in_use_and_the_cap(tmp_path: Path) -> None:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 's.db'}",
+        output_dir=tmp_path / "outputs",
+        summary_max_output_tokens=900,
+    )
+    recap = Recap(settings, create_schema=True)
+    cid = _conversation(recap, 8_000, 16)
+    assert (recap.stats(cid).summary_tokens, recap.stats(cid).summary_cap) == (0, 900)
+    assert recap.compress(cid, force=True)["action"] == "summarized"
+    (summary,) = recap.summaries(cid)
+    stats = recap.stats(cid)
+    assert stats.summary_tokens == summary.tokens <= 900
