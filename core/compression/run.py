@@ -40,7 +40,6 @@ from core.compression.report import LogReporter, Reporter
 from core.compression.summarizer import RetryLater, Summarizers, SummaryFailed, SummaryText, offline
 from core.counting import tokens
 from core.decision import policy
-from core.decision.toolresults import ClearingPlan
 from core.errors import ConversationGone, NotFoundError
 from core.redact import known_secrets, redact
 from core.request.refs import summary_note
@@ -56,6 +55,7 @@ from core.summaries import planning, sizing
 from core.summaries.planning import Split
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from core.values.actions import Action
+from core.values.clearing import ClearingPlan
 from core.values.records import ClearingRec, Msg
 
 __all__ = [  # what the workers' wiring (workers.compress) and the host API import from here
