@@ -60,6 +60,8 @@ class Stats(_Readable):
     trigger: int
     decision: str
     reason: str
+    summary_tokens: int = 0  # the summary in use on this branch (0: none yet)
+    summary_cap: int = 0  # the most any summary may take (RECAP_SUMMARY_MAX_OUTPUT_TOKENS)
 
 
 @dataclass(frozen=True, eq=False)

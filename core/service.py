@@ -287,6 +287,8 @@ def conversation_stats(
         trigger=p.trigger,
         decision=decision.action,
         reason=decision.reason,
+        summary_tokens=snapshot.summary.tokens if snapshot.summary else 0,
+        summary_cap=settings.summary_max_output_tokens,
     )
 
 
@@ -729,9 +731,9 @@ def _record_media(engine: Engine, conversation_id: str, request: assembly.Assemb
     changed anew), so they stay so whatever the next request holds."""
     if not request.media_aged and not request.shortened:
         return
-    from core.decision.toolresults import ClearingPlan, PlannedClearing
     from core.request.shorten import SHORTENED
     from core.storage.sweep import apply_clearings
+    from core.values.clearing import ClearingPlan, PlannedClearing
 
     with session_scope(engine) as session:
         for reason, done in ((media.RECORDED, request.media_aged), (SHORTENED, request.shortened)):

@@ -20,12 +20,9 @@ from core.decision.toolresults import (
     IDLE,
     POST_SUMMARY,
     PRESSURE,
-    ClearingPlan,
-    PlannedClearing,
     aged_reclaimable,
     aged_tokens_bound,
     argument_saving,
-    describe_steps,
     plan_clearings,
     reclaimable,
     shortened_call,
@@ -36,6 +33,7 @@ from core.request.placeholders import aged_note
 from core.request.timeline import AGED as AGED_STATE
 from core.request.timeline import CLEARED as CLEARED_STATE
 from core.request.timeline import FULL, derive
+from core.values.clearing import ClearingPlan, PlannedClearing, describe_steps
 from core.values.records import (
     AGED,
     ARGUMENTS,

@@ -124,8 +124,8 @@ def _pressure_case(engine: Engine) -> dict[str, Any]:
     with a pinned message in its span, clearings, a host's fixed parts and a provider reading,
     an output reserve of its own, a window from the model map, and a model of no known window."""
     from core.client import Recap
-    from core.decision.toolresults import ClearingPlan, PlannedClearing
     from core.storage.sweep import apply_clearings
+    from core.values.clearing import ClearingPlan, PlannedClearing
 
     client = Recap(get_settings(), engine)
     for index, turns in enumerate((2, 5, 9, 14, 20)):

@@ -228,8 +228,8 @@ def test_an_early_skip_reports_what_stats_shows(recap: Recap) -> None:
     """A run that skips from the bound alone (no branch read) reports the history stats shows:
     clearings taken off, the stored system prompt left to the fixed parts (it reported the
     upper bound before)."""
-    from core.decision.toolresults import ClearingPlan, PlannedClearing
     from core.storage.sweep import apply_clearings
+    from core.values.clearing import ClearingPlan, PlannedClearing
 
     cid = recap.new(model="gpt-4o", max_input_tokens=100_000)
     recap.add(cid, {"role": "system", "content": "You are terse. " + _words(300)})

@@ -20,12 +20,12 @@ from sqlalchemy import Engine, inspect, text, update
 
 from core import lifecycle, service
 from core.client import Recap
-from core.decision.toolresults import ClearingPlan, PlannedClearing
 from core.errors import NotFoundError
 from core.settings import SettingsError, get_settings, load_settings
 from core.storage.db import session_scope
 from core.storage.models import CONVERSATIONS, utcnow
 from core.storage.sweep import apply_clearings
+from core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat, harness_for
 from tests.test_media import data_url, image_part, png_bytes

@@ -15,11 +15,12 @@ from sqlalchemy import Engine, text
 from structlog.testing import capture_logs
 
 from core.counting import tokens
-from core.decision.toolresults import IDLE, ClearingPlan, PlannedClearing
+from core.decision.toolresults import IDLE
 from core.settings import get_settings
 from core.storage.db import session_scope
 from core.storage.outputs import Ingest, cleanup_outputs, read_output, save_output
 from core.storage.sweep import apply_clearings
+from core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.cli_helpers import assert_one_line_error, recap
 
 DAY = 86_400

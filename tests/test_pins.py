@@ -17,7 +17,6 @@ from core import lifecycle, service
 from core.aio import AsyncRecap
 from core.client import Recap
 from core.decision import policy
-from core.decision.toolresults import ClearingPlan, PlannedClearing
 from core.errors import NotFoundError, PinLimitError
 from core.request.timeline import PINNED, SUMMARIZED
 from core.settings import get_settings
@@ -26,6 +25,7 @@ from core.storage import snapshot as snapshots
 from core.storage.db import session_scope
 from core.storage.models import CLEARINGS, PINS
 from core.storage.sweep import apply_clearings, sweep_idle
+from core.values.clearing import ClearingPlan, PlannedClearing
 from core.values.records import Msg, SummaryRec
 from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat, turn_text

@@ -13,12 +13,12 @@ from sqlalchemy import Engine
 from core import recall as recalls
 from core import service
 from core.client import Recap
-from core.decision.toolresults import ClearingPlan, PlannedClearing
 from core.errors import InputError, NotFoundError
 from core.request import refs
 from core.settings import get_settings
 from core.storage.db import session_scope
 from core.storage.sweep import apply_clearings
+from core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat
 from tests.test_lifecycle import big_output, rich_conversation, tool_turn

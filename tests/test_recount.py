@@ -11,13 +11,13 @@ from sqlalchemy import Engine, select
 
 from core import service
 from core.counting import tokens
-from core.decision.toolresults import ClearingPlan, PlannedClearing
 from core.settings import Settings
 from core.storage import recount
 from core.storage.db import session_scope
 from core.storage.models import CLEARINGS, MESSAGES
 from core.storage.reads import load_request_branch
 from core.storage.sweep import apply_clearings
+from core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.token_check import assert_counts_cover
 
 OLD, NEW = "gpt-4o", "gpt-4"  # o200k_base, then cl100k_base

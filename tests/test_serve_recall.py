@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from core.decision.toolresults import ClearingPlan, PlannedClearing
 from core.storage.db import session_scope
 from core.storage.models import CLEARINGS
 from core.storage.sweep import apply_clearings
+from core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import (
     SYSTEM,

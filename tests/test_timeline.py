@@ -18,12 +18,12 @@ from sqlalchemy import Engine, select
 from core import lifecycle, service
 from core.client import Recap
 from core.counting import media
-from core.decision.toolresults import ClearingPlan, PlannedClearing
 from core.request.timeline import STATES, derive
 from core.settings import get_settings
 from core.storage.db import session_scope
 from core.storage.models import REQUEST_PROFILES
 from core.storage.sweep import apply_clearings
+from core.values.clearing import ClearingPlan, PlannedClearing
 from core.values.records import ClearingRec, Msg, SummaryRec
 from tests.support import assembling
 from tests.support.cli_helpers import assert_one_line_error, recap

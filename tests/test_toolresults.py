@@ -12,20 +12,22 @@ from core.decision.toolresults import (
     IDLE,
     POST_SUMMARY,
     PRESSURE,
+    min_tokens_for,
+    placeholder_tokens_bound,
+    plan_clearings,
+)
+from core.request.placeholders import cleared_placeholder
+from core.request.refs import message_ref
+from core.request.truncation import (
     Limits,
     byte_size,
     head_tail,
     is_oversized,
     json_preview,
     line_count,
-    min_tokens_for,
     output_preview,
-    placeholder_tokens_bound,
-    plan_clearings,
     trim_arguments,
 )
-from core.request.placeholders import cleared_placeholder
-from core.request.refs import message_ref
 from core.values.records import ClearingRec, Msg
 from tests.support.data import DATA_FILES, load_data
 

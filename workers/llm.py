@@ -49,6 +49,8 @@ class FatalLLMError(LLMError):
 class ContextTooLongError(LLMError):
     """The input did not fit the model's window: send it in smaller chunks instead."""
 
+    sent_tokens: int | None = None  # what the refused request took, input and output, if known
+
 
 @dataclass(frozen=True, slots=True)
 class Completion:

@@ -9,6 +9,7 @@ picks one from the settings. A summarizer returns the summary's text and usage, 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from functools import lru_cache
@@ -25,7 +26,7 @@ from core.compression.summarizer import SummaryText as SummaryText
 from core.counting import tokens
 from core.decision import policy
 from core.settings import Settings
-from core.summaries import planning
+from core.summaries import planning, sizing
 from core.summaries.identifiers import identifiers_of_span, retention
 from core.summaries.planning import Rendered, Split
 
@@ -53,6 +54,40 @@ def summarizer_for(settings: Settings, attempt: int, deadline: float) -> Summari
     if settings.summary_model:
         return ModelSummarizer(settings, attempt=attempt, deadline=deadline)
     return ExtractiveSummarizer()
+
+
+# how providers state their window in a context-length error: OpenAI and the servers that copy
+# it ("maximum context length is 8192 tokens"), Anthropic ("... tokens > 200000 maximum"),
+# llama.cpp and vLLM ("context length of 4096", "n_ctx: 4096")
+STATED_WINDOW = (
+    re.compile(r"maximum context length is (\d[\d,]*)"),
+    re.compile(r"tokens? > (\d[\d,]*) maximum"),
+    re.compile(r"context (?:length|window|size) of (\d[\d,]*)"),
+    re.compile(r"n_ctx\W+(\d[\d,]*)"),
+    re.compile(r"while limit is (\d[\d,]*)"),
+    re.compile(r"maximum input length is (\d[\d,]*)"),
+)
+
+
+def stated_window(message: str) -> int | None:
+    """The window a provider's context-length error names, or None when it names none."""
+    for pattern in STATED_WINDOW:
+        found = pattern.search(message)
+        if found:
+            return int(found.group(1).replace(",", ""))
+    return None
+
+
+REFUSED_SHARE = 0.75  # an unstated window is taken as this share of the refused request's size
+
+
+def smaller_window(window: int, stated: int | None, sent: int | None) -> int:
+    """The window to plan the next call with after a context-length refusal: the one the
+    provider's error states; else three quarters of what the refused request took (or of the
+    window, when that is not known)."""
+    if stated is not None and stated < window:
+        return stated
+    return int(min(window, sent or window) * REFUSED_SHARE)
 
 
 def summarizer_window(settings: Settings) -> int:
@@ -89,18 +124,22 @@ class ModelSummarizer:
         self.settings = settings
         self.attempt = attempt
         self.deadline = deadline  # time.monotonic() by which the run ends
+        self.asked: int | None = None  # the size each call asks for, when less than the cap
+        self.count: planning.Counter = _counter("o200k_base")  # the summary model's, once known
 
     def summarize(self, snapshot: policy.Snapshot, split: Split) -> SummaryText:
         from workers import llm
 
         settings = self.settings
         window = summarizer_window(settings)
-        share = 1.0
         for _shrink in range(MAX_SHRINKS + 1):
             try:
-                return self._chunks(llm, snapshot, split, window, share)
-            except llm.ContextTooLongError:
-                share /= 2  # smaller chunks; the prompt, summary and output keep their room
+                return self._chunks(llm, snapshot, split, window)
+            except llm.ContextTooLongError as exc:
+                # the window is learnt from the refusal, so every part of the request shrinks
+                # (halving the chunks alone left the prompt, summary and recent context as they
+                # were, so call after call was refused at nearly the same size)
+                window = smaller_window(window, stated_window(str(exc)), exc.sent_tokens)
             except llm.RetryableLLMError as exc:
                 if self.attempt + 1 >= settings.max_attempts:
                     raise SummaryFailed(
@@ -120,10 +159,11 @@ class ModelSummarizer:
         snapshot: policy.Snapshot,
         split: Split,
         window: int,
-        share: float = 1.0,
     ) -> SummaryText:
         settings = self.settings
-        count = _counter(tokens.encoding_name_for(settings.summary_model or snapshot.model))
+        count = self.count = _counter(
+            tokens.encoding_name_for(settings.summary_model or snapshot.model)
+        )
         names = planning.tool_names(snapshot.branch)
         older = planning.render_messages(
             split.older,
@@ -138,15 +178,22 @@ class ModelSummarizer:
             clearings=snapshot.clearings,
         )
         previous = snapshot.summary.text if snapshot.summary else None
+        # the most the summary may take (its room in the request, within the cap): asked for in
+        # the prompt and as the reply's limit, with a quarter more so a line can end; the run
+        # cuts whatever is still over it (core.summaries.sizing)
+        # (and never over a third of the summarizer's own window, so a small one holds a chunk)
+        cap = settings.summary_max_output_tokens
+        limit = sizing.summary_limit(split.summary_room, cap)
+        max_output = min(cap, limit + limit // 4, window // 3)
+        self.asked = min(limit, max_output) if min(limit, max_output) < cap else None
         plan = planning.plan_summary(
             older=older,
             recent=recent,
             prompt=settings.summary_prompt,
             previous_summary_tokens=snapshot.summary.tokens if snapshot.summary else 0,
             window=window,
-            max_output_tokens=settings.summary_max_output_tokens,
+            max_output_tokens=max_output,
             count=count,
-            chunk_share=share,
         )
         result = SummaryText(text=previous or "", model=settings.summary_model or "", retention=0)
         seed: str | None = None
@@ -159,13 +206,7 @@ class ModelSummarizer:
                 older=chunk,
                 recent=plan.recent if last else (),
             )
-            room = split.summary_room
-            if room is not None and room < settings.summary_max_output_tokens:
-                messages[-1] = {  # asked shorter: the summary must leave the newest turns room
-                    **messages[-1],
-                    "content": f"{messages[-1]['content']}\n\n" + SHORTER.format(tokens=room),
-                }
-            self._call(llm, messages, result)
+            self._call(llm, messages, result, plan.max_output_tokens)
             if not last and not _usable(result.text):
                 raise SummaryFailed(
                     f"chunk {index + 1} of {len(plan.chunks)} gave no usable summary"
@@ -181,9 +222,17 @@ class ModelSummarizer:
                 log.info("retention_reask_skipped", conversation_id=snapshot.conversation_id)
         return result
 
-    def _call(self, llm: ModuleType, messages: list[Rendered], into: SummaryText) -> None:
+    def _call(
+        self, llm: ModuleType, messages: list[Rendered], into: SummaryText, max_output: int
+    ) -> None:
         """One summarizer call within the run's deadline, its reply and usage added to ``into``."""
         settings, deadline = self.settings, self.deadline
+        if self.asked is not None:  # asked shorter: the summary must leave the newest turns room
+            shorter = SHORTER.format(tokens=self.asked)
+            messages = [
+                *messages[:-1],
+                {**messages[-1], "content": f"{messages[-1]['content']}\n\n{shorter}"},
+            ]
         left = deadline - time.monotonic()
         if left < min(settings.llm_timeout, CALL_FLOOR_SECONDS, settings.run_seconds / 2):
             raise OutOfTime(
@@ -191,7 +240,10 @@ class ModelSummarizer:
                 "(RECAP_TASK_TIME_LIMIT) left, too little for a summarizer call"
             )
         try:
-            reply = llm.complete(messages, settings, timeout=left)
+            reply = llm.complete(messages, settings, max_tokens=max_output, timeout=left)
+        except llm.ContextTooLongError as exc:
+            exc.sent_tokens = sum(self.count(m) for m in messages) + max_output
+            raise
         except llm.RetryableLLMError as exc:
             late = time.monotonic() >= deadline - DEADLINE_SLACK_SECONDS
             if left < settings.llm_timeout and late:
@@ -226,7 +278,7 @@ class ModelSummarizer:
             missing=listed,
         )
         first_text, first_score = result.text, result.retention
-        self._call(llm, messages, result)
+        self._call(llm, messages, result, plan.max_output_tokens)
         second = retention(wanted, result.text).score
         if _usable(result.text) and second > first_score:
             result.retention = second

@@ -40,7 +40,6 @@ from core.compression.report import LogReporter, Reporter
 from core.compression.summarizer import RetryLater, Summarizers, SummaryFailed, SummaryText, offline
 from core.counting import tokens
 from core.decision import policy
-from core.decision.toolresults import ClearingPlan
 from core.errors import ConversationGone, NotFoundError
 from core.redact import known_secrets, redact
 from core.request.refs import summary_note
@@ -52,10 +51,11 @@ from core.storage.db import session_scope
 from core.storage.models import CompactionLog, table_of, utcnow
 from core.storage.summaries import Written
 from core.storage.summaries import write_run as write_transaction
-from core.summaries import planning
+from core.summaries import planning, sizing
 from core.summaries.planning import Split
 from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from core.values.actions import Action
+from core.values.clearing import ClearingPlan
 from core.values.records import ClearingRec, Msg
 
 __all__ = [  # what the workers' wiring (workers.compress) and the host API import from here
@@ -197,10 +197,10 @@ def with_text(engine: Engine, conversation_id: str, split: Split) -> Split:
         rows = snapshots.load_contents(session, conversation_id, ids)
     if len(rows) < len(set(ids)):  # deleted since the snapshot was read
         raise ConversationGone(f"conversation {conversation_id!r} was deleted")
-    return Split(
-        tuple(rows[m.id] for m in split.older),
-        tuple(rows[m.id] for m in split.recent),
-        split.at_user,
+    return replace(  # the decision's summary room travels with it
+        split,
+        older=tuple(rows[m.id] for m in split.older),
+        recent=tuple(rows[m.id] for m in split.recent),
     )
 
 
@@ -271,8 +271,15 @@ def _validated(
 ) -> PassResult:
     clearings = snapshot.clearings
     encoding = tokens.encoding_name_for(snapshot.model)
-    sent = SUMMARY_MESSAGE_PREFIX + result.text + summary_note(split.cutoff_message_id)
-    summary_tokens = tokens.count_message({"role": "user", "content": sent}, encoding)
+    note = summary_note(split.cutoff_message_id)
+
+    def sent_tokens(text: str) -> int:
+        sent = SUMMARY_MESSAGE_PREFIX + text + note
+        return tokens.count_message({"role": "user", "content": sent}, encoding)
+
+    limit = sizing.summary_limit(split.summary_room, run.settings.summary_max_output_tokens)
+    result.text = sizing.cut_summary(result.text, limit, sent_tokens)  # within its room and cap
+    summary_tokens = sent_tokens(result.text)
     replaced = (snapshot.summary.tokens if snapshot.summary else 0) + planning.replaced_tokens(
         split.older, clearings, snapshot.pinned_ids
     )

@@ -28,8 +28,9 @@ from datetime import UTC, datetime
 
 from core.counting import tokens
 from core.decision.policy import Knobs, Snapshot, decide, idle_clearing, with_plan
-from core.decision.toolresults import IDLE, ClearingPlan, plan_clearings, reclaimable, tool_names
+from core.decision.toolresults import IDLE, plan_clearings, reclaimable, tool_names
 from core.request.assembly import render_stored
+from core.values.clearing import ClearingPlan
 from core.values.records import AGED, ARGUMENTS, CLEARED, ClearingRec, Msg
 
 UNCACHED_PRICE = 1.25  # writing the prompt cache costs a quarter more than plain input

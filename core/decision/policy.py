@@ -44,14 +44,7 @@ from typing import Any
 
 from core.counting import budget as budgets
 from core.counting import tokens
-from core.decision.toolresults import (
-    IDLE,
-    POST_SUMMARY,
-    PRESSURE,
-    ClearingPlan,
-    min_tokens_for,
-    plan_clearings,
-)
+from core.decision.toolresults import IDLE, POST_SUMMARY, PRESSURE, min_tokens_for, plan_clearings
 from core.request.branch import effective_history_tokens
 from core.summaries.planning import (
     REJECTED_NOT_SMALLER,
@@ -63,6 +56,7 @@ from core.summaries.planning import (
     replaced_tokens,
     split_root,
 )
+from core.values.clearing import ClearingPlan
 from core.values.profile import Profile
 from core.values.records import AGED, CLEARED, ClearingRec, Msg, SummaryRec, merge_step
 

@@ -23,14 +23,8 @@ from typing import Any
 import structlog
 
 from core.counting import media
-from core.decision.toolresults import (
-    Limits,
-    byte_size,
-    is_oversized,
-    output_preview,
-    trim_arguments,
-)
 from core.errors import InputError
+from core.request.truncation import Limits, byte_size, is_oversized, output_preview, trim_arguments
 from core.settings import Settings
 from core.storage import private
 from core.storage.store import Prepared

@@ -256,8 +256,8 @@ def record(
     no longer sent (``reasoning`` clearings)."""
     if not changes and not dropped:
         return
-    from core.decision.toolresults import ClearingPlan, PlannedClearing
     from core.storage.sweep import apply_clearings
+    from core.values.clearing import ClearingPlan, PlannedClearing
 
     with session_scope(engine) as session:
         write(session.connection(), changes)

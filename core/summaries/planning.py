@@ -330,6 +330,7 @@ class SummaryPlan:
     chunks: tuple[tuple[Rendered, ...], ...]
     recent: tuple[Rendered, ...]
     input_budget: int
+    max_output_tokens: int  # the reply's limit each call is sent with
 
 
 class SummarizerWindowError(ValueError):
@@ -385,7 +386,8 @@ def plan_summary(
     kept_recent = _newest_within(recent, int(room * RECENT_CONTEXT_SHARE), count)
     room -= sum(count(m) for m in kept_recent)
     chunks = _pack(older, room, count)
-    return SummaryPlan(tuple(tuple(c) for c in chunks), tuple(kept_recent), budget)
+    chunked = tuple(tuple(c) for c in chunks)
+    return SummaryPlan(chunked, tuple(kept_recent), budget, max_output_tokens)
 
 
 def _newest_within(messages: Sequence[Rendered], limit: int, count: Counter) -> list[Rendered]:

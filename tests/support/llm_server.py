@@ -101,6 +101,8 @@ class LLMServer:
     # counts each chat request by its content and refuses one over its window (usage reports
     # its count and cached share): ``tests.support.content_meter.ContentMeter``
     meter: Any = None
+    # answers a request by its body before the default (a window that refuses what is too long)
+    refuse: Callable[[dict[str, Any]], Reply | None] | None = None
     requests: list[Recorded] = field(default_factory=list)
     _script: deque[Reply] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -385,7 +387,8 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
                     error = {"message": message, "type": "invalid_request_error"}
                     self._send(400, {"error": {**error, "code": "context_length_exceeded"}})
                     return
-            reply = server._next() or Reply(delay=server.default_delay)
+            refused = server.refuse(body) if server.refuse is not None else None
+            reply = server._next() or refused or Reply(delay=server.default_delay)
             # the reply is written before the wait, so that the delay is the whole answer time
             # seen by the client, as with a real model (not the delay plus this server's work)
             text = reply.text if reply.text is not None else server.default(body)
