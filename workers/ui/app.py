@@ -13,6 +13,7 @@ from pathlib import Path
 
 import structlog
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -24,7 +25,8 @@ from core.redact import error_text, known_secrets
 from core.settings import Settings, get_settings
 from core.storage.db import get_engine
 from workers.ui import routes
-from workers.ui.auth import Sessions
+from workers.ui.auth import LoginLimiter, Sessions
+from workers.ui.headers import SecurityHeaders
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +65,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     if not settings.ui_keys:
         raise RecapError("RECAP_UI_KEYS is empty: set at least one console key")
     secrets = known_secrets(settings)
+    static_files = StaticFiles(directory=str(HERE / "static"))
 
     async def unexpected(request: Request, exc: Exception) -> Response:
         """Any other failure: a page saying it was logged, with no detail (it is in the log)."""
@@ -79,9 +82,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/c/{cid:path}", routes.conversation, methods=["GET"], name="conversation"),
             Route("/actions/compress", routes.compress, methods=["POST"], name="compress"),
             Route("/actions/retry", routes.retry, methods=["POST"], name="retry"),
-            Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+            Mount("/static", app=SecurityHeaders(static_files, pages=False), name="static"),
         ],
         exception_handlers={Exception: unexpected},
+        middleware=[Middleware(SecurityHeaders)],
     )
     app.state.console = routes.Console(
         settings=settings,
@@ -89,6 +93,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         sessions=Sessions(settings.ui_keys, settings.serve_keys),
         templates=templates(),
         secrets=secrets,
+        logins=LoginLimiter(settings.ui_login_attempts),
     )
     return app
 
@@ -107,7 +112,10 @@ def standalone(settings: Settings | None = None) -> Starlette:
         return RedirectResponse(f"{PREFIX}/", status_code=307)
 
     console = create_app(settings)
-    return Starlette(routes=[Route("/", home), Mount(PREFIX, app=console)])
+    return Starlette(
+        routes=[Route("/", home), Mount(PREFIX, app=console)],
+        middleware=[Middleware(SecurityHeaders)],
+    )
 
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
