@@ -366,3 +366,30 @@ def test_the_limiter_forgets_after_its_window() -> None:
     for index in range(auth.MAX_ADDRESSES + 5):
         limiter.failed(f"10.0.{index // 256}.{index % 256}")
     assert len(limiter._failures) == auth.MAX_ADDRESSES
+
+
+# --- the request's totals --------------------------------------------------------------------
+
+
+def test_the_page_gives_the_budget_in_provider_tokens_as_recap_timeline(
+    chats: dict[str, list[int]],
+) -> None:
+    """After a provider reading below Recap's count, the page's request line gives the request
+    and its budget in provider tokens, as `recap timeline --json` does (never a budget above
+    the window), with Recap's own counts beside them."""
+    from tests.support.cli_helpers import recap
+
+    estimated = recap("assemble", "left", "--json").json()["tokens"]["total"]
+    assert recap("usage", "left", "--prompt-tokens", str(int(estimated * 0.6))).code == 0
+    line = recap("timeline", "left", "--json").json()
+    assert line["calibration"] < 1 and line["budget"] <= line["window"]
+    http, _ = operator()
+    page = http.get(conversation_path("left")).text
+    totals = re.search(
+        r'data-testid="request-totals">([\d,]+) tokens of a budget of ([\d,]+)<', page
+    )
+    assert totals is not None, page
+    shown_request, shown_budget = (int(value.replace(",", "")) for value in totals.groups())
+    assert abs(shown_budget - line["budget"]) <= 1 and shown_budget <= line["window"]
+    assert abs(shown_request - line["request_tokens"]) <= 1
+    assert f"Recap's own count {line['estimated']['request_tokens']:,}" in html.unescape(page)

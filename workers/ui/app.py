@@ -8,6 +8,7 @@ host that does not run ``recap serve``.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -46,6 +47,13 @@ def _when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _provider(value: int, calibration: float, up: bool = True) -> str:
+    """Recap's count in provider tokens (times the calibration factor), as ``recap stats`` and
+    ``recap timeline`` report them: a request rounded up, a budget (``up=False``) down."""
+    scaled = value * calibration
+    return _number(math.ceil(scaled) if up else math.floor(scaled))
+
+
 def _percent(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f} %"
 
@@ -54,7 +62,7 @@ def templates() -> Jinja2Templates:
     """The page templates (autoescaped), with the console's filters."""
     pages = Jinja2Templates(directory=str(HERE / "templates"))
     pages.env.trim_blocks = pages.env.lstrip_blocks = True  # no blank lines where tags were
-    pages.env.filters.update(number=_number, when=_when, percent=_percent)
+    pages.env.filters.update(number=_number, when=_when, percent=_percent, provider=_provider)
     return pages
 
 
