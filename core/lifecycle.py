@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from core import service
+from core.counting import budget as budgets
 from core.errors import InputError, NotFoundError
 from core.request import timeline as timelines
 from core.request.assembly import stored_prompt
@@ -174,6 +175,8 @@ def timeline(
         record=False,
         reserve_tokens=reserve,
     )
+    head = whole.branch[-1].id if whole.branch else leaf
+    reading = profile.reading if profile is not None else None
     return timelines.derive(
         whole.branch,
         request,
@@ -182,7 +185,7 @@ def timeline(
         pinned=pinned,
         refs={m.id: message_ref(m.id) for m in whole.branch},
         summary_refs={s.id: span_ref(s.cutoff_message_id) for s in summaries},
-    )
+    ).in_provider_tokens(budgets.calibration_factor(reading, leaf_id=head, now=utcnow()))
 
 
 def _utc(moment: datetime) -> datetime:

@@ -143,6 +143,9 @@ class Settings(BaseSettings):
     # The web console (`recap serve` under /ui, `recap ui`): the operator's keys. A UI key sees
     # every conversation; a client key of RECAP_SERVE_KEYS sees only those it created.
     ui_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+    # Wrong console keys one client address may try in five minutes before it must wait: ten
+    # lets a person mistype, and keeps guessing a 12-character key out of reach.
+    ui_login_attempts: int = Field(default=10, ge=1, le=10_000)
     # Largest file or stream a command reads whole (an import, --content-file, --tools, a context
     # file): 64 MiB is twenty times the largest test-data file and a bound on a command's memory
     # (the parsed messages take several times their bytes).

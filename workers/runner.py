@@ -60,23 +60,56 @@ DEFAULT_POLICY = RestartPolicy()
 GAVE_UP_EXIT = 1  # the exit code when a child kept dying (its own code, if non-zero, wins)
 
 
+# The Celery worker options `recap worker` sets, each with its short spelling: one the user
+# gives (in any spelling: --concurrency 2, --concurrency=2, -c 2, -c2) replaces the default.
+DEFAULT_OPTIONS = {
+    "--queues": "-Q",
+    "--hostname": "-n",
+    "--loglevel": "-l",
+    "--pool": "-P",
+    "--concurrency": "-c",
+    "--schedule": "-s",
+}
+
+
+def given_options(extra: Sequence[str]) -> set[str]:
+    """The options of ``DEFAULT_OPTIONS`` (by their long name) that ``extra`` gives."""
+    short = {letter: name for name, letter in DEFAULT_OPTIONS.items()}
+    found = set()
+    for arg in extra:
+        if arg.startswith("--"):
+            name = arg.split("=", 1)[0]
+            if name in DEFAULT_OPTIONS:
+                found.add(name)
+        elif arg.startswith("-") and arg[:2] in short:
+            found.add(short[arg[:2]])
+    return found
+
+
 def worker_argv(queue: str, *, beat: bool, extra: Sequence[str]) -> list[str]:
-    """Celery worker arguments for one queue; arguments the user gave come last and win."""
+    """Celery worker arguments for one queue: the defaults below, less those the user gave
+    (theirs replace ours, never follow them), then the user's arguments."""
     queues = queue
     if queue == COMPRESS_QUEUE:
-        pool = ["--pool", "threads", "--concurrency", str(COMPRESS_CONCURRENCY)]
+        pool = {"--pool": "threads", "--concurrency": str(COMPRESS_CONCURRENCY)}
         queues = f"{COMPRESS_QUEUE},{DEFAULT_QUEUE}"
     elif queue == MAINTENANCE_QUEUE:
-        pool = ["--pool", "threads", "--concurrency", str(MAINTENANCE_CONCURRENCY)]
+        pool = {"--pool": "threads", "--concurrency": str(MAINTENANCE_CONCURRENCY)}
     else:
-        pool = []
+        pool = {}
     # a node name per process (the supervisor's pid): two `recap worker`s on one host must not
     # share one, and a restarted child keeps its predecessor's
     node = f"{queue}-{os.getpid()}@%h"
-    argv = ["worker", "--queues", queues, "--hostname", node, "--loglevel", "INFO"]
-    argv += pool
+    defaults = {"--queues": queues, "--hostname": node, "--loglevel": "INFO", **pool}
     if beat:
-        argv += ["--beat", "--schedule", os.path.join(".recap", "celerybeat-schedule")]
+        defaults["--schedule"] = os.path.join(".recap", "celerybeat-schedule")
+    given = given_options(extra)
+    argv = ["worker"]
+    for name, value in defaults.items():
+        if name not in given:
+            argv += [name, value]
+    if beat:
+        argv.append("--beat")
     return [*argv, *extra]
 
 

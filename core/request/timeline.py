@@ -16,12 +16,18 @@ and says for each message how the request holds it:
 
 ``sent_tokens`` is what the message costs in the request as stored counts go (a cleared or aged
 result at its recorded size, nothing for a summarized or omitted one).
+
+The request's totals are in the provider's tokens, the terms of the window and of ``recap stats``:
+``request_tokens`` and ``budget`` are Recap's estimates scaled by the calibration factor (the
+latest provider reading over Recap's count, ``core.counting.budget``), so the budget is never
+above the window; the estimates themselves are kept beside them (``estimated``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.counting import media
@@ -99,13 +105,29 @@ class SummarySpan:
 @dataclass(frozen=True)
 class Timeline:
     """A branch's messages with their states, its summaries with their spans, and the
-    request's totals."""
+    request's totals: ``request_tokens`` and ``budget`` in provider tokens (``estimated_*``:
+    as Recap counts them, before the calibration factor)."""
 
     messages: list[MessageState]
     summaries: list[SummarySpan]
     request_tokens: int
     budget: int
     forgotten_files: list[str] = field(default_factory=list)
+    window: int = 0
+    calibration: float = 1.0
+    estimated_request_tokens: int = 0
+    estimated_budget: int = 0
+
+    def in_provider_tokens(self, calibration: float) -> Timeline:
+        """This timeline with its totals in provider tokens: Recap's counts times
+        ``calibration``, the factor the request's budget was planned with (the request rounded
+        up, the budget down, so it stays within the window)."""
+        return replace(
+            self,
+            request_tokens=math.ceil(self.estimated_request_tokens * calibration),
+            budget=math.floor(self.estimated_budget * calibration),
+            calibration=calibration,
+        )
 
     def counts(self) -> dict[str, int]:
         """Messages per state (every state named, zero included)."""
@@ -122,6 +144,12 @@ class Timeline:
             "states": self.counts(),
             "request_tokens": self.request_tokens,
             "budget": self.budget,
+            "window": self.window,
+            "calibration": round(self.calibration, 4),
+            "estimated": {
+                "request_tokens": self.estimated_request_tokens,
+                "budget": self.estimated_budget,
+            },
             "forgotten_files": list(self.forgotten_files),
         }
 
@@ -142,7 +170,8 @@ def derive(
 ) -> Timeline:
     """The timeline of ``branch`` (every message, root first) in ``request``, which was
     assembled from it with ``clearings`` and the summary ``request.summary_id`` names (one of
-    ``summaries``). ``system_given``: the request replaced the stored system prompt."""
+    ``summaries``). ``system_given``: the request replaced the stored system prompt. Its totals
+    are Recap's counts (``Timeline.in_provider_tokens`` scales them)."""
     cleared = clearings or {}
     refs = refs or {}
     keep = set(pinned)
@@ -198,6 +227,9 @@ def derive(
         request_tokens=request.tokens.total,
         budget=request.budget,
         forgotten_files=list(request.forgotten_files),
+        window=request.window,
+        estimated_request_tokens=request.tokens.total,
+        estimated_budget=request.budget,
     )
 
 

@@ -464,6 +464,13 @@ def owner_of(connection: Connection, conversation_id: str) -> tuple[bool, str | 
     return (row is not None, row[0] if row is not None else None)
 
 
+def has_message(connection: Connection, conversation_id: str, message_id: int) -> bool:
+    """Whether ``message_id`` is a message of the conversation (message ids are unique across
+    conversations, so another conversation's message is not)."""
+    statement = select(M.id).where(M.id == message_id, M.conversation_id == conversation_id)
+    return connection.execute(statement).first() is not None
+
+
 def runs(connection: Connection, conversation_id: str, limit: int = LOG_ROWS) -> list[Run]:
     """The conversation's compaction-log rows, newest first."""
     statement = (

@@ -157,8 +157,10 @@ def export(
     leaf: LeafOption = None,
     full: Annotated[bool, typer.Option(help="Put back truncated tool outputs.")] = False,
 ) -> None:
-    """Print the branch as stored, in the import format (always JSON)."""
+    """Print the branch as stored, in the import format (always JSON); each message's "id" is
+    its message id as a string, as the chat APIs (and recap serve) take message ids."""
     payload = service.export_conversation(engine(), conversation, leaf, full=full).as_dict()
+    payload["messages"] = [{**m, "id": str(m["id"])} for m in payload["messages"]]
     sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
 
 

@@ -101,11 +101,22 @@ def stats(
 ) -> None:
     """Context pressure, without calling any model."""
     payload = service.conversation_stats(engine(), conversation, settings(), leaf).as_dict()
+    rows = [[name, _figure(value)] for name, value in payload.items()]
     emit(
         payload,
         as_json,
-        lambda: table("stats", list(payload), [list(payload.values())]),
+        lambda: table(f"stats of {conversation}", ["figure", "value"], rows),
     )
+
+
+def _figure(value: Any) -> str:
+    """One value of a figure/value table: whole numbers with thousands separators, booleans as
+    in the JSON."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
 
 
 @handles_errors
@@ -153,6 +164,14 @@ def timeline(
                 f"summary {s['id']}: messages {s['first_message_id']}..{s['cutoff_message_id']} "
                 f"({s['messages']} messages, {s['tokens']} tokens){' [sent]' if s['sent'] else ''}"
             )
+        typer.echo(
+            f"request {view.request_tokens:,} tokens of a budget of {view.budget:,}, window "
+            f"{view.window:,} (provider tokens)"
+        )
+        typer.echo(
+            f"as Recap counts: {view.estimated_request_tokens:,} of {view.estimated_budget:,} "
+            f"(calibration {view.calibration:.4g})"
+        )
 
     emit(payload, as_json, human, verbatim=True)
 

@@ -8,11 +8,13 @@ host that does not run ``recap serve``.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -24,7 +26,8 @@ from core.redact import error_text, known_secrets
 from core.settings import Settings, get_settings
 from core.storage.db import get_engine
 from workers.ui import routes
-from workers.ui.auth import Sessions
+from workers.ui.auth import LoginLimiter, Sessions
+from workers.ui.headers import SecurityHeaders
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +47,13 @@ def _when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _provider(value: int, calibration: float, up: bool = True) -> str:
+    """Recap's count in provider tokens (times the calibration factor), as ``recap stats`` and
+    ``recap timeline`` report them: a request rounded up, a budget (``up=False``) down."""
+    scaled = value * calibration
+    return _number(math.ceil(scaled) if up else math.floor(scaled))
+
+
 def _percent(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f} %"
 
@@ -52,7 +62,7 @@ def templates() -> Jinja2Templates:
     """The page templates (autoescaped), with the console's filters."""
     pages = Jinja2Templates(directory=str(HERE / "templates"))
     pages.env.trim_blocks = pages.env.lstrip_blocks = True  # no blank lines where tags were
-    pages.env.filters.update(number=_number, when=_when, percent=_percent)
+    pages.env.filters.update(number=_number, when=_when, percent=_percent, provider=_provider)
     return pages
 
 
@@ -63,6 +73,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     if not settings.ui_keys:
         raise RecapError("RECAP_UI_KEYS is empty: set at least one console key")
     secrets = known_secrets(settings)
+    static_files = StaticFiles(directory=str(HERE / "static"))
 
     async def unexpected(request: Request, exc: Exception) -> Response:
         """Any other failure: a page saying it was logged, with no detail (it is in the log)."""
@@ -79,9 +90,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/c/{cid:path}", routes.conversation, methods=["GET"], name="conversation"),
             Route("/actions/compress", routes.compress, methods=["POST"], name="compress"),
             Route("/actions/retry", routes.retry, methods=["POST"], name="retry"),
-            Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+            Mount("/static", app=SecurityHeaders(static_files, pages=False), name="static"),
         ],
         exception_handlers={Exception: unexpected},
+        middleware=[Middleware(SecurityHeaders)],
     )
     app.state.console = routes.Console(
         settings=settings,
@@ -89,6 +101,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         sessions=Sessions(settings.ui_keys, settings.serve_keys),
         templates=templates(),
         secrets=secrets,
+        logins=LoginLimiter(settings.ui_login_attempts),
     )
     return app
 
@@ -107,7 +120,10 @@ def standalone(settings: Settings | None = None) -> Starlette:
         return RedirectResponse(f"{PREFIX}/", status_code=307)
 
     console = create_app(settings)
-    return Starlette(routes=[Route("/", home), Mount(PREFIX, app=console)])
+    return Starlette(
+        routes=[Route("/", home), Mount(PREFIX, app=console)],
+        middleware=[Middleware(SecurityHeaders)],
+    )
 
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:

@@ -6,16 +6,22 @@ and nothing else, and takes no action. Keys are checked in constant time
 (``workers.serve.auth.KeyRing``) and never stored: a session is a random token kept in this
 process (its digest is the lookup key), with its own CSRF token that every form posts back.
 Sessions end on logout, after ``SESSION_SECONDS``, or when the process restarts.
+
+Wrong keys are limited per client address (``LoginLimiter``): after ``RECAP_UI_LOGIN_ATTEMPTS``
+wrong keys within ``LOGIN_WINDOW_SECONDS`` the address is refused (429) until the oldest of them
+leaves the window, before any key is looked at.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import SecretStr
@@ -27,6 +33,8 @@ COOKIE = "recap_console"
 SESSION_SECONDS = 12 * 3600  # a working day; then the key is asked for again
 MAX_SESSIONS = 1_000  # sessions kept at once; the oldest goes first
 TOKEN_BYTES = 32  # 256 bits of randomness per session and per CSRF token
+LOGIN_WINDOW_SECONDS = 300  # wrong keys are counted over the last five minutes
+MAX_ADDRESSES = 10_000  # addresses whose wrong keys are remembered; the oldest goes first
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,9 @@ class Session:
     expires: float
 
     def csrf_matches(self, token: str | None) -> bool:
-        return bool(token) and hmac.compare_digest(self.csrf, token or "")
+        """The form's token is this session's (compared as bytes: any text, in constant time)."""
+        given = (token or "").encode("utf-8", "surrogatepass")
+        return bool(given) and hmac.compare_digest(self.csrf.encode("ascii"), given)
 
 
 class Sessions:
@@ -96,3 +106,59 @@ class Sessions:
         if token:
             with self._lock:
                 self._open.pop(self._digest(token), None)
+
+
+class LoginLimiter:
+    """Wrong keys per client address over a sliding window, in this process: ``wait`` says
+    how long an address must wait before its next try (0: it may try now)."""
+
+    def __init__(
+        self,
+        attempts: int,
+        *,
+        window: float = LOGIN_WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._attempts = attempts
+        self._window = window
+        self._clock = clock
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def wait(self, address: str) -> int:
+        """Whole seconds until ``address`` may try a key again; 0 when it may now."""
+        now = self._clock()
+        with self._lock:
+            failures = self._recent(address, now)
+            if failures is None or len(failures) < self._attempts:
+                return 0
+            return max(math.ceil(failures[0] + self._window - now), 1)
+
+    def failed(self, address: str) -> None:
+        """One more wrong key from ``address``."""
+        now = self._clock()
+        with self._lock:
+            failures = self._recent(address, now)
+            if failures is None:
+                failures = self._failures[address] = deque(maxlen=self._attempts)
+            failures.append(now)
+            self._failures.move_to_end(address)
+            while len(self._failures) > MAX_ADDRESSES:
+                self._failures.popitem(last=False)
+
+    def succeeded(self, address: str) -> None:
+        """A right key from ``address``: its wrong keys are forgotten."""
+        with self._lock:
+            self._failures.pop(address, None)
+
+    def _recent(self, address: str, now: float) -> deque[float] | None:
+        """The address's wrong keys still in the window (those older are dropped)."""
+        failures = self._failures.get(address)
+        if failures is None:
+            return None
+        while failures and failures[0] <= now - self._window:
+            failures.popleft()
+        if not failures:
+            del self._failures[address]
+            return None
+        return failures

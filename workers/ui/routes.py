@@ -22,24 +22,16 @@ from core.errors import NotFoundError
 from core.redact import error_text
 from core.settings import Settings
 from core.storage.console import SORTS
-from workers.ui import views
-from workers.ui.auth import COOKIE, Session, Sessions
+from workers.ui import fields, views
+from workers.ui.auth import COOKIE, LoginLimiter, Session, Sessions
+from workers.ui.fields import FieldError
+from workers.ui.headers import PAGE_HEADERS
 
 log = structlog.get_logger(__name__)
 
 FORM_BYTES_MAX = 8_192  # a login or action form is a few fields
-PAGE_SIZE = 25  # conversations per page by default
-PAGE_SIZES = (10, 25, 50, 100, 200)
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; "
-        "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",  # no-referrer would make the browser send Origin: null
-    "Cache-Control": "no-store",
-}
+PAGE_SIZES = (10, 25, 50, 100, fields.PAGE_SIZE_MAX)
+DEFAULT_PORTS = {"http": 80, "https": 443}  # an Origin names its port only when it is another
 
 
 @dataclass
@@ -51,6 +43,7 @@ class Console:
     sessions: Sessions
     templates: Jinja2Templates
     secrets: list[str]
+    logins: LoginLimiter
 
 
 def console_of(request: Request) -> Console:
@@ -80,7 +73,7 @@ def render(
         **context,
     }
     response = console.templates.TemplateResponse(request, name, full, status_code=status_code)
-    response.headers.update(SECURITY_HEADERS)
+    response.headers.update(PAGE_HEADERS)
     return response
 
 
@@ -94,6 +87,17 @@ def to_login(request: Request) -> Response:
 
 def not_found(request: Request, what: str) -> Response:
     return render(request, "error.html", {"title": "Not found", "message": what}, 404)
+
+
+def refused(request: Request, problem: FieldError) -> Response:
+    """A field that does not read as what it names (``workers.ui.fields``): one line."""
+    title = "Not found" if problem.status == 404 else "Bad request"
+    context = {"title": title, "message": problem.message}
+    return render(request, "error.html", context, problem.status)
+
+
+def not_a_message(conversation_id: str, leaf: int) -> FieldError:
+    return FieldError(f"message {leaf} is not in conversation {conversation_id!r}", status=404)
 
 
 async def read_form(request: Request) -> dict[str, str] | None:
@@ -111,11 +115,25 @@ async def read_form(request: Request) -> dict[str, str] | None:
 
 
 def same_origin(request: Request) -> bool:
-    """A POST from a page of this host (or from a client that sends no Origin)."""
+    """A POST from a page of this console: an ``Origin`` of the same scheme, host and port
+    (default ports filled in), or none (a client that sends no Origin); ``null`` and an
+    origin that does not parse are another origin."""
     origin = request.headers.get("origin")
     if origin is None:
         return True
-    return urlsplit(origin).netloc == request.headers.get("host", "")  # "null" is no host
+    try:
+        given = urlsplit(origin)
+        port = given.port
+    except ValueError:  # a port that is no number
+        return False
+    own = request.url
+    if given.scheme not in DEFAULT_PORTS or not given.hostname or own.scheme not in DEFAULT_PORTS:
+        return False
+    return (
+        given.scheme == own.scheme
+        and given.hostname == (own.hostname or "").lower()
+        and (port or DEFAULT_PORTS[given.scheme]) == (own.port or DEFAULT_PORTS[own.scheme])
+    )
 
 
 # --- login ----------------------------------------------------------------------------------------
@@ -131,12 +149,22 @@ async def login(request: Request) -> Response:
     form = await read_form(request)
     if form is None or not same_origin(request):
         return render(request, "login.html", {"problem": "the form could not be read"}, 400)
-    sessions = console_of(request).sessions
-    scope = sessions.scope_of(form.get("key", ""))
+    console = console_of(request)
+    address = request.client.host if request.client else ""
+    wait = console.logins.wait(address)
+    if wait:  # refused before the key is looked at: a right key does not pass either
+        problem = f"too many wrong keys from this address: try again in {wait} seconds"
+        log.warning("console_login_limited", client=address, retry_after=wait)
+        response = render(request, "login.html", {"problem": problem}, 429)
+        response.headers["Retry-After"] = str(wait)
+        return response
+    scope = console.sessions.scope_of(form.get("key", ""))
     if scope is None:
-        log.warning("console_login_refused", client=request.client.host if request.client else "")
+        console.logins.failed(address)
+        log.warning("console_login_refused", client=address)
         return render(request, "login.html", {"problem": "wrong key"}, 401)
-    token, _ = sessions.open(scope)
+    console.logins.succeeded(address)
+    token, _ = console.sessions.open(scope)
     response = RedirectResponse(f"{base_of(request)}/", status_code=303)
     response.set_cookie(
         COOKIE,
@@ -150,24 +178,25 @@ async def login(request: Request) -> Response:
 
 
 async def logout(request: Request) -> Response:
+    """End the session: only with its CSRF token from this console's origin (a forged logout
+    ends nothing and keeps the cookie); with no session there is nothing to end."""
     session = current(request)
-    form = await read_form(request)
-    if session is not None and form is not None and session.csrf_matches(form.get("csrf")):
+    if session is not None:
+        form = await read_form(request)
+        if form is None or not same_origin(request) or not session.csrf_matches(form.get("csrf")):
+            return csrf_refused(request)
         console_of(request).sessions.close(request.cookies.get(COOKIE))
     response = to_login(request)
     response.delete_cookie(COOKIE, path=f"{base_of(request)}/")
     return response
 
 
+def csrf_refused(request: Request) -> Response:
+    message = "the form's CSRF token is missing or wrong: reload the page and try again"
+    return render(request, "error.html", {"title": "Refused", "message": message}, 403)
+
+
 # --- pages ----------------------------------------------------------------------------------------
-
-
-def _int(value: str | None, default: int, low: int, high: int) -> int:
-    try:
-        number = int(value) if value is not None else default
-    except ValueError:
-        return default
-    return min(max(number, low), high)
 
 
 def conversations(request: Request) -> Response:
@@ -176,17 +205,22 @@ def conversations(request: Request) -> Response:
         return to_login(request)
     console = console_of(request)
     params = request.query_params
-    sort = params.get("sort", "activity")
-    sort = sort if sort in SORTS else "activity"
-    size = _int(params.get("size"), PAGE_SIZE, 1, PAGE_SIZES[-1])
+    try:
+        search = fields.search(params.get("q"))
+        sort = fields.sort(params.get("sort"))
+        descending = fields.descending(params.get("dir"))
+        page = fields.page(params.get("page"))
+        size = fields.size(params.get("size"))
+    except FieldError as problem:
+        return refused(request, problem)
     view = views.list_view(
         console.engine,
         console.settings,
         session.scope,
-        search=params.get("q", "").strip(),
+        search=search,
         sort=sort,
-        descending=params.get("dir", "desc") != "asc",
-        page=_int(params.get("page"), 1, 1, 10**9),
+        descending=descending,
+        page=page,
         page_size=size,
     )
     return render(request, "list.html", {"view": view, "size": size, "sorts": SORTS})
@@ -197,19 +231,24 @@ def conversation(request: Request) -> Response:
     if session is None:
         return to_login(request)
     console = console_of(request)
-    cid = str(request.path_params["cid"])
-    leaf_text = request.query_params.get("leaf")
-    leaf = _int(leaf_text, 0, 1, 2**63 - 1) if leaf_text else None
-    exists, owner = views.conversation_owner(console.engine, cid)
-    if not exists or not session.scope.may_see(owner):  # another key's: as if it did not exist
-        return not_found(request, f"unknown conversation {cid!r}")
-    as_of = request.query_params.get("as_of")
+    params = request.query_params
+    try:
+        cid = fields.conversation(str(request.path_params["cid"]))
+        exists, owner = views.conversation_owner(console.engine, cid)
+        if not exists or not session.scope.may_see(owner):  # another key's: as if not there
+            raise FieldError(f"unknown conversation {cid!r}", status=404)
+        leaf = fields.leaf(params.get("leaf"))
+        notice = fields.task_id(params.get("enqueued"))
+        if leaf is not None and not views.has_message(console.engine, cid, leaf):
+            raise not_a_message(cid, leaf)
+    except FieldError as problem:
+        return refused(request, problem)
+    as_of = params.get("as_of")
     as_of = as_of if as_of and as_of.strip() else None
     try:
         view = views.conversation_view(console.engine, console.settings, cid, leaf, as_of)
     except NotFoundError as exc:
         return not_found(request, str(exc))
-    notice = request.query_params.get("enqueued")
     status = 400 if view.as_of is not None and view.as_of.bad_input else 200
     return render(request, "conversation.html", {"view": view, "enqueued": notice}, status)
 
@@ -233,18 +272,23 @@ async def _enqueue(request: Request, action: str) -> Response:
         return to_login(request)
     form = await read_form(request)
     if form is None or not same_origin(request) or not session.csrf_matches(form.get("csrf")):
-        message = "the form's CSRF token is missing or wrong: reload the page and try again"
-        return render(request, "error.html", {"title": "Refused", "message": message}, 403)
+        return csrf_refused(request)
     if not session.scope.operator:
         message = "actions need a console key (RECAP_UI_KEYS); a client key only reads"
         return render(request, "error.html", {"title": "Refused", "message": message}, 403)
     console = console_of(request)
-    cid = form.get("conversation", "")
-    leaf_text = form.get("leaf") or ""
-    leaf = int(leaf_text) if leaf_text.isdigit() and action == "compress" else None
-    exists, _ = await run_in_threadpool(views.conversation_owner, console.engine, cid)
-    if not exists:
-        return not_found(request, f"unknown conversation {cid!r}")
+    try:
+        cid = fields.conversation(form.get("conversation"))
+        leaf = fields.leaf(form.get("leaf")) if action == "compress" else None
+        exists, _ = await run_in_threadpool(views.conversation_owner, console.engine, cid)
+        if not exists:
+            raise FieldError(f"unknown conversation {cid!r}", status=404)
+        if leaf is not None and not await run_in_threadpool(
+            views.has_message, console.engine, cid, leaf
+        ):
+            raise not_a_message(cid, leaf)
+    except FieldError as problem:
+        return refused(request, problem)
     try:
         task_id = await run_in_threadpool(_send, cid, leaf)
     except Exception as exc:  # the broker is down, say: one masked line, not a traceback

@@ -239,6 +239,12 @@ def conversation_owner(engine: Engine, conversation_id: str) -> tuple[bool, str 
         return console.owner_of(session.connection(), conversation_id)
 
 
+def has_message(engine: Engine, conversation_id: str, message_id: int) -> bool:
+    """Whether ``message_id`` is one of the conversation's messages."""
+    with session_scope(engine) as session:
+        return console.has_message(session.connection(), conversation_id, message_id)
+
+
 def conversation_view(
     engine: Engine,
     settings: Settings,
