@@ -46,22 +46,23 @@ def _imported(tmp_path: Path, cid: str = "c", window: int = WINDOW) -> None:
 # --- export ------------------------------------------------------------------------------------
 
 
-def test_exported_ids_are_strings_that_import_takes_back(
+def test_exported_ids_are_message_ids_that_import_takes_back(
     sqlite_engine: Engine, tmp_path: Path
 ) -> None:
-    """Each exported message carries its id as a string (the message id's digits), and the
-    export imports again as it is."""
+    """Each exported message carries its message id (an integer, as `recap add` gives it), and
+    the export imports again as it is."""
     _imported(tmp_path)
     exported = recap("export", "c").json()
     stored = service.export_conversation(sqlite_engine, "c")["messages"]
-    assert [m["id"] for m in exported["messages"]] == [str(m["id"]) for m in stored]
+    assert [m["id"] for m in exported["messages"]] == [m["id"] for m in stored]
+    assert all(type(m["id"]) is int for m in exported["messages"])
     exported["id"] = "again"
     (tmp_path / "again.jsonl").write_text(json.dumps(exported) + "\n", encoding="utf-8")
     assert recap("import", str(tmp_path / "again.jsonl")).code == 0
     again = recap("export", "again").json()["messages"]
     strip = [{k: v for k, v in m.items() if k != "id"} for m in again]
     assert strip == [{k: v for k, v in m.items() if k != "id"} for m in exported["messages"]]
-    assert recap("pin", "c", exported["messages"][1]["id"]).code == 0  # the id a command takes
+    assert recap("pin", "c", str(exported["messages"][1]["id"])).code == 0  # the id a command takes
 
 
 def test_an_export_sent_back_to_recap_serve_is_accepted(

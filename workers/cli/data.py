@@ -158,9 +158,9 @@ def export(
     full: Annotated[bool, typer.Option(help="Put back truncated tool outputs.")] = False,
 ) -> None:
     """Print the branch as stored, in the import format (always JSON); each message's "id" is
-    its message id as a string, as the chat APIs (and recap serve) take message ids."""
+    its message id (an integer, as ``recap add`` gives it), which recap serve and recap import
+    take back."""
     payload = service.export_conversation(engine(), conversation, leaf, full=full).as_dict()
-    payload["messages"] = [{**m, "id": str(m["id"])} for m in payload["messages"]]
     sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
 
 

@@ -112,6 +112,16 @@ def _optional(body: Mapping[str, Any], name: str, kind: type, what: str) -> Any:
     return value
 
 
+MAX_MESSAGE_ID = 2**63 - 1
+
+
+def _is_message_id(value: Any) -> bool:
+    """A message's ``id``: any string, or a stored message id as ``recap export`` prints it."""
+    if isinstance(value, str):
+        return True
+    return type(value) is int and 0 < value <= MAX_MESSAGE_ID
+
+
 def check_message(message: Any, where: str) -> None:
     """One message: a known role, its content of an allowed shape, its ids strings."""
     if not isinstance(message, dict):
@@ -123,9 +133,13 @@ def check_message(message: Any, where: str) -> None:
             param="messages",
         )
     _check_content(message, role, where)
-    for key in ("tool_call_id", "name", "id"):
+    for key in ("tool_call_id", "name"):
         if key in message and not isinstance(message[key], str):
             raise bad_request(f"{where}: {key} must be a string.", param="messages")
+    if "id" in message and not _is_message_id(message["id"]):  # a recap export's ids are ints
+        raise bad_request(
+            f"{where}: id must be a string or a message id (a positive integer).", param="messages"
+        )
     if role == "tool" and not message.get("tool_call_id"):
         raise bad_request(f"{where}: a tool message needs a tool_call_id.", param="messages")
     calls = message.get("tool_calls")
