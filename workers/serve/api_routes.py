@@ -23,7 +23,7 @@ from core.counting.tokens import TOKENS_REPLY_PRIMING
 from core.errors import BudgetError, InputError, NotFoundError
 from core.request.prefix import split_system
 from core.storage import requests as history
-from workers.serve import messages_api, responses_api, routes, upstream
+from workers.serve import messages_api, response_routes, responses_api, routes, upstream
 from workers.serve.errors import ServeError, bad_request, context_too_long, not_found
 from workers.serve.shapes import Shape
 from workers.serve.streaming import Relay
@@ -33,6 +33,8 @@ log = structlog.get_logger(__name__)
 ENDPOINTS = (
     "POST /v1/chat/completions",
     "POST /v1/responses",
+    "GET /v1/responses/{id}",
+    "DELETE /v1/responses/{id}",
     "POST /v1/messages",
     "POST /v1/messages/count_tokens",
     "GET /v1/models",
@@ -413,6 +415,8 @@ def request_tokens(
 
 ROUTES = [
     Route("/v1/responses", responses, methods=["POST"]),
+    Route("/v1/responses/{response_id}", response_routes.retrieve, methods=["GET"]),
+    Route("/v1/responses/{response_id}", response_routes.delete, methods=["DELETE"]),
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     # the Anthropic SDKs add /v1 themselves: a base URL copied from an OpenAI client ends in it
