@@ -68,11 +68,8 @@ def _read(state: routes.State, ref: responses_api.Reference, owner: str) -> read
 
 
 def _forget(state: routes.State, ref: responses_api.Reference, owner: str) -> None:
-    engine = state.turns.recap.recap.engine
-    reply_id = reads.reply_to_continue(
-        engine, ref.conversation_id, ref.message_id, exact=ref.exact, owner=owner
-    )
-    forget_response(engine, ref.conversation_id, reply_id, owner)
+    reply = _read(state, ref, owner)  # the model's reply, or the 404 of a GET
+    forget_response(state.turns.recap.recap.engine, ref.conversation_id, reply.id, owner)
 
 
 async def retrieve(request: Request) -> Response:
