@@ -712,9 +712,9 @@ class ResponseEvents:
         response = self.head.response(
             output, status="failed", error={"code": code, "message": error.message}
         )
-        payload = {"type": error.type, "code": code, "message": error.message, "param": None}
-        return [  # the error as the Open Responses schema nests it, and as OpenAI spells it
-            self._event("error", error=payload, code=code, message=error.message, param=None),
+        return [  # OpenAI's error event: the Open Responses schema nests these in an `error`
+            # object, which the `openai` SDKs take for a failed request and raise on
+            self._event("error", code=error.code, message=error.message, param=None),
             self._event("response.failed", response=response),
         ]
 
