@@ -18,7 +18,7 @@ import pytest
 
 from tests.support import open_responses as spec
 from tests.support.llm_server import LLMServer, Reply
-from tests.support.serving import MODEL, Serve, running_serve
+from tests.support.serving import KEY_A, MODEL, Serve, running_serve
 from workers.serve import response_objects, responses_api
 from workers.serve.errors import ServeError
 
@@ -50,14 +50,15 @@ def scripted(serve: Serve, template: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("template_id", TEMPLATE_IDS)
-def test_compliance_template(serve: Serve, template_id: str, streaming: bool) -> None:
-    """Each template passes as the specification's runner judges it, streamed and not: the
-    response (and every event) valid, then the template's own validators."""
+def test_compliance_template(either: Serve, template_id: str, streaming: bool) -> None:
+    """Each template passes as the specification's runner judges it, streamed and not, on
+    both upstream paths (direct and litellm): the response (and every event) valid, then the
+    template's own validators."""
+    serve = either
     template = next(t for t in spec.templates() if t["id"] == template_id)
     assert not spec.errors(spec.component("CreateResponseBody"), spec.request_of(template, MODEL))
     scripted(serve, template)
-    result = spec.run_template(serve.base_url, "client-key-aaaa-1111", MODEL, template,
-                               streaming=streaming)  # fmt: skip
+    result = spec.run_template(serve.base_url, KEY_A, MODEL, template, streaming=streaming)
     assert result.errors == [], json.dumps(result.response, indent=1)[:3000]
     if streaming:
         assert result.sse is not None
@@ -244,3 +245,19 @@ def test_the_error_event_is_openais() -> None:
     assert (parsed.code, parsed.message) == ("upstream", "gone")
     assert spec.event_errors(failed) == []
     assert failed["response"]["error"] == {"code": "upstream", "message": "gone"}
+
+
+def test_reasoning_streams_as_the_specification_names_it(serve: Serve) -> None:
+    """A reply with reasoning, streamed: ``response.reasoning.delta`` / ``.done`` (the
+    specification's names), every event valid, and the `openai` client reads the stream to its
+    final response with the reasoning item in it."""
+    serve.llm.script(Reply(reasoning="thinking it over"))
+    template = {"request": {"input": "why?"}, "validators": ["streamingSchema"]}
+    result = spec.run_template(serve.base_url, KEY_A, MODEL, template, streaming=True)
+    assert result.errors == [] and result.sse is not None
+    kinds = [e["data"]["type"] for e in result.sse.events]
+    assert "response.reasoning.delta" in kinds and "response.reasoning.done" in kinds
+    serve.llm.script(Reply(reasoning="thinking again"))
+    with serve.client().responses.stream(model=MODEL, input="why again?") as stream:
+        final = stream.get_final_response()
+    assert [item.type for item in final.output] == ["reasoning", "message"]
