@@ -10,13 +10,21 @@ import json
 import random
 import string
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import openai
 import pytest
+from sqlalchemy import Engine
 
+from core import service
+from core.errors import NotFoundError
+from core.settings import get_settings
+from core.storage import reads
+from core.storage import requests as history
+from core.storage.outputs import Ingest
 from tests.support import open_responses as spec
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import KEY_A, KEY_B, MODEL, Serve, running_serve
@@ -274,3 +282,37 @@ def test_refused_items_name_their_type(serve: Serve, item: dict[str, Any], named
     )
     assert_openai_error(answer, 400)
     assert named in answer.json()["error"]["message"]
+
+
+# --- the storage under it, on SQLite and PostgreSQL -----------------------------------------
+
+DELETERS = 6  # threads deleting responses of one conversation at once
+
+
+def test_deletes_at_once_are_all_kept(engine: Engine) -> None:
+    """Responses of one conversation deleted by several threads at once: every one is recorded
+    (the list is rewritten under the conversation's lock), each reads back as gone, the others'
+    conversation is untouched, and the messages are all still there."""
+    ingest = Ingest.from_settings(get_settings())
+    owner = history.Owner("owner-fingerprint", "gpt-4o-mini", None)
+    cid, replies = "conv-deletes", []
+    messages: list[dict[str, Any]] = []
+    for turn in range(DELETERS):
+        messages.append({"role": "user", "content": f"question {turn}"})
+        mapped = history.store_request(engine, ingest, cid, owner, messages)
+        reply = {"role": "assistant", "content": f"answer {turn}"}
+        replies.append(history.store_reply(engine, ingest, cid, owner, mapped.leaf_id, reply))
+        messages.append(reply)
+    first = reads.stored_reply(engine, cid, replies[0], exact=True, owner=owner.fingerprint)
+    assert first.message == {"role": "assistant", "content": "answer 0"}
+    with pytest.raises(NotFoundError):  # another owner
+        history.forget_response(engine, cid, replies[0], "someone-else")
+    with ThreadPoolExecutor(DELETERS) as pool:
+        list(pool.map(lambda r: history.forget_response(engine, cid, r, owner.fingerprint),
+                      replies))  # fmt: skip
+    for reply_id in replies:
+        with pytest.raises(NotFoundError):
+            reads.stored_reply(engine, cid, reply_id, exact=True, owner=owner.fingerprint)
+        with pytest.raises(NotFoundError):
+            history.forget_response(engine, cid, reply_id, owner.fingerprint)
+    assert len(service.export_conversation(engine, cid)["messages"]) == 2 * DELETERS
