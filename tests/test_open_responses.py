@@ -102,6 +102,8 @@ def test_official_client_reads_every_field(serve: Serve) -> None:
         model=MODEL, input="fields", extra_body={"presence_penalty": 0.5}
     )
     assert whole.presence_penalty == 0.5 and whole.completed_at is not None
+    sent = next(r.body for r in reversed(serve.llm.requests) if "fields" in json.dumps(r.body))
+    assert sent["presence_penalty"] == 0.5  # passed on, not only repeated
     assert spec.response_errors(dumped(whole)) == []
     with client.responses.stream(model=MODEL, input="stream fields") as stream:
         for event in stream:
