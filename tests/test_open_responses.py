@@ -8,6 +8,7 @@ seeded random replies and streams.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import Iterator
@@ -263,3 +264,25 @@ def test_reasoning_streams_as_the_specification_names_it(serve: Serve) -> None:
     with serve.client().responses.stream(model=MODEL, input="why again?") as stream:
         final = stream.get_final_response()
     assert [item.type for item in final.output] == ["reasoning", "message"]
+
+
+def test_the_agents_sdk_runs_on_the_responses_api(serve: Serve) -> None:
+    """The OpenAI Agents SDK's Responses model on recap serve: a run and a streamed run reach
+    their final output (the SDK parses every response object and event on the way)."""
+    agents = pytest.importorskip("agents")
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+
+    async def both() -> tuple[str, str]:
+        client = AsyncOpenAI(base_url=serve.base_url, api_key=KEY_A, max_retries=0)
+        model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+        agent = agents.Agent(name="a", instructions="Be brief.", model=model)
+        result = await agents.Runner.run(agent, "hello agents")
+        run = agents.Runner.run_streamed(agent, "hello streamed")
+        async for _event in run.stream_events():
+            pass
+        return str(result.final_output), str(run.final_output)
+
+    whole, streamed = asyncio.run(both())
+    assert "hello agents" in whole and "hello streamed" in streamed
