@@ -96,6 +96,23 @@ def test_retrieve_a_streamed_response_and_its_tool_calls(serve: Serve) -> None:
     assert [i.id for i in got.output] == [i.id for i in final.output]
 
 
+def test_retrieve_as_a_stream(serve: Serve) -> None:
+    """``stream=true`` on a retrieve: the stored reply as the events of a stream, each valid,
+    ending in the same response a whole retrieve gives."""
+    call = {"id": "call_r1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    serve.llm.script(Reply(text="looking", reasoning="hm", tool_calls=[call]))
+    client = serve.client()
+    made = client.responses.create(model=MODEL, input="replay me")
+    events = list(client.responses.retrieve(made.id, stream=True))
+    whole = raw(serve, "GET", made.id).json()
+    for event in events:
+        assert spec.event_errors(event.model_dump(mode="json", exclude_unset=True)) == []
+    assert events[-1].type == "response.completed"
+    final = events[-1].response.model_dump(mode="json", exclude_unset=True)
+    assert final == whole
+    assert [item["type"] for item in whole["output"]] == ["reasoning", "message", "function_call"]
+
+
 def test_another_key_sees_nothing(serve: Serve) -> None:
     """Another key's GET and DELETE are the 404 of an id never given; the owner's response
     is untouched."""

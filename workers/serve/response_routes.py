@@ -3,10 +3,11 @@ that owns its conversation; any other key, an id Recap did not give, one that na
 stored (``store: false``, a stream whose reply was never stored) or a deleted response is the
 same 404, so a key learns nothing of another's conversations.
 
-A stored response is the reply its id names (``responses_api``): read back, it has the stored
-reply's output items, the provider's usage of the request it answered, the conversation's model
-and the reply's time. Recap does not keep a request's settings beside its reply, so the
-repeated fields (``tools``, ``instructions``, ``temperature``...) are their defaults.
+A stored response is the reply its id names (``responses_api``): read back (whole, or as the
+events of a stream with ``?stream=true``), it has the stored reply's output items, the
+provider's usage of the request it answered, the conversation's model and the reply's time.
+Recap does not keep a request's settings beside its reply, so the repeated fields (``tools``,
+``instructions``, ``temperature``...) are their defaults.
 """
 
 from __future__ import annotations
@@ -60,6 +61,29 @@ def stored_object(value: str, reply: reads.StoredReply) -> dict[str, Any]:
     return response
 
 
+def replayed(value: str, reply: reads.StoredReply) -> bytes:
+    """A stored reply as the events of its stream (``GET ...?stream=true``): the same items,
+    ids and final response as ``stored_object`` gives."""
+    created = int(reply.created_at.timestamp())
+    events = responses_api.ResponseEvents(
+        responses_api.Head(value, reply.model, {}, created_at=created)
+    )
+    message = reply.message
+    delta: dict[str, Any] = {
+        "reasoning_content": message.get("reasoning_content"),
+        "content": message.get("content") if isinstance(message.get("content"), str) else None,
+        "tool_calls": [
+            {**call, "index": n} for n, call in enumerate(message.get("tool_calls") or ())
+        ],
+    }
+    out = events.start()
+    out += events.feed({"choices": [{"index": 0, "delta": delta, "finish_reason": "stop"}]})
+    events.usage = reply.usage
+    out += events.finish()
+    out[-1]["response"]["completed_at"] = created
+    return b"".join(responses_api.sse(event) for event in out)
+
+
 def _read(state: routes.State, ref: responses_api.Reference, owner: str) -> reads.StoredReply:
     engine = state.turns.recap.recap.engine
     return reads.stored_reply(
@@ -83,6 +107,8 @@ async def retrieve(request: Request) -> Response:
             reply = await state.turns.recap.run(_read, state, ref, owner)
         except NotFoundError:
             raise response_not_found(value) from None
+        if request.query_params.get("stream", "").lower() in ("true", "1"):
+            return Response(replayed(value, reply), media_type="text/event-stream")
         return JSONResponse(stored_object(value, reply))
     except ServeError as exc:
         log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
