@@ -29,7 +29,7 @@ from core.request import assembly
 from core.request.branch import applicable_summary, branch_ids
 from core.request.pins import effective_clearings
 from core.storage import store
-from core.storage.models import CONVERSATIONS, MESSAGES
+from core.storage.models import CONVERSATIONS, MESSAGES, Usage, table_of
 from core.storage.pins import load_pins
 from core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
 
@@ -584,6 +584,66 @@ def reply_to_continue(
                 and_(where, m.parent_id == message_id, m.role == "assistant")
             )
         row = connection.execute(statement).first()
-    if row is None or row[0] is None:
-        raise NotFoundError(conversation_id)
-    return int(row[0])
+        found = None if row is None else row[0]
+        if found is None or found in deleted_responses(connection, conversation_id):
+            raise NotFoundError(conversation_id)
+    return int(found)
+
+
+# A conversation's ``meta`` key listing the stored replies whose response was deleted
+# (``DELETE /v1/responses/{id}``): they stay in the history, their response id names nothing.
+DELETED_RESPONSES = "responses_deleted"
+
+
+def deleted_responses(connection: Connection, conversation_id: str) -> set[int]:
+    """The stored replies of the conversation whose response was deleted."""
+    meta = connection.execute(
+        select(CONVERSATIONS.c.meta).where(CONVERSATIONS.c.id == conversation_id)
+    ).scalar()
+    listed = meta.get(DELETED_RESPONSES) if isinstance(meta, dict) else None
+    return {int(v) for v in listed or () if isinstance(v, int)}
+
+
+@dataclass(frozen=True, slots=True)
+class StoredReply:
+    """A stored reply as ``GET /v1/responses/{id}`` reads it back: the message (OpenAI chat
+    format), when it was stored, the conversation's model, and the provider's usage of the
+    request it answered (prompt, completion, cached tokens), when recorded."""
+
+    id: int
+    message: dict[str, Any]
+    created_at: datetime
+    model: str
+    usage: tuple[int, int, int] | None
+
+
+def stored_reply(
+    engine: Any, conversation_id: str, message_id: int, *, exact: bool, owner: str
+) -> StoredReply:
+    """The reply a response id names (``reply_to_continue``); a ``NotFoundError`` as there, or
+    when the message it names is not the model's."""
+    reply_id = reply_to_continue(engine, conversation_id, message_id, exact=exact, owner=owner)
+    m, u = MESSAGES.c, table_of(Usage).c
+    with engine.connect() as connection:
+        row = connection.execute(
+            select(*store.MESSAGE_COLUMNS, m.created_at, CONVERSATIONS.c.model)
+            .join(CONVERSATIONS, CONVERSATIONS.c.id == m.conversation_id)
+            .where(and_(m.conversation_id == conversation_id, m.id == reply_id))
+        ).first()
+        if row is None or row[2] != "assistant":
+            raise NotFoundError(conversation_id)
+        usage = connection.execute(
+            select(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+            .where(and_(u.conversation_id == conversation_id, u.leaf_message_id == row[1]))
+            .order_by(u.id.desc())
+            .limit(1)
+        ).first()
+    created = store.as_utc(row[-2])
+    assert created is not None, "a stored message has its time"
+    return StoredReply(
+        reply_id,
+        store.to_msg(row).to_openai(),
+        created,
+        str(row[-1]),
+        (int(usage[0]), int(usage[1]), int(usage[2])) if usage is not None else None,
+    )

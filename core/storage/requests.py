@@ -385,3 +385,27 @@ def _candidates(
         )
         nodes.extend((int(r[0]), r[1], r[2]) for r in connection.execute(statement))
     return nodes
+
+
+def forget_response(engine: Engine, conversation_id: str, reply_id: int, owner: str) -> None:
+    """``DELETE /v1/responses/{id}``: the stored reply's response is marked deleted (its id then
+    names nothing: ``reads.reply_to_continue``); its messages stay in the history. A
+    ``NotFoundError`` for another owner's conversation or a response deleted already."""
+    from core.storage.models import Conversation
+    from core.storage.reads import DELETED_RESPONSES
+
+    with engine.connect() as connection:  # ownership first, before any lock
+        if not store.owned_by(connection, conversation_id, owner):
+            raise NotFoundError(conversation_id)
+    with session_scope(engine) as session:
+        if not store.lock_conversation(session, conversation_id, exclusive=True):
+            raise NotFoundError(conversation_id)
+        conversation = session.get(Conversation, conversation_id)
+        assert conversation is not None, "the conversation is locked"
+        meta = dict(conversation.meta or {})
+        deleted = [int(v) for v in meta.get(DELETED_RESPONSES) or () if isinstance(v, int)]
+        if reply_id in deleted:
+            raise NotFoundError(conversation_id)
+        meta[DELETED_RESPONSES] = sorted([*deleted, reply_id])
+        conversation.meta = meta
+        session.add(conversation)

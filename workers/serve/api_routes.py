@@ -23,16 +23,19 @@ from core.counting.tokens import TOKENS_REPLY_PRIMING
 from core.errors import BudgetError, InputError, NotFoundError
 from core.request.prefix import split_system
 from core.storage import requests as history
-from workers.serve import messages_api, responses_api, routes, upstream
+from workers.serve import messages_api, response_routes, responses_api, routes, upstream
 from workers.serve.errors import ServeError, bad_request, context_too_long, not_found
 from workers.serve.shapes import Shape
 from workers.serve.streaming import Relay
 
 log = structlog.get_logger(__name__)
 
+SHOWN_PATH_CHARS = 120  # of an unknown path, what its 404 repeats
 ENDPOINTS = (
     "POST /v1/chat/completions",
     "POST /v1/responses",
+    "GET /v1/responses/{id}",
+    "DELETE /v1/responses/{id}",
     "POST /v1/messages",
     "POST /v1/messages/count_tokens",
     "GET /v1/models",
@@ -261,7 +264,9 @@ async def unknown_route(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 404)
     status = status if status in (404, 405) else 404
     what = "Unknown path" if status == 404 else f"{request.method} is not allowed on"
-    message = f"{what} {request.url.path}: recap serve answers {', '.join(ENDPOINTS)}."
+    path = request.url.path
+    shown = path if len(path) <= SHOWN_PATH_CHARS else path[:SHOWN_PATH_CHARS] + "…"
+    message = f"{what} {shown}: recap serve answers {', '.join(ENDPOINTS)}."
     if is_anthropic(request):
         return messages_api.error_response(ServeError(status, message, code="not_found"))
     return ServeError(status, message, code="unknown_url").response()
@@ -413,6 +418,8 @@ def request_tokens(
 
 ROUTES = [
     Route("/v1/responses", responses, methods=["POST"]),
+    Route("/v1/responses/{response_id:path}", response_routes.retrieve, methods=["GET"]),
+    Route("/v1/responses/{response_id:path}", response_routes.delete, methods=["DELETE"]),
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     # the Anthropic SDKs add /v1 themselves: a base URL copied from an OpenAI client ends in it

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.serve import response_objects
 from workers.serve.chunks import chunk_usage, first_choice_deltas
 from workers.serve.errors import ServeError, bad_request
 
@@ -45,7 +46,16 @@ IGNORED_FIELDS = frozenset(
 )
 RENAMED = {"max_output_tokens": "max_tokens"}
 PASSED = frozenset(
-    {"temperature", "top_p", "parallel_tool_calls", "user", "service_tier", "top_logprobs"}
+    {
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "parallel_tool_calls",
+        "user",
+        "service_tier",
+        "top_logprobs",
+    }
 )
 FINISHED = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -143,11 +153,6 @@ def chat_request(body: Mapping[str, Any]) -> ChatRequest:
     params.update({RENAMED[k]: body[k] for k in RENAMED if body.get(k) is not None})
     params.update(_tool_params(body))
     params.update(_format_params(body))
-    echo = {
-        k: body[k]
-        for k in ("tools", "tool_choice", "temperature", "top_p", "max_output_tokens", "metadata")
-        if body.get(k) is not None
-    }
     return ChatRequest(
         model=model,
         system=instructions or None,
@@ -156,7 +161,7 @@ def chat_request(body: Mapping[str, Any]) -> ChatRequest:
         stream=stream,
         store=store,
         previous_response_id=previous,
-        echo={**echo, "instructions": instructions, "previous_response_id": previous},
+        echo=response_objects.echo(body),
     )
 
 
@@ -240,7 +245,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
     for index, item in enumerate(value):
         if not isinstance(item, Mapping):
             raise bad_request(f"input[{index}] must be an object.", param="input")
-        kind = item.get("type", "message")
+        kind = item_type(item)
         if kind == "reasoning":
             reasoning.append(_reasoning_text(item))
             continue
@@ -262,6 +267,15 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
             _attach_reasoning(message, reasoning)
         messages.append(message)
     return messages
+
+
+def item_type(item: Mapping[str, Any]) -> Any:
+    """An input item's type: as given, else a message (it has a role) or an item reference (an
+    ``id`` alone, whose ``type`` the specification lets a client leave out)."""
+    kind = item.get("type")
+    if kind is not None:
+        return kind
+    return "item_reference" if "role" not in item and "id" in item else "message"
 
 
 def _attach_reasoning(message: dict[str, Any], reasoning: list[str]) -> None:
@@ -335,12 +349,23 @@ def _call_output(item: Mapping[str, Any], index: int) -> dict[str, Any]:
     if not isinstance(call_id, str) or not call_id:
         raise bad_request(f"input[{index}]: a function_call_output needs call_id.", param="input")
     if isinstance(output, list):
-        output = "".join(
-            str(p.get("text", "")) for p in output if isinstance(p, Mapping) and "text" in p
-        )
+        output = "".join(_output_text(part, index) for part in output)
     if not isinstance(output, str):
         raise bad_request(f"input[{index}]: output must be a string.", param="input")
     return {"role": "tool", "tool_call_id": call_id, "content": output}
+
+
+def _output_text(part: Any, index: int) -> str:
+    """A text part of a function call's output (a tool message of chat completions holds text
+    only: an image or a file there is refused, never dropped)."""
+    kind = part.get("type") if isinstance(part, Mapping) else None
+    if kind in ("input_text", "output_text", "text") and isinstance(part, Mapping):
+        return str(part.get("text", ""))
+    raise bad_request(
+        f"input[{index}]: function_call_output parts of type {kind!r} are not supported "
+        "(text parts are).",
+        param="input",
+    )
 
 
 # --- the reply ---------------------------------------------------------------------------------
@@ -380,31 +405,21 @@ class Head:
         status: str,
         usage: dict[str, Any] | None = None,
         incomplete: str | None = None,
+        error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        echo = self.echo
-        return {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "model": self.model,
-            "output": output,
-            "usage": usage,
-            "error": None,
-            "incomplete_details": {"reason": incomplete} if incomplete else None,
-            "instructions": echo.get("instructions"),
-            "previous_response_id": echo.get("previous_response_id"),
-            "tools": list(echo.get("tools") or []),
-            "tool_choice": echo.get("tool_choice", "auto"),
-            "parallel_tool_calls": True,
-            "temperature": echo.get("temperature"),
-            "top_p": echo.get("top_p"),
-            "max_output_tokens": echo.get("max_output_tokens"),
-            "metadata": dict(echo.get("metadata") or {}),
-            "text": {"format": {"type": "text"}},
-            "truncation": "disabled",
-            "store": self.store,
-        }
+        """The response object with this head's id, model and repeated request fields."""
+        return response_objects.resource(
+            response_id=self.id,
+            model=self.model,
+            created_at=self.created_at,
+            echoed=self.echo,
+            store=self.store,
+            output=output,
+            status=status,
+            usage=usage,
+            incomplete=incomplete,
+            error=error,
+        )
 
 
 def output_items(head: Head, message: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -563,9 +578,7 @@ class ResponseEvents:
                     )
                 )
         current.text.append(piece)
-        name = (
-            "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
-        )
+        name = "response.output_text.delta" if kind == "message" else "response.reasoning.delta"
         extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
         events.append(
             self._event(
@@ -651,7 +664,7 @@ class ResponseEvents:
             item = _reasoning_item(self.head, index, text)
             events.append(
                 self._event(
-                    "response.reasoning_text.done",
+                    "response.reasoning.done",
                     item_id=item_id,
                     output_index=index,
                     content_index=0,
@@ -695,9 +708,12 @@ class ResponseEvents:
         """The events that end a stream the upstream broke off: the error, then the failed
         response."""
         output = [{k: v for k, v in c.item.items() if k != "done"} for c in self.items]
-        response = self.head.response(output, status="failed")
-        response["error"] = {"code": error.code or "server_error", "message": error.message}
-        return [
+        code = error.code or "server_error"
+        response = self.head.response(
+            output, status="failed", error={"code": code, "message": error.message}
+        )
+        return [  # OpenAI's error event: the Open Responses schema nests these in an `error`
+            # object, which the `openai` SDKs take for a failed request and raise on
             self._event("error", code=error.code, message=error.message, param=None),
             self._event("response.failed", response=response),
         ]
