@@ -172,6 +172,30 @@ def export_conversation(
     return ExportedConversation(id=conversation_id, messages=messages, meta=meta)
 
 
+def conversation_meta(engine: Engine, conversation_id: str) -> dict[str, Any]:
+    """What a host keeps beside the conversation (``meta``), without reading its messages."""
+    with session_scope(engine) as session:
+        return dict(store.get_conversation(session, conversation_id).meta or {})
+
+
+def set_conversation_meta(
+    engine: Engine, conversation_id: str, key: str, value: Any
+) -> dict[str, Any]:
+    """Set one key of the conversation's ``meta`` (None removes it); the meta it leaves. A
+    JSON value of the host's, never read by Recap's decisions."""
+    json.dumps(value)  # a value that cannot be stored is refused before the write
+    with session_scope(engine) as session:
+        conversation = store.get_conversation(session, conversation_id)
+        meta = dict(conversation.meta or {})
+        if value is None:
+            meta.pop(key, None)
+        else:
+            meta[key] = value
+        conversation.meta = meta or None
+        session.add(conversation)
+    return meta
+
+
 def list_summaries(engine: Engine, conversation_id: str) -> list[SummaryInfo]:
     """The conversation's summaries, oldest first, as the CLI prints them."""
     with session_scope(engine) as session:
