@@ -161,14 +161,14 @@ class RecapSession:
         self, limit: int | None = None, *, wrapper: Any = None
     ) -> list[TResponseInputItem]:
         """Recap's assembly of the conversation as the SDK's items: the latest ``limit`` (or
-        ``session_settings.limit``) when given, never starting with an output whose call was
-        cut off."""
+        ``session_settings.limit``) when given, as the SDK's sessions give them (the runner
+        drops an output whose call was cut off)."""
         from agents.memory.session_settings import resolve_session_limit
 
         limit = resolve_session_limit(limit, self.session_settings)
         items = await self._recap.run(self._read)
         if limit is not None:
-            items = _latest(items, limit)
+            items = items[-limit:] if limit > 0 else []
         return items  # type: ignore[return-value]  # the SDK's TypedDicts, as stored
 
     def _read(self) -> list[dict[str, Any]]:
