@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.aio import AsyncRecap
 from core.client import Recap
+from core.request.render import NO_RESULT_TEXT
 from core.values.limits import NAME_MAX_CHARS
 from recap.convert import openai_agents as convert
 from recap.integrations import _host
@@ -173,11 +174,16 @@ class RecapSession:
 
     def _read(self) -> list[dict[str, Any]]:
         cid = self._current()
-        return self.items_of(self._assemble(cid, self.branch_end(cid)).history)
+        history = self._assemble(cid, self.branch_end(cid)).history
+        while history and _repaired(history[-1]):  # a pop left the calls' outputs behind
+            history = history[:-1]
+        return self.items_of(history)
 
     def _assemble(self, cid: str, leaf: int | None, *, compress: bool = False) -> _host.Assembled:
+        """Recap's request at ``leaf``; with ``compress``, compressed first whatever Recap's own
+        count says (the provider refused it: resending it as it was would fail again)."""
         if compress:
-            self.recap.compress(cid, leaf=leaf)
+            self.recap.compress(cid, leaf=leaf, force=True)
         tools = list(self.fixed.tools) if self.fixed.tools is not None else None
         return _host.assemble(
             self.recap, cid, leaf=leaf, system=self.fixed.instructions, tools=tools
@@ -322,6 +328,9 @@ def with_originals(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: list[list[dict[str, Any]]] = [[] for _ in messages]
     for end, item in enumerate(items, start=1):  # an item belongs to the last message so far
         groups[len(convert.items_to_messages(items[:end])) - 1].append(item)
+    for message in messages:  # reasoning alone (a response cut by a pop): an empty answer
+        if message.get("content") is None and not message.get("tool_calls"):
+            message["content"] = ""
     return [{**m, ORIGINAL_KEY: g} for m, g in zip(messages, groups, strict=True)]
 
 
@@ -347,6 +356,16 @@ def _entries(wrapper: Any) -> list[Any]:
     """The run's usage readings, one per model call (``Usage.request_usage_entries``)."""
     entries = getattr(getattr(wrapper, "usage", None), "request_usage_entries", None)
     return entries if isinstance(entries, list) else []
+
+
+def _repaired(message: Mapping[str, Any]) -> bool:
+    """Whether the assembly put in this result for a call that has none stored (what a model
+    must be sent; the session gives the branch as stored)."""
+    return (
+        message.get("role") == "tool"
+        and ORIGINAL_KEY not in message
+        and message.get("content") == NO_RESULT_TEXT
+    )
 
 
 def _without_id(message: Mapping[str, Any]) -> dict[str, Any]:
