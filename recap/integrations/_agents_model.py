@@ -87,9 +87,7 @@ class RecapModel(Model):
                 system_instructions, call.input, *rest, **options
             )
         except Exception as exc:
-            if call.leaf is None or not context_overflow(exc):
-                raise
-            call = await self._prepare(*parts, compress=True)
+            call = await self._compressed(call, parts, exc)
             response = await self.inner.get_response(
                 system_instructions, call.input, *rest, **options
             )
@@ -128,15 +126,26 @@ class RecapModel(Model):
                 usage = _completed_usage(event) or usage
                 yield event
         except Exception as exc:
-            if started or call.leaf is None or not context_overflow(exc):
+            if started:
                 raise
-            call = await self._prepare(*parts, compress=True)
+            call = await self._compressed(call, parts, exc)
             async for event in self.inner.stream_response(
                 system_instructions, call.input, *rest, **options
             ):
                 usage = _completed_usage(event) or usage
                 yield event
         await self._record(call, usage)
+
+    async def _compressed(self, call: Call, parts: tuple[Any, ...], error: Exception) -> Call:
+        """The call once more after compressing, for a context-length error; the error itself
+        when it is another, or when compressing left the request as it was (sending it again
+        would only fail again)."""
+        if call.leaf is None or not context_overflow(error):
+            raise error
+        again = await self._prepare(*parts, compress=True)
+        if again.input == call.input:
+            raise error
+        return again
 
     async def _prepare(
         self,
