@@ -116,13 +116,13 @@ def test_session_alone_records_each_runs_first_call(server: LLMServer, recap: Re
 def test_wrapped_model_records_every_call_with_its_fixed_parts(
     server: LLMServer, recap: Recap, kind: str
 ) -> None:
-    """With ``session.model(...)`` every call is assembled by Recap and recorded (streamed
+    """With ``session.wrap(...)`` every call is assembled by Recap and recorded (streamed
     ones too), and the agent's instructions, tools and ``max_tokens`` are counted."""
     session = RecapSession(f"wrapped-{kind}-{uuid.uuid4().hex[:6]}", recap=recap, enqueue=False)
     agent = Agent(
         name="a",
         instructions=INSTRUCTIONS,
-        model=session.model(_model(server.url, kind)),
+        model=session.wrap(_model(server.url, kind)),
         model_settings=ModelSettings(max_tokens=RESERVE),
         tools=[lookup],
     )
@@ -166,7 +166,7 @@ def test_context_length_error_compresses_and_retries_once(server: LLMServer, rec
             {"role": "assistant", "content": f"reply {turn}: " + "noted " * 60},
         ]
     asyncio.run(session.add_items(history))
-    agent = Agent(name="a", instructions="Be brief.", model=session.model(_model(server.url)))
+    agent = Agent(name="a", instructions="Be brief.", model=session.wrap(_model(server.url)))
     refusal = Reply(status=400, error=OVERFLOW, code="context_length_exceeded")
     server.script(refusal)
     first = len(server.requests)
@@ -221,7 +221,7 @@ def test_worker_compresses_while_items_keep_their_ids(stack: FrameworkStack, hos
     agent = Agent(
         name="a",
         instructions="Answer briefly.",
-        model=session.model(_model(stack.server.url)),
+        model=session.wrap(_model(stack.server.url)),
         model_settings=ModelSettings(max_tokens=RESERVE),
     )
     first = len(stack.server.requests)

@@ -4,7 +4,7 @@
     from recap.integrations.openai_agents import RecapSession
 
     session = RecapSession("ticket-4711", max_input_tokens=32_000)
-    agent = Agent(name="support", model=session.model("gpt-4o-mini"))
+    agent = Agent(name="support", model=session.wrap("gpt-4o-mini"))
     result = await Runner.run(agent, "Where is my order?", session=session)
 
 ``add_items`` stores the run's items as Recap messages, each message with the items it stands for
@@ -13,7 +13,7 @@ content), and enqueues ``recap.compress_session`` after each batch that holds a 
 a tool output. ``get_items`` returns Recap's assembly of the conversation: each message sent in
 full as its original items, the summary and cleared or shortened results as Recap renders them.
 
-``session.model(...)`` wraps the agent's model so that every model call is Recap's: the request's
+``session.wrap(model)`` wraps the agent's model so that every model call is Recap's: the request's
 history is assembled at that call with the agent's real system prompt, tool schemas and output
 reserve, the provider's usage is recorded against it, and a context-length error is answered by
 compressing now and retrying once (``RecapModel``). Without it the
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import threading
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -52,13 +53,13 @@ ORIGINAL_KEY = "agents_items"  # the SDK's items a stored message stands for, as
 LEAF_KEY = "agents_branch_end"  # conversation meta: where pop_item left the branch's end
 COMPARED_KEYS = ("role", "content", "tool_calls", "tool_call_id")  # what assembly may rewrite
 RUNS_REMEMBERED = 64  # runs whose usage readings are tracked at once (one per run in flight)
-_LOCKS_GUARD = threading.Lock()
-_CONVERSATION_LOCKS: dict[str, threading.Lock] = {}  # one per conversation, for every session
+LOCK_STRIPES = 64  # locks shared by all conversations: a bounded set, however many there are
+_LOCKS = tuple(threading.Lock() for _ in range(LOCK_STRIPES))
 
 
 def _conversation_lock(conversation_id: str) -> threading.Lock:
-    with _LOCKS_GUARD:
-        return _CONVERSATION_LOCKS.setdefault(conversation_id, threading.Lock())
+    """The process's lock for the conversation's branch end (one of ``LOCK_STRIPES``)."""
+    return _LOCKS[zlib.crc32(conversation_id.encode()) % LOCK_STRIPES]
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class RecapSession:
     ) -> None:
         """``session_id`` names the conversation (created on first use, with ``model``'s
         tokenizer and window, or ``max_input_tokens``). ``instructions`` and ``tools`` (OpenAI
-        tool schemas) are counted in the budget until a model wrapped by ``model()`` hands the
+        tool schemas) are counted in the budget until a model wrapped by ``wrap()`` hands the
         agent's own. ``session_settings`` is a ``SessionSettings`` or a dict of its fields
         (default ``SessionSettings()``). ``enqueue=False`` leaves compression to the host."""
         from agents.memory.session_settings import SessionSettings, coerce_session_settings
@@ -101,7 +102,7 @@ class RecapSession:
         )
         self._owned = recap is None  # made here: ``close`` disposes of it
         self._recap = recap if isinstance(recap, AsyncRecap) else AsyncRecap(recap)
-        self.model_name = model
+        self.model = model
         self.max_input_tokens = max_input_tokens
         self.fixed = FixedParts(instructions, tuple(tools) if tools is not None else None)
         self.enqueue = enqueue
@@ -116,7 +117,7 @@ class RecapSession:
     def recap(self) -> Recap:
         return self._recap.recap
 
-    def model(self, inner: Model | str) -> RecapModel:
+    def wrap(self, inner: Model | str) -> RecapModel:
         """The agent's model (a ``Model`` or an OpenAI model name) with every call assembled by
         Recap, its usage recorded and a context-length error compressed away once."""
         from recap.integrations._agents_model import RecapModel
@@ -153,7 +154,7 @@ class RecapSession:
 
     def _ensure(self, cid: str) -> None:
         _host.ensure_conversation(
-            self.recap, cid, model=self.model_name, max_input_tokens=self.max_input_tokens
+            self.recap, cid, model=self.model, max_input_tokens=self.max_input_tokens
         )
 
     # --- the protocol -----------------------------------------------------------------------
