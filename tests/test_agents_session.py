@@ -217,3 +217,29 @@ def test_concurrent_first_use(engine: Engine, tmp_path: Any) -> None:
         stored = run(RecapSession(session_id, recap=recap).get_items())
         expected = {f"{n}-{k}" for n in range(THREADS) for k in range(2)}
         assert sorted(i["content"] for i in stored) == sorted(expected)
+
+
+def test_large_output_is_stored_as_its_preview(recap: Recap) -> None:
+    """A tool output over ``RECAP_MAX_OUTPUT_BYTES`` is stored as Recap's preview alone (the
+    row does not keep the original beside it) and given back as that preview; the call keeps
+    its item as stored."""
+    session = RecapSession("large", recap=recap, enqueue=False)
+    call = {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "c1",
+        "name": "dump",
+        "arguments": "{}",
+        "status": "completed",
+    }
+    big = "\n".join(f"line {n} " + "x" * 60 for n in range(recap.settings.max_output_lines + 50))
+    output = {"type": "function_call_output", "call_id": "c1", "output": big}
+    run(session.add_items([{"role": "user", "content": "dump it"}]))
+    run(session.add_items([call, output]))  # type: ignore[list-item]
+    items = run(session.get_items())
+    assert items[1] == call
+    assert items[2]["type"] == "function_call_output" and items[2]["call_id"] == "c1"
+    assert len(items[2]["output"]) < len(big) // 2
+    stored = recap.export("large").messages
+    assert "agents_items" not in stored[-1]
+    assert len(json.dumps(stored[-1])) < len(big) // 2

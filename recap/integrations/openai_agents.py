@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from core.aio import AsyncRecap
 from core.client import Recap
 from core.request.render import NO_RESULT_TEXT
+from core.settings import Settings
 from core.values.limits import NAME_MAX_CHARS
 from recap.convert import openai_agents as convert
 from recap.integrations import _host
@@ -217,7 +218,8 @@ class RecapSession:
         cid = self._current()
         with _conversation_lock(cid):
             end = self.branch_end(cid)
-            ids = _host.add_messages(self.recap, cid, with_originals(plain), parent_id=end)
+            messages = self._stored_form(plain)
+            ids = _host.add_messages(self.recap, cid, messages, parent_id=end)
             if end is not None:  # the new messages are the head: the branch ends there
                 self.recap.set_meta(cid, LEAF_KEY, None)
         if wrapper is None or not ids:
@@ -226,12 +228,23 @@ class RecapSession:
         if readings and measured is not None and not self._model_records:
             self.record(cid, measured, readings[0])  # the run's first call: Recap's request
         measured = None
-        if not any(convert.is_model_output(item) for item in plain):
+        if not self._model_records and not any(convert.is_model_output(i) for i in plain):
             # the run's input: the SDK sends the history it read and this input, which Recap
             # assembles now, so that the call's usage is compared with that very request
             measured = self._measure(cid, ids[-1])
         self._runs[id(wrapper)] = (self._seen(wrapper), measured)
         return cid
+
+    def _stored_form(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The items as messages with their originals, except where ingest will cut the message
+        (a large tool output, call arguments or inline media go to a file): the row keeps the
+        preview alone, and the item comes back converted from it."""
+        settings = self.recap.settings
+        messages = with_originals(items)
+        for message in messages:
+            if _cut_on_ingest(message, settings):
+                del message[ORIGINAL_KEY]
+        return messages
 
     def _measure(self, cid: str, leaf: int) -> int | None:
         try:
@@ -291,7 +304,7 @@ class RecapSession:
         rest, last = items[:-1], (items[-1] if items else None)
         end = int(stored[-2]["id"]) if len(stored) > 1 else None
         if rest:  # the other items of the response, stored again as a message of their own
-            end = self.recap.add_many(cid, with_originals(rest), parent_id=end)[-1]
+            end = self.recap.add_many(cid, self._stored_form(rest), parent_id=end)[-1]
         if end is None:  # the only message: the session starts over in a conversation of its own
             self._next_generation()
         else:
@@ -357,6 +370,22 @@ def _entries(wrapper: Any) -> list[Any]:
     """The run's usage readings, one per model call (``Usage.request_usage_entries``)."""
     entries = getattr(getattr(wrapper, "usage", None), "request_usage_entries", None)
     return entries if isinstance(entries, list) else []
+
+
+def _cut_on_ingest(message: Mapping[str, Any], settings: Settings) -> bool:
+    """Whether Recap's ingest will store a preview of the message, not the message (its
+    limits: ``RECAP_MAX_OUTPUT_BYTES``/``LINES``, ``RECAP_MAX_ARGUMENT_CHARS``,
+    ``RECAP_MEDIA_INLINE_BYTES``)."""
+    content = message.get("content")
+    if message.get("role") == "tool" and isinstance(content, str):
+        lines = content.count("\n") + 1
+        too_long = len(content.encode()) > settings.max_output_bytes
+        return too_long or lines > settings.max_output_lines
+    calls = message.get("tool_calls") or ()
+    arguments = [str((c.get("function") or {}).get("arguments") or "") for c in calls]
+    if any(len(a) > settings.max_argument_chars for a in arguments):
+        return True
+    return isinstance(content, list) and len(json.dumps(content)) > settings.media_inline_bytes
 
 
 def _repaired(message: Mapping[str, Any]) -> bool:
