@@ -243,3 +243,22 @@ def test_large_output_is_stored_as_its_preview(recap: Recap) -> None:
     stored = recap.export("large").messages
     assert "agents_items" not in stored[-1]
     assert len(json.dumps(stored[-1])) < len(big) // 2
+
+
+def test_conversation_meta(recap: Recap) -> None:
+    """``set_meta`` sets and removes one key, refuses the export format's own keys and values
+    that are not JSON, and an unknown conversation is a ``NotFoundError``."""
+    from core.errors import InputError, NotFoundError
+
+    recap.new("m")
+    assert recap.set_meta("m", "k", [1, "a"]) == {"k": [1, "a"]}
+    assert recap.meta("m") == {"k": [1, "a"]}
+    assert recap.set_meta("m", "k", None) == {}
+    for key in ("id", "messages", ""):
+        with pytest.raises(InputError):
+            recap.set_meta("m", key, 1)
+    with pytest.raises(TypeError):
+        recap.set_meta("m", "k", object())
+    with pytest.raises(NotFoundError):
+        recap.meta("absent")
+    assert recap.meta("m") == {}

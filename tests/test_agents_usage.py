@@ -63,14 +63,32 @@ def recap(sqlite_engine: Any, tmp_path: Path) -> Recap:
     return Recap(Settings(output_dir=tmp_path / "outputs"), sqlite_engine)
 
 
+CLIENTS: list[Any] = []  # the clients made by a test, closed in the event loop that used them
+
+
 def _model(url: str, kind: str = "responses") -> Any:
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)
     client = AsyncOpenAI(base_url=url, api_key="test-key", max_retries=0)
+    CLIENTS.append(client)
     if kind == "responses":
         return agents.OpenAIResponsesModel(model="stand-in", openai_client=client)
     return agents.OpenAIChatCompletionsModel(model="stand-in", openai_client=client)
+
+
+def talking(coroutine: Any) -> Any:
+    """Run the coroutine, then close the test's clients in the same event loop (left open,
+    they would be closed later on a loop that is gone)."""
+
+    async def run() -> Any:
+        try:
+            return await coroutine
+        finally:
+            while CLIENTS:
+                await CLIENTS.pop().close()
+
+    return asyncio.run(run())
 
 
 def _readings(recap: Recap, cid: str) -> list[Usage]:
@@ -97,7 +115,7 @@ def test_session_alone_records_each_runs_first_call(server: LLMServer, recap: Re
         await Runner.run(agent, "where is A1?", session=session)
         await Runner.run(agent, "thanks", session=session)
 
-    asyncio.run(talk())
+    talking(talk())
     cid = asyncio.run(session.conversation_id())
     readings = _readings(recap, cid)
     requests = server.requests[first:]
@@ -137,7 +155,7 @@ def test_wrapped_model_records_every_call_with_its_fixed_parts(
             async for _event in streamed.stream_events():
                 pass
 
-    asyncio.run(talk())
+    talking(talk())
     cid = asyncio.run(session.conversation_id())
     requests = server.requests[first:]
     readings = _readings(recap, cid)
@@ -170,7 +188,7 @@ def test_context_length_error_compresses_and_retries_once(server: LLMServer, rec
     refusal = Reply(status=400, error=OVERFLOW, code="context_length_exceeded")
     server.script(refusal)
     first = len(server.requests)
-    result = asyncio.run(Runner.run(agent, "one more question", session=session))
+    result = talking(Runner.run(agent, "one more question", session=session))
     assert str(result.final_output).startswith("answer")
     refused, retried = server.requests[first:]
     assert len(retried.messages) < len(refused.messages)
@@ -183,7 +201,7 @@ def test_context_length_error_compresses_and_retries_once(server: LLMServer, rec
     server.script(refusal)  # without the wrapper the SDK gets the provider's error as it was
     plain = Agent(name="a", instructions="Be brief.", model=_model(server.url))
     with pytest.raises(Exception, match="maximum context length"):
-        asyncio.run(Runner.run(plain, "hello", session=bare))
+        talking(Runner.run(plain, "hello", session=bare))
 
 
 # --- with a worker -------------------------------------------------------------------------------
@@ -231,7 +249,7 @@ def test_worker_compresses_while_items_keep_their_ids(stack: FrameworkStack, hos
             await Runner.run(agent, user_text(turn), session=session)
             await asyncio.to_thread(stack.wait_runs, cid, turn + 1)
 
-    asyncio.run(talk())
+    talking(talk())
     requests = stack.server.requests[first:]
     assert host.summaries(cid), "the worker wrote no summary"
     assert carries_summary(requests[-1])
