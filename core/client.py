@@ -203,6 +203,16 @@ class Recap:
             self.engine, conversation_id, leaf, full=full, output_dir=self.settings.output_dir
         )
 
+    def meta(self, conversation_id: str) -> dict[str, Any]:
+        """What the host keeps beside the conversation (an import's extra fields, an
+        adapter's state), without reading its messages."""
+        return service.conversation_meta(self.engine, conversation_id)
+
+    def set_meta(self, conversation_id: str, key: str, value: Any) -> dict[str, Any]:
+        """Set one key of the conversation's meta (None removes it): a JSON value of the
+        host's, never read by Recap's decisions; the meta it leaves."""
+        return service.set_conversation_meta(self.engine, conversation_id, key, value)
+
     def summaries(self, conversation_id: str) -> list[SummaryInfo]:
         """The conversation's summaries, oldest first."""
         return service.list_summaries(self.engine, conversation_id)

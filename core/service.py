@@ -172,6 +172,35 @@ def export_conversation(
     return ExportedConversation(id=conversation_id, messages=messages, meta=meta)
 
 
+RESERVED_META_KEYS = ("id", "messages")  # export prints meta beside these
+
+
+def conversation_meta(engine: Engine, conversation_id: str) -> dict[str, Any]:
+    """What a host keeps beside the conversation (``meta``), without reading its messages."""
+    with session_scope(engine) as session:
+        return dict(store.get_conversation(session, conversation_id).meta or {})
+
+
+def set_conversation_meta(
+    engine: Engine, conversation_id: str, key: str, value: Any
+) -> dict[str, Any]:
+    """Set one key of the conversation's ``meta`` (None removes it); the meta it leaves. A
+    JSON value of the host's, never read by Recap's decisions."""
+    if key in RESERVED_META_KEYS or not key:
+        raise InputError(f"meta key {key!r} is reserved (the export format uses it)")
+    json.dumps(value)  # a value that cannot be stored is refused before the write
+    with session_scope(engine) as session:
+        conversation = store.get_conversation(session, conversation_id)
+        meta = dict(conversation.meta or {})
+        if value is None:
+            meta.pop(key, None)
+        else:
+            meta[key] = value
+        conversation.meta = meta or None
+        session.add(conversation)
+    return meta
+
+
 def list_summaries(engine: Engine, conversation_id: str) -> list[SummaryInfo]:
     """The conversation's summaries, oldest first, as the CLI prints them."""
     with session_scope(engine) as session:

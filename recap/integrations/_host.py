@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
+
 from core.client import Recap
 from core.errors import BudgetError, InputError, NotFoundError
 from core.request.assembly import AssembledRequest
@@ -39,12 +41,12 @@ def ensure_conversation(
     max_input_tokens: int | None = None,
 ) -> None:
     """Create the conversation unless it is stored already (a stored one keeps its model and
-    window)."""
+    window). Safe from many threads or processes at once: one creates it, the others find it."""
     if exists(recap, conversation_id):
         return
     try:
         recap.new(conversation_id, model=model, max_input_tokens=max_input_tokens)
-    except InputError:
+    except (InputError, IntegrityError):  # a creation race surfaces as either, by database
         if not exists(recap, conversation_id):  # not a creation race: a bad id
             raise
 
