@@ -198,21 +198,6 @@ def test_openai_agents_items_through_the_store(
     assert convert.messages_to_items(assembled) == expected
 
 
-def test_openai_agents_limit_never_starts_with_an_orphan_output() -> None:
-    from recap.integrations.openai_agents import _latest
-
-    items = [
-        {"role": "user", "content": "a"},
-        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c", "output": "1"},
-        {"role": "assistant", "content": "b"},
-    ]
-    assert _latest(items, 3) == items[1:]
-    assert _latest(items, 2) == items[-1:]
-    assert _latest(items, 10) == items
-    assert _latest(items, 0) == []
-
-
 # --- LangChain -----------------------------------------------------------------------------------
 
 

@@ -412,19 +412,3 @@ def usage_numbers(usage: Any) -> tuple[int, int, int] | None:
     details = getattr(usage, "input_tokens_details", None)
     cached = getattr(details, "cached_tokens", 0) if details is not None else 0
     return prompt, int(completion or 0), int(cached or 0)
-
-
-def _latest(items: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    """The last ``limit`` items, without outputs at the start whose calls were cut off."""
-    if limit <= 0:
-        return []
-    kept = items[-limit:]
-    calls = {str(i.get("call_id")) for i in kept if i.get("type") == "function_call"}
-    start = 0
-    while (
-        start < len(kept)
-        and kept[start].get("type") == "function_call_output"
-        and str(kept[start].get("call_id")) not in calls
-    ):
-        start += 1
-    return kept[start:]
