@@ -21,7 +21,11 @@ import anthropic
 import httpx
 import openai
 import pytest
+from sqlalchemy import Engine
+from sqlmodel import Session
 
+from core.errors import NotFoundError
+from core.storage import store
 from core.storage.requests import resolve, scoped_id
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import (
@@ -71,6 +75,54 @@ def user(text: str) -> dict[str, Any]:
 def sent_texts(recorded: Any) -> list[str]:
     """The contents of the non-system messages an upstream request carried."""
     return [str(m.get("content")) for m in recorded.messages if m.get("role") != "system"]
+
+
+# --- where a key's name is stored (a table of plain cases) -------------------------------------
+
+A, B = fingerprint(KEY_A), fingerprint(KEY_B)
+LIBRARY = None  # a conversation created by the library or the CLI: nobody's
+
+
+@pytest.mark.parametrize(
+    ("plain", "scoped", "stored", "exists"),
+    [
+        ("absent", "absent", "name", False),  # a free name is taken as it is
+        (A, "absent", "name", True),  # this key's own, as before the scoping
+        (B, "absent", "scoped", False),  # another key's: a conversation of its own
+        (LIBRARY, "absent", "scoped", False),
+        (B, A, "scoped", True),
+        (A, A, "name", True),
+        ("absent", A, "scoped", True),  # the other key's deleted since: still the scoped one
+        ("absent", B, "error", False),  # a scoped id another key made: never this key's
+    ],
+)
+def test_resolve_names(
+    sqlite_engine: Engine, plain: str | None, scoped: str | None, stored: str, exists: bool
+) -> None:
+    """Where key A's conversation ``name`` is stored, for each state of the name and of A's
+    scoped id."""
+    name = new_id()
+    with Session(sqlite_engine) as session:
+        for cid, owner in ((name, plain), (scoped_id(name, A), scoped)):
+            if owner != "absent":
+                store.ensure_conversation(session, cid, MODEL, 8_000, owner=owner)
+        session.commit()
+    if stored == "error":
+        with pytest.raises(NotFoundError):
+            resolve(sqlite_engine, name, A)
+        return
+    found = resolve(sqlite_engine, name, A)
+    assert found.conversation_id == (name if stored == "name" else scoped_id(name, A))
+    assert found.exists is exists
+
+
+def test_scoped_ids_fit_and_differ() -> None:
+    """A scoped id fits the id column for any name, and differs by key and by whole name."""
+    long = "n" * 255
+    assert len(scoped_id(long, A)) == 255 and scoped_id(long, A).startswith("n" * 200)
+    assert scoped_id(long, A) != scoped_id(long, B)
+    assert scoped_id(long, A) != scoped_id(long[:-1] + "m", A)
+    assert scoped_id("user-42", A).startswith("user-42~")
 
 
 # --- ownership before any lock -----------------------------------------------------------------

@@ -164,9 +164,7 @@ class Turns:
         """Where the key's conversation ``name`` is stored (``history.resolve``); a 404 when it
         cannot be this key's."""
         try:
-            return await self.recap.run(
-                history.resolve, self.recap.recap.engine, name, fingerprint
-            )
+            return await self.recap.run(history.resolve, self.recap.recap.engine, name, fingerprint)
         except NotFoundError:
             raise not_found(name) from None
 
