@@ -216,8 +216,9 @@ async def _prepare(turns: Turns, turn: Turn) -> history.Mapped:
             "to a known model in RECAP_MODEL_MAP",
             param="model",
         ) from None
-    except RecapError as exc:
-        raise bad_request(turns.masked(exc)) from None
+    except RecapError as exc:  # the conversation named as the client names it
+        text = turns.masked(exc).replace(turn.conversation_id, turn.name)
+        raise bad_request(text) from None
     return mapped
 
 
