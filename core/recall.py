@@ -37,6 +37,9 @@ from core.values.records import Msg
 
 RECALL_TOOL_NAME = "recap_recall"
 SPAN_BATCH = 100  # messages of a span read per query
+SHOWN_REF_CHARS = 40  # characters of a caller's reference an error repeats
+NOTE = "\n[truncated: call recap_recall with offset {offset} to read on]"
+NOTE_ROOM = len(NOTE.format(offset=10**20))  # an answer's page leaves room for its paging note
 RECALL_DESCRIPTION = (
     "Get back the original content that was removed from this conversation to save context: "
     "a cleared tool output (its placeholder names ref=m<number>), the messages a summary covers "
@@ -125,7 +128,9 @@ def recall(
     reference, ``NotFoundError`` for one the conversation does not have."""
     parsed = refs.parse_ref(ref)
     if parsed is None:
-        raise InputError(f"{ref!r} is not a recall reference (expected m<id>, s<id> or m<id>.<k>)")
+        raise InputError(
+            f"{shown(ref)} is not a recall reference (expected m<id>, s<id> or m<id>.<k>)"
+        )
     if offset < 0:
         raise InputError(f"the offset must not be negative, got {offset}")
     cap = settings.recall_max_chars if max_chars is None else max_chars
@@ -145,8 +150,25 @@ def recall(
     if parsed.kind == refs.PART:
         return _part(message, parsed, root, cap)
     text = render(message, root)
+    if offset and offset >= len(text):
+        raise past_the_end(str(parsed), offset, len(text))
     page, following = _page(text, offset, cap)
     return Recalled(str(parsed), refs.MESSAGE, page, offset, following, [message.id])
+
+
+def shown(ref: str) -> str:
+    """A caller's reference as an error repeats it: quoted, a long one cut short."""
+    if len(ref) <= SHOWN_REF_CHARS:
+        return repr(ref)
+    return f"{ref[:SHOWN_REF_CHARS]!r}… ({len(ref)} characters)"
+
+
+def past_the_end(ref: str, offset: int, length: int) -> InputError:
+    """An offset at or past the end of what ``ref`` stands for (nothing is left to read)."""
+    return InputError(
+        f"offset {offset} is past the end of {ref}, which is {length} characters "
+        "(read from offset 0, or from a previous call's next_offset)"
+    )
 
 
 def render(message: Msg, root: Path) -> str:
@@ -241,6 +263,8 @@ def _span(
         if position >= wanted:
             break
     if not pieces:
+        if offset:
+            raise past_the_end(str(parsed), offset, position)
         return Recalled(str(parsed), refs.SPAN, "", offset, None, [])
     begin = pieces[0][0]
     joined = "".join(text for _, text, _ in pieces)
@@ -259,9 +283,12 @@ def answer(
     *,
     max_chars: int | None = None,
 ) -> str:
-    """The text of a ``recap_recall`` call's result: the recalled page (at most ``max_chars``,
-    default ``RECAP_RECALL_MAX_CHARS``) with its paging note, or one line saying why nothing came
-    back (the model sees an answer either way)."""
+    """The text of a ``recap_recall`` call's result, at most ``max_chars`` (default
+    ``RECAP_RECALL_MAX_CHARS``) characters whatever it says: the recalled page with its paging
+    note (the page leaves the note room), or one line saying why nothing came back (the model
+    sees an answer either way, never an empty one)."""
+    cap = settings.recall_max_chars if max_chars is None else max_chars
+    page_cap = cap - NOTE_ROOM if cap > 2 * NOTE_ROOM else cap
     try:
         args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
         if not isinstance(args, dict) or not isinstance(args.get("ref"), str):
@@ -270,11 +297,22 @@ def answer(
         if not isinstance(offset, int) or isinstance(offset, bool):
             raise InputError("the offset must be a whole number of characters")
         found = recall(
-            engine, conversation_id, args["ref"], settings, offset=offset, max_chars=max_chars
+            engine, conversation_id, args["ref"], settings, offset=offset, max_chars=page_cap
         )
     except (RecapError, ValueError) as exc:
-        return f"[recap_recall: {exc}]"
+        return _capped(f"[recap_recall: {exc}]", cap)
+    if not found.text:
+        return _capped(f"[recap_recall: {found.ref} holds no text to recall]", cap)
     note = ""
     if found.next_offset is not None:
-        note = f"\n[truncated: call recap_recall with offset {found.next_offset} to read on]"
-    return found.text + note
+        note = NOTE.format(offset=found.next_offset)
+    return _capped(found.text + note, cap)
+
+
+def _capped(text: str, cap: int) -> str:
+    """``text`` within ``cap`` characters (an error line cut short keeps its closing bracket)."""
+    if len(text) <= cap:
+        return text
+    if text.startswith("[") and cap > 1:
+        return text[: cap - 2] + "…]"
+    return text[:cap]

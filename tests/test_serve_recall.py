@@ -22,6 +22,7 @@ from core.storage.sweep import apply_clearings
 from core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import (
+    KEY_B,
     SYSTEM,
     Serve,
     as_message,
@@ -99,6 +100,21 @@ def test_the_model_recalls_a_cleared_output_through_serve(serve: Serve) -> None:
     stored = serve.branch(cid)
     assert len(stored) == stored_before + 2  # the new user message and the final reply
     assert not any("recap_recall" in json.dumps(m) for m in stored)
+
+
+def test_another_key_recalls_nothing_of_a_conversation_of_the_same_name(serve: Serve) -> None:
+    """Key B naming key A's conversation has its own: its model's recall of A's cleared output
+    (by A's reference) answers that the message is not in the conversation."""
+    cid = new_id()
+    _messages, result_id = _cleared_history(serve, cid)
+    serve.llm.script(Reply(text="", tool_calls=[recall_call("rc_b", f"m{result_id}")]))
+    before = len(serve.llm.requests)
+    reply = turn(serve, cid, [SYSTEM, {"role": "user", "content": "recall it"}], key=KEY_B)
+    answered = serve.llm.requests[before + 1].body["messages"][-1]
+    assert answered["tool_call_id"] == "rc_b" and "not in conversation" in answered["content"]
+    assert OUTPUT not in json.dumps(serve.llm.requests[before + 1].body)
+    assert "~" not in answered["content"]  # B's conversation named as B named it
+    assert reply.parse().choices[0].message.content.startswith("reply to:")
 
 
 def test_recall_calls_a_turn_are_bounded(serve: Serve) -> None:

@@ -5,6 +5,7 @@ processes serving one conversation, or serve and a host's ``Recap.add``, never f
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
@@ -21,13 +22,17 @@ from core.request.validate import check_message, check_tool_pairing
 from core.storage import store
 from core.storage.db import session_scope
 from core.storage.hashing import message_hash
-from core.storage.models import MESSAGES
+from core.storage.models import CONVERSATIONS, MESSAGES
 from core.storage.outputs import Ingest
 from core.values.records import SYSTEM_ROLES
 
 HASH_BATCH = 500  # hashes per IN list: far below every driver's parameter limit
 CREATE_ATTEMPTS = 2  # a write that still meets another's new row is retried once
 SEEN_CONVERSATIONS = 256  # conversations whose last request is kept to skip rehashing its history
+SCOPE_MARK = "~"  # between a client's name and the digest of a key-scoped conversation id
+SCOPE_DIGEST_CHARS = 24  # 96 bits of the key's fingerprint and the name: no two keys share one
+SCOPE_SALT = b"recap-serve-scope:"  # a scoped id's digest is no plain hash of what it mixes
+MAX_ID_CHARS = 255  # the conversations.id column
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +154,48 @@ def known_path(request: Seen, previous: Seen | None) -> list[int]:
     ):
         path.append(previous.reply[1])
     return path
+
+
+def scoped_id(name: str, fingerprint: str) -> str:
+    """The id a client key's conversation called ``name`` is stored under when ``name`` itself
+    is taken by another key (or by the library): the name (cut to leave room) and a digest of
+    the key's fingerprint and the whole name. Only that key's requests ever compute it, and the
+    fingerprint is never shown to a client, so no other key can take it first."""
+    digest = hashlib.sha256(SCOPE_SALT + f"{fingerprint}\n{name}".encode()).hexdigest()
+    head = name[: MAX_ID_CHARS - len(SCOPE_MARK) - SCOPE_DIGEST_CHARS]
+    return f"{head}{SCOPE_MARK}{digest[:SCOPE_DIGEST_CHARS]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """Where a client key's conversation ``name`` is stored: ``conversation_id``, and whether
+    that conversation exists already (else it is the id a first turn creates)."""
+
+    conversation_id: str
+    exists: bool
+
+
+def resolve(engine: Engine, name: str, fingerprint: str) -> Resolved:
+    """The conversation ``name`` means for the key of ``fingerprint``, read without a lock or a
+    write (one primary-key read of at most two rows). Conversation ids are scoped per key: the
+    name itself when this key owns it (every conversation a key created before keeps being
+    found), else the key's scoped id (``scoped_id``) when that exists; for a new conversation,
+    the name when no conversation holds it, else the scoped id. Another key's conversation is
+    never named, so its existence is never told. A scoped id held by another key (only a key
+    that knows this one's fingerprint could make one) is a ``NotFoundError``."""
+    scoped = scoped_id(name, fingerprint)
+    c = CONVERSATIONS.c
+    with engine.connect() as connection:
+        owners = dict(
+            connection.execute(select(c.id, c.owner).where(c.id.in_([name, scoped]))).all()
+        )
+    if name in owners and store.is_owner(owners[name], fingerprint):
+        return Resolved(name, True)
+    if scoped in owners:
+        if not store.is_owner(owners[scoped], fingerprint):
+            raise NotFoundError(f"unknown conversation {name!r}")
+        return Resolved(scoped, True)
+    return Resolved(scoped if name in owners else name, False)
 
 
 def store_request(

@@ -104,6 +104,10 @@ class LLMServer:
     # answers a request by its body before the default (a window that refuses what is too long)
     refuse: Callable[[dict[str, Any]], Reply | None] | None = None
     requests: list[Recorded] = field(default_factory=list)
+    # per streamed reply, the bytes of its body written before it ended, the whole body's, and
+    # when it ended (``time.monotonic``): fewer written than the whole means the client closed
+    # the connection first
+    streamed: list[tuple[int, int, float]] = field(default_factory=list)
     _script: deque[Reply] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _released: threading.Event = field(default_factory=threading.Event)
@@ -417,22 +421,25 @@ def _make_handler(server: LLMServer) -> type[BaseHTTPRequestHandler]:
 
         def _stream(self, events: list[dict[str, Any]], delay: float) -> None:
             """Server-sent events in HTTP/1.1 chunks, one event per chunk, then ``[DONE]``."""
+            lines = [f"data: {json.dumps(event)}\n\n".encode() for event in events]
+            lines.append(b"data: [DONE]\n\n")
+            written, whole = 0, sum(len(line) for line in lines)
             try:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                lines = [f"data: {json.dumps(event)}\n\n" for event in events]
-                for index, line in enumerate([*lines, "data: [DONE]\n\n"]):
+                for index, data in enumerate(lines):
                     if delay and index:
                         time.sleep(delay)
-                    data = line.encode()
                     self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                     self.wfile.flush()
+                    written += len(data)
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client went away mid-stream
+            server.streamed.append((written, whole, time.monotonic()))
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import structlog
@@ -24,9 +25,9 @@ from core.errors import BudgetError, InputError, NotFoundError
 from core.request.prefix import split_system
 from core.storage import requests as history
 from workers.serve import messages_api, response_routes, responses_api, routes, upstream
-from workers.serve.errors import ServeError, bad_request, context_too_long, not_found
+from workers.serve.errors import ServeError, bad_request, context_too_long, echoed, not_found
 from workers.serve.shapes import Shape
-from workers.serve.streaming import Relay
+from workers.serve.streaming import ClientGone, Relay
 
 log = structlog.get_logger(__name__)
 
@@ -80,6 +81,8 @@ class ConvertedRelay(Relay):
             async for _raw, chunk in self.checked():
                 for event in self.events.feed(chunk):
                     yield self.encode(event)
+        except ClientGone:
+            return
         except Exception as exc:
             error = self.to_error(exc)
             self.error = error.message
@@ -88,6 +91,8 @@ class ConvertedRelay(Relay):
                 yield self.encode(event)
             return
         self.finished = True
+        if self.on_finished is not None:  # the reply stored before the events that end it
+            await self.on_finished()
         for event in self.events.finish():
             yield self.encode(event)
 
@@ -116,19 +121,31 @@ def _dumps(value: Any) -> bytes:
 def previous_not_found(value: str) -> ServeError:
     return ServeError(
         404,
-        f"Previous response with id {value!r} not found.",
+        f"Previous response with id {echoed(value)} not found.",
         param="previous_response_id",
         code="previous_response_not_found",
     )
 
 
 def resolve_previous(engine: Any, ref: responses_api.Reference, owner: str) -> int:
-    """The stored message a response id continues after (``core.storage.reads``)."""
+    """The stored message a response id continues after (``core.storage.reads``); ``ref``'s
+    conversation is the id it is stored under (``Previous.conversation_id``)."""
     from core.storage.reads import reply_to_continue
 
     return reply_to_continue(
         engine, ref.conversation_id, ref.message_id, exact=ref.exact, owner=owner
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Previous:
+    """What ``previous_response_id`` names for this key: the reference as the id holds it
+    (the conversation as the client names it), the id that conversation is stored under, and
+    the stored message the turn continues after."""
+
+    ref: responses_api.Reference
+    conversation_id: str
+    parent: int
 
 
 def responses_shape(
@@ -170,22 +187,22 @@ async def responses(request: Request) -> Response:
         chat = responses_api.chat_request(body)
         model = upstream.resolve_model(chat.model, settings)
         named = routes.conversation_id(request, body)
-        ref, parent = await _previous(state, chat, owner, named)
+        previous = await _previous(state, chat, owner, named)
         head = responses_api.Head("", chat.model, chat.echo, store=chat.store)
         if not chat.store:
-            return await _unstored(state, chat, model, ref, parent, head)
-        cid = named or (ref.conversation_id if ref is not None else None)
+            return await _unstored(state, chat, model, previous, head)
+        cid = named or (previous.ref.conversation_id if previous is not None else None)
         if cid is None:
             first = responses_api.first_message(chat.messages)
             cid = responses_api.derived_conversation(owner, first)
         turn = routes.new_turn(state, cid, owner, model, chat.with_system(), chat.params)
-        turn.after = parent
+        turn.after = previous.parent if previous is not None else None
 
-        def name(reply_id: int | None) -> str:
+        def name(reply_id: int | None) -> str:  # the conversation as the client names it
             if reply_id is not None:
-                return responses_api.response_id(turn.conversation_id, reply_id, exact=True)
+                return responses_api.response_id(turn.name, reply_id, exact=True)
             assert turn.leaf_id is not None, "a stored turn's request has a leaf"
-            return responses_api.response_id(turn.conversation_id, turn.leaf_id, exact=False)
+            return responses_api.response_id(turn.name, turn.leaf_id, exact=False)
 
         shape = responses_shape(state, head, name)
         return await routes.stored_turn(state, turn, chat.stream, True, started, shape)
@@ -196,11 +213,14 @@ async def responses(request: Request) -> Response:
 
 async def _previous(
     state: routes.State, chat: responses_api.ChatRequest, owner: str, named: str | None
-) -> tuple[responses_api.Reference | None, int | None]:
-    """The reference ``previous_response_id`` holds and the stored message it continues after."""
+) -> Previous | None:
+    """What ``previous_response_id`` continues: its conversation as this key's (a name is
+    scoped per key: another key's response id names nothing here) and the stored message the
+    turn continues after. A turn of this key on that conversation under way in this process is
+    waited for first, so an id given at a stream's start names its reply once it is stored."""
     value = chat.previous_response_id
     if value is None:
-        return None, None
+        return None
     ref = responses_api.parse_response_id(value)
     if ref is None:
         raise previous_not_found(value)
@@ -210,36 +230,54 @@ async def _previous(
             param="previous_response_id",
         )
     try:
-        parent = await state.turns.recap.run(
-            resolve_previous, state.turns.recap.recap.engine, ref, owner
-        )
+        stored, parent = await stored_reference(state, ref, owner)
     except NotFoundError:
         raise previous_not_found(value) from None
-    return ref, parent
+    return Previous(ref, stored.conversation_id, parent)
+
+
+async def stored_reference(
+    state: routes.State, ref: responses_api.Reference, owner: str
+) -> tuple[responses_api.Reference, int]:
+    """A response id's reference as stored for this key (its conversation the id it is stored
+    under: a name is scoped per key, so another key's response id names nothing here) and the
+    stored message it names (``resolve_previous``); a ``NotFoundError`` when there is none. A
+    turn of this key on that conversation under way in this process is waited for first, so
+    an id given at a stream's start names its reply once it is stored."""
+    turns = state.turns
+    await turns.locks.settled((owner, ref.conversation_id))
+    try:
+        resolved = await turns.lookup(owner, ref.conversation_id)
+    except ServeError:
+        raise NotFoundError(ref.conversation_id) from None
+    if not resolved.exists:
+        raise NotFoundError(ref.conversation_id)
+    stored = replace(ref, conversation_id=resolved.conversation_id)
+    parent = await turns.recap.run(resolve_previous, turns.recap.recap.engine, stored, owner)
+    return stored, parent
 
 
 async def _unstored(
     state: routes.State,
     chat: responses_api.ChatRequest,
     model: str,
-    ref: responses_api.Reference | None,
-    parent: int | None,
+    previous: Previous | None,
     head: responses_api.Head,
 ) -> Response:
     """``store: false``: Recap's assembly of the previous response's branch (when one is
     named) and the new input, sent upstream; nothing of the turn is kept."""
     messages: list[Any] = chat.with_system()
-    if ref is not None and parent is not None:
+    if previous is not None:
         system, rest = split_system(messages)
         tools = chat.params.get("tools")
         try:
             assembled = await state.turns.recap.assemble(
-                ref.conversation_id, leaf=parent, system=system, tools=tools
+                previous.conversation_id, leaf=previous.parent, system=system, tools=tools
             )
         except BudgetError as exc:
             raise context_too_long(str(exc)) from None
         except NotFoundError:
-            raise not_found(ref.conversation_id) from None
+            raise not_found(previous.ref.conversation_id) from None
         messages = [*assembled.messages, *rest]
     shape = responses_shape(state, head, lambda _reply: responses_api.unstored_id())
     return await routes.passthrough(state, model, messages, chat.params, chat.stream, True, shape)
@@ -389,6 +427,13 @@ def counted(
     if cid is None:
         return request_tokens(model, chat.messages, chat.tools)
     recap = state.turns.recap.recap
+    try:  # the conversation this key's name means; none yet (or none of this key's): as is
+        resolved = history.resolve(recap.engine, cid, owner)
+    except NotFoundError:
+        return request_tokens(model, chat.messages, chat.tools)
+    if not resolved.exists:
+        return request_tokens(model, chat.messages, chat.tools)
+    cid = resolved.conversation_id
     leaf, matched = history.stored_prefix(recap.engine, cid, owner, rest)
     if leaf is None:
         return request_tokens(model, chat.messages, chat.tools)

@@ -13,6 +13,7 @@ UPSTREAM = "upstream_error"
 SERVER = "server_error"
 BAD_GATEWAY = 502
 MAX_CLIENT_TEXT = 500  # characters of an upstream's message a client is shown
+MAX_ECHO_CHARS = 80  # characters of a client's own value (an id, a reference) an error repeats
 # What a client must never see of the server: a traceback, and file system paths (a path
 # starts a word and is not part of a URL: its first "/" follows no ":", "/" or name character).
 TRACEBACK = re.compile(r"(?s)\s*Traceback \(most recent call last\).*")
@@ -66,6 +67,14 @@ def client_text(text: str) -> str:
     return text if len(text) <= MAX_CLIENT_TEXT else text[: MAX_CLIENT_TEXT - 1] + "…"
 
 
+def echoed(value: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """A value the client sent, as an error repeats it: quoted, and cut to ``limit``
+    characters with the length it had (a 5,000-character id is not sent back whole)."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}… ({len(value)} characters)"
+
+
 def bad_gateway(message: str) -> ServeError:
     """The upstream answered with something that is no reply."""
     return ServeError(BAD_GATEWAY, f"upstream model error: {message}", type=UPSTREAM)
@@ -87,7 +96,9 @@ def unauthorized() -> ServeError:
 
 def not_found(conversation_id: str) -> ServeError:
     return ServeError(
-        404, f"No conversation {conversation_id!r} for this key.", code="conversation_not_found"
+        404,
+        f"No conversation {echoed(conversation_id)} for this key.",
+        code="conversation_not_found",
     )
 
 

@@ -94,6 +94,8 @@ async def call_with_recall(turns: Turns, turn: Turn) -> Any:
                     settings,
                     max_chars=cap,
                 )
+                # the conversation as the client names it, never the id it is stored under
+                text = text.replace(turn.conversation_id, turn.name)
                 answered += 1
             result = {"role": "tool", "tool_call_id": call.get("id"), "content": text}
             room -= tokens.count_message(result, encoding)

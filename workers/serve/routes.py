@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -157,10 +159,13 @@ async def passthrough(
 async def stored_turn(
     state: State, turn: Turn, stream: bool, usage: bool, started: float, shape: Shape | None = None
 ) -> Response:
-    """Store the request, call upstream, store the reply; the conversation locked throughout."""
+    """Store the request, call upstream, store the reply; the conversation locked throughout,
+    once the key is checked against it (``Turns.resolve``: another key's conversation of the
+    same name is never waited for)."""
     turns = state.turns
     answer_headers = dict(reply_headers(turn))  # made before anything is stored
-    await turns.locks.acquire(turn.conversation_id)
+    await turns.resolve(turn)
+    await turns.locks.acquire(turn.key)
     handed_over = False
     try:
         mapped = await _prepare(turns, turn)
@@ -182,7 +187,7 @@ async def stored_turn(
             try:
                 await turns.recorded(turn)
             finally:
-                turns.locks.release(turn.conversation_id)
+                turns.locks.release(turn.key)
     _log_turn(turn, mapped, started, "stored")
     if shape is not None:  # again, naming the stored reply (the same bytes but for its id)
         try:
@@ -203,15 +208,17 @@ async def _prepare(turns: Turns, turn: Turn) -> history.Mapped:
         mapped = await turns.prepare(turn)
     except NotFoundError:
         turns.seen.drop((turn.owner.fingerprint, turn.conversation_id))  # deleted meanwhile
-        raise not_found(turn.conversation_id) from None
+        turns.names.drop(turn.key)
+        raise not_found(turn.name) from None
     except UnknownModelError as exc:
         raise bad_request(
             f"{exc.args[0].split(';')[0]}: set RECAP_SERVE_MAX_INPUT_TOKENS or map the name "
             "to a known model in RECAP_MODEL_MAP",
             param="model",
         ) from None
-    except RecapError as exc:
-        raise bad_request(turns.masked(exc)) from None
+    except RecapError as exc:  # the conversation named as the client names it
+        text = turns.masked(exc).replace(turn.conversation_id, turn.name)
+        raise bad_request(text) from None
     return mapped
 
 
@@ -224,20 +231,32 @@ def _stream_turn(
     started: float,
     shape: Shape | None = None,
 ) -> Response:
-    """The reply streamed through; stored, with its usage, once the stream has finished."""
+    """The reply streamed through, stored once the upstream's stream has finished and before
+    the client's ends (``Relay.on_finished``: the response id a client reads at the end names a
+    stored reply, whatever it sends next); then its usage recorded."""
     relay = (
         shape.relay(stream, True)
         if shape
         else Relay(stream, include_usage=usage, secrets=turns.secrets)
     )
+    storing: asyncio.Future[Any] | None = None
+
+    async def store() -> None:
+        nonlocal storing
+        whole = relay.reply if relay.reply is not None else relay.chunks  # converted: chunks
+        if whole:
+            storing = asyncio.ensure_future(turns.finish_stream(turn, whole))
+            with contextlib.suppress(Exception):  # a failure is close()'s to log
+                await asyncio.shield(storing)  # a client gone meanwhile does not stop the store
+
+    relay.on_finished = store
 
     async def close() -> None:
         outcome, response = "disconnected", None
         try:
             await relay.close()
-            whole = relay.reply if relay.reply is not None else relay.chunks  # converted: chunks
-            if relay.finished and whole:
-                response = await turns.finish_stream(turn, whole)
+            if storing is not None:
+                response = await storing
                 outcome = "stored"
             elif relay.error is not None:
                 outcome = "upstream_failed"
@@ -249,7 +268,7 @@ def _stream_turn(
             try:
                 await turns.recorded(turn)
             finally:
-                turns.locks.release(turn.conversation_id)
+                turns.locks.release(turn.key)
         _log_turn(turn, mapped, started, outcome)
         if response is not None:
             try:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from typing import Any
 
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from core.redact import StreamMasker, mask_in_place
 from workers.serve import direct, upstream
@@ -25,6 +25,10 @@ DONE = b"data: [DONE]\n\n"
 EVENT_STREAM = "text/event-stream"
 TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")  # a delta's streamed texts
 HEAD_FIELDS = ("id", "object", "created", "model", "system_fingerprint")  # of a released chunk
+
+
+class ClientGone(Exception):
+    """The client of a stream disconnected: the upstream is read no further."""
 
 
 def event(payload: bytes) -> bytes:
@@ -67,6 +71,12 @@ class Relay:
         self.finished = False
         self.reply: dict[str, Any] | None = None
         self.error: str | None = None
+        # awaited once the upstream's stream has finished whole, before the client's stream
+        # ends: a stored turn stores the reply there, so its end names a stored reply
+        self.on_finished: Callable[[], Awaitable[None]] | None = None
+        # set by ``TurnStream`` when the client disconnects: the next chunk read stops the
+        # relay (a cancellation alone may never land while a fast upstream keeps it busy)
+        self.gone = False
         self._finished_first = False  # choice 0 has its finish_reason
         self._held: dict[int, set[tuple[Any, ...]]] = {}  # per choice, the keys text is held under
 
@@ -76,11 +86,15 @@ class Relay:
                 payload = self._payload(raw, data)
                 if payload is not None:
                     yield event(payload)
+        except ClientGone:
+            return
         except Exception as exc:  # the stream ends with an error event, nothing is stored
             self.error = upstream.describe_failure(exc, self.secrets)
             yield event(error_payload(self.error))
             return
         self.finished = True
+        if self.on_finished is not None:
+            await self.on_finished()
         yield DONE
 
     async def checked(self) -> AsyncIterator[tuple[bytes | None, dict[str, Any]]]:
@@ -88,6 +102,8 @@ class Relay:
         (else None), and its JSON object; sets ``reply`` once the stream has finished whole,
         raises when it did not."""
         async for item in self.stream:
+            if self.gone:
+                raise ClientGone()
             raw, data = _parts(item)
             released, changed = self._check(data, raw)
             if released is not None:
@@ -262,10 +278,17 @@ class TurnStream(StreamingResponse):
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(relay.__aiter__(), media_type=EVENT_STREAM, headers=headers)
+        self._relay = relay
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watched() -> Message:  # what Starlette listens with for the client leaving
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self._relay.gone = True
+            return message
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, watched, send)
         finally:
             await self._on_close()

@@ -2,17 +2,21 @@
 upstream model (compressing once and retrying when it does not fit), store the reply, record
 usage, enqueue compression.
 
-Turns of one conversation run one at a time in this process (an asyncio lock per conversation,
-held from the first read to the stored reply) and across processes (each write holds the
-database's append lock), so two requests at once never fork the conversation. Database and
-tokenizer work runs on ``AsyncRecap``'s thread pool: the event loop never waits on it.
+Conversation ids are scoped per client key: the name a request gives is resolved to the
+conversation of that key (``core.storage.requests.resolve``) before anything waits, so a
+request never queues behind another key's. Turns of one key's conversation run one at a time
+in this process (an asyncio lock per key and name, held from the first read to the stored
+reply) and across processes (each write holds the database's append lock), so two requests at
+once never fork the conversation. Database and tokenizer work runs on ``AsyncRecap``'s thread
+pool: the event loop never waits on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +24,7 @@ import structlog
 
 from core import service
 from core.aio import AsyncRecap
-from core.errors import BudgetError
+from core.errors import BudgetError, NotFoundError
 from core.redact import error_text, known_secrets, redact
 from core.request.assembly import AssembledRequest
 from core.settings import Settings
@@ -28,20 +32,29 @@ from core.storage import requests as history
 from core.storage.outputs import Ingest
 from core.values.request import RequestSpec
 from workers.serve import recall, upstream
-from workers.serve.errors import ServeError, client_text, context_too_long
+from workers.serve.errors import ServeError, client_text, context_too_long, not_found
 from workers.serve.headers import encoded
 
 log = structlog.get_logger(__name__)
+RESOLVED_NAMES = 1024  # (key, name) pairs whose stored conversation id is kept in memory
 
 
 class ConversationLocks:
-    """An asyncio lock per conversation, dropped when no request holds or awaits it."""
+    """An asyncio lock per conversation (a key and a name), dropped when no request holds or
+    awaits it."""
 
     def __init__(self) -> None:
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._users: dict[str, int] = {}
+        self._locks: dict[Hashable, asyncio.Lock] = {}
+        self._users: dict[Hashable, int] = {}
 
-    async def acquire(self, conversation_id: str) -> None:
+    async def settled(self, conversation_id: Hashable) -> None:
+        """Wait until the turns of the conversation under way now have let it go (at once
+        when none is); nothing is held afterwards."""
+        if conversation_id in self._locks:
+            await self.acquire(conversation_id)
+            self.release(conversation_id)
+
+    async def acquire(self, conversation_id: Hashable) -> None:
         lock = self._locks.setdefault(conversation_id, asyncio.Lock())
         self._users[conversation_id] = self._users.get(conversation_id, 0) + 1
         try:
@@ -50,11 +63,11 @@ class ConversationLocks:
             self._leave(conversation_id)
             raise
 
-    def release(self, conversation_id: str) -> None:
+    def release(self, conversation_id: Hashable) -> None:
         self._locks[conversation_id].release()
         self._leave(conversation_id)
 
-    def _leave(self, conversation_id: str) -> None:
+    def _leave(self, conversation_id: Hashable) -> None:
         self._users[conversation_id] -= 1
         if self._users[conversation_id] == 0:
             del self._users[conversation_id], self._locks[conversation_id]
@@ -63,9 +76,39 @@ class ConversationLocks:
         return len(self._locks)
 
 
+class ResolvedNames:
+    """The stored conversation id of recently used (key fingerprint, name) pairs, so a turn
+    finds its conversation without a read; the least recently used dropped past ``size``. Only
+    ids a turn stored to are kept: an id that stops being this key's (deleted, then made by
+    another key) fails the store, which drops it and resolves the name again."""
+
+    def __init__(self, size: int = RESOLVED_NAMES) -> None:
+        self.size = size
+        self._ids: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    def get(self, key: tuple[str, str]) -> str | None:
+        found = self._ids.get(key)
+        if found is not None:
+            self._ids.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[str, str], conversation_id: str) -> None:
+        self._ids[key] = conversation_id
+        self._ids.move_to_end(key)
+        while len(self._ids) > self.size:
+            self._ids.popitem(last=False)
+
+    def drop(self, key: tuple[str, str]) -> None:
+        self._ids.pop(key, None)
+
+
 @dataclass
 class Turn:
-    """A stored request, as read from the client and then placed on the tree."""
+    """A stored request, as read from the client and then placed on the tree.
+
+    ``name`` is the conversation as the client names it (what its headers and response ids
+    say); ``conversation_id`` the id it is stored under for this key (``Turns.resolve``), the
+    name itself until resolved."""
 
     conversation_id: str
     owner: history.Owner
@@ -84,6 +127,15 @@ class Turn:
     recorded: asyncio.Future[None] | None = None  # its write, under way while upstream answers
     # the reply as stored, from the upstream's message and reply (another API's spelling)
     reply_form: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+    name: str = ""  # the client's name of the conversation (default: ``conversation_id``)
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.conversation_id
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """The conversation as this process locks and remembers it: the key and the name."""
+        return (self.owner.fingerprint, self.name)
 
 
 class Turns:
@@ -94,27 +146,48 @@ class Turns:
         self.settings = settings
         self.ingest = Ingest.from_settings(settings)
         self.locks = ConversationLocks()
+        self.names = ResolvedNames()
         self.seen = history.SeenRequests()
         self.upstream = upstream.Upstream(settings)
         self._secrets = known_secrets(settings)
+
+    async def resolve(self, turn: Turn) -> None:
+        """The conversation the turn's name means for its key (``turn.conversation_id``),
+        checked before the turn takes any lock or waits for anything: another key's
+        conversation of the same name is never this turn's, and never delays it."""
+        found = self.names.get(turn.key)
+        if found is None:
+            found = (await self.lookup(turn.owner.fingerprint, turn.name)).conversation_id
+        turn.conversation_id = found
+
+    async def lookup(self, fingerprint: str, name: str) -> history.Resolved:
+        """Where the key's conversation ``name`` is stored (``history.resolve``); a 404 when it
+        cannot be this key's."""
+        try:
+            return await self.recap.run(history.resolve, self.recap.recap.engine, name, fingerprint)
+        except NotFoundError:
+            raise not_found(name) from None
 
     async def prepare(self, turn: Turn) -> history.Mapped:
         """The request's history on the tree and Recap's request for it (``turn.sent``), in one
         trip to the thread pool; compressing once, and assembling again, if it does not fit."""
         mapped, request = await self.recap.run(self._store_and_assemble, turn)
+        self.names.put(turn.key, turn.conversation_id)
         turn.sent = request if request is not None else await self._compressed_and_assembled(turn)
         return mapped
 
     def _store_and_assemble(self, turn: Turn) -> tuple[history.Mapped, list[dict[str, Any]] | None]:
-        engine = self.recap.recap.engine
-        if turn.after is not None:
-            mapped = history.store_after(
-                engine, self.ingest, turn.conversation_id, turn.owner, turn.after, turn.history
-            )
-        else:
-            mapped = history.store_request(
-                engine, self.ingest, turn.conversation_id, turn.owner, turn.history, self.seen
-            )
+        try:
+            mapped = self._store(turn)
+        except NotFoundError:  # the id is another key's now: the name is resolved again, once
+            if turn.after is not None:
+                raise
+            engine = self.recap.recap.engine
+            resolved = history.resolve(engine, turn.name, turn.owner.fingerprint)
+            if resolved.conversation_id == turn.conversation_id:
+                raise
+            turn.conversation_id = resolved.conversation_id
+            mapped = self._store(turn)
         turn.leaf_id = mapped.leaf_id
         spec = RequestSpec(system=turn.system, tools=self._tools(turn))
         try:
@@ -126,6 +199,18 @@ class Turns:
         turn.room = assembled.budget - assembled.tokens.total
         turn.assembled = assembled
         return mapped, assembled.messages
+
+    def _store(self, turn: Turn) -> history.Mapped:
+        engine = self.recap.recap.engine
+        if turn.after is not None:
+            mapped = history.store_after(
+                engine, self.ingest, turn.conversation_id, turn.owner, turn.after, turn.history
+            )
+        else:
+            mapped = history.store_request(
+                engine, self.ingest, turn.conversation_id, turn.owner, turn.history, self.seen
+            )
+        return mapped
 
     def start_recording(self, turn: Turn) -> None:
         """Write what the turn's assembly records (``service.Recording``) on the thread pool
@@ -320,7 +405,7 @@ def _send_compress(conversation_id: str, leaf_id: int | None) -> None:
 def reply_headers(turn: Turn) -> Mapping[str, str]:
     """What the response says about the stored turn, and what Recap sent for it, every value
     encoded by the header rule (``headers.encode``: an id of any script is percent-encoded)."""
-    headers = {"X-Recap-Mode": "stored", "X-Recap-Conversation": turn.conversation_id}
+    headers = {"X-Recap-Mode": "stored", "X-Recap-Conversation": turn.name}
     if turn.assembled is not None:
         headers.update(outcome_headers(turn.assembled))
         headers.update(cap_headers(turn))
@@ -370,4 +455,4 @@ def outcome_headers(assembled: AssembledRequest) -> dict[str, str]:
     }
 
 
-__all__ = ["ConversationLocks", "ServeError", "Turn", "Turns", "reply_headers"]
+__all__ = ["ConversationLocks", "ResolvedNames", "ServeError", "Turn", "Turns", "reply_headers"]
