@@ -382,3 +382,25 @@ def test_a_client_gone_stops_reading_the_upstream(either: Serve) -> None:
     assert written < whole, (
         f"the upstream wrote all {whole} bytes, the last {ended - gone:.2f} s after the client left"
     )
+
+
+def test_retrieve_and_delete_find_a_keys_response_under_its_scoped_id(serve: Serve) -> None:
+    """GET and DELETE /v1/responses/{id} for B's response on a name A had first: B's reply (not
+    A's), A's id a 404 for B, and B's delete leaves A's response as it was."""
+    cid = new_id()
+    a_first = serve.client(KEY_A).responses.create(
+        model=MODEL, input="A asks", extra_headers={"X-Recap-Conversation": cid}
+    )
+    b_first = serve.client(KEY_B).responses.create(
+        model=MODEL, input="B asks", extra_headers={"X-Recap-Conversation": cid}
+    )
+    got = serve.client(KEY_B).responses.retrieve(b_first.id)
+    assert got.id == b_first.id and got.output_text == b_first.output_text
+    with pytest.raises(openai.NotFoundError):
+        serve.client(KEY_B).responses.retrieve(a_first.id)
+    with pytest.raises(openai.NotFoundError):
+        serve.client(KEY_B).responses.delete(a_first.id)
+    serve.client(KEY_B).responses.delete(b_first.id)
+    with pytest.raises(openai.NotFoundError):
+        serve.client(KEY_B).responses.retrieve(b_first.id)
+    assert serve.client(KEY_A).responses.retrieve(a_first.id).output_text == a_first.output_text

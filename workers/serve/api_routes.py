@@ -245,14 +245,7 @@ async def stored_reference(
     turn of this key on that conversation under way in this process is waited for first, so
     an id given at a stream's start names its reply once it is stored."""
     turns = state.turns
-    await turns.locks.settled((owner, ref.conversation_id))
-    try:
-        resolved = await turns.lookup(owner, ref.conversation_id)
-    except ServeError:
-        raise NotFoundError(ref.conversation_id) from None
-    if not resolved.exists:
-        raise NotFoundError(ref.conversation_id)
-    stored = replace(ref, conversation_id=resolved.conversation_id)
+    stored = replace(ref, conversation_id=await turns.stored_id(owner, ref.conversation_id))
     parent = await turns.recap.run(resolve_previous, turns.recap.recap.engine, stored, owner)
     return stored, parent
 

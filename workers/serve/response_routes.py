@@ -12,6 +12,7 @@ Recap does not keep a request's settings beside its reply, so the repeated field
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -104,6 +105,9 @@ async def retrieve(request: Request) -> Response:
         owner = routes.authorize(request)
         ref = checked_reference(value)
         try:
+            ref = replace(
+                ref, conversation_id=await state.turns.stored_id(owner, ref.conversation_id)
+            )
             reply = await state.turns.recap.run(_read, state, ref, owner)
         except NotFoundError:
             raise response_not_found(value) from None
@@ -124,6 +128,9 @@ async def delete(request: Request) -> Response:
         owner = routes.authorize(request)
         ref = checked_reference(value)
         try:
+            ref = replace(
+                ref, conversation_id=await state.turns.stored_id(owner, ref.conversation_id)
+            )
             await state.turns.recap.run(_forget, state, ref, owner)
         except NotFoundError:
             raise response_not_found(value) from None

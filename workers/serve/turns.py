@@ -168,6 +168,20 @@ class Turns:
         except NotFoundError:
             raise not_found(name) from None
 
+    async def stored_id(self, fingerprint: str, name: str) -> str:
+        """The id the key's existing conversation ``name`` is stored under, once a turn of the
+        key on it under way in this process has settled (an id given at a stream's start names
+        its reply once it is stored); a ``NotFoundError`` when the key has no such conversation
+        (another key's, or none)."""
+        await self.locks.settled((fingerprint, name))
+        try:
+            resolved = await self.lookup(fingerprint, name)
+        except ServeError:
+            raise NotFoundError(name) from None
+        if not resolved.exists:
+            raise NotFoundError(name)
+        return resolved.conversation_id
+
     async def prepare(self, turn: Turn) -> history.Mapped:
         """The request's history on the tree and Recap's request for it (``turn.sent``), in one
         trip to the thread pool; compressing once, and assembling again, if it does not fit."""
