@@ -11,7 +11,7 @@ from dataclasses import replace
 from core.counting import reasoning, tokens
 from core.request.assembly.given import Given
 from core.request.assembly.parts import REASONING_CLEARING
-from core.values.draft import Draft, Records, Unit
+from core.values.draft import Draft, Unit
 from core.values.records import ClearingRec, Msg
 
 

@@ -40,7 +40,9 @@ def stage(given: Given, draft: Draft) -> Draft:
         )
         summary_cut = cut_tokens < summary_tokens
         summary_tokens = cut_tokens
-    fit = fit_tail(history.tail, budget - others - summary_tokens, draft.cleared, encoding, given.pins)
+    fit = fit_tail(
+        history.tail, budget - others - summary_tokens, draft.cleared, encoding, given.pins
+    )
     tail_tokens = tokens_of(fit.tail)
     if others + summary_tokens + tail_tokens > budget and summary is not None:
         keep = budget - others - tail_tokens
