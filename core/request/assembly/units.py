@@ -49,6 +49,11 @@ def stage(given: Given, draft: Draft) -> Draft:
     )
 
 
+# A plain message's unit is made once per message after the cutoff on every request: built as
+# the tuple it is, without the named tuple's own ``__new__`` (a Python call) in between.
+_as_unit = tuple.__new__
+
+
 def build_units(
     messages: Sequence[Msg],
     clearings: Mapping[int, ClearingRec],
@@ -93,9 +98,8 @@ def build_units(
                 unit = _text_only_unit(unit, clearings, missing_outputs, encoding)
             units.append(unit)
         else:
-            units.append(
-                Unit((message,), (message.id,), message.tokens, role == "user", message.id in pins)
-            )
+            plain = ((message,), (message.id,), message.tokens, role == "user", message.id in pins)
+            units.append(_as_unit(Unit, plain))
     return units, orphans, len(call_ids) < calls
 
 
