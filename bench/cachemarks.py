@@ -129,9 +129,9 @@ def _requests(record: dict[str, Any]) -> list[list[dict[str, Any]]]:
     for index, message in enumerate(messages):
         if message.get("role") == "assistant" and index:
             request = assemble(
-                StoredBranch(branch[:index]),
+                StoredBranch(branch=branch[:index]),
                 RequestSpec(cache_breakpoints=True),
-                target=Target(MODEL, WINDOW, 0.0),
+                target=Target(model=MODEL, window=WINDOW, safety_margin=0.0),
             )
             out.append(request.messages)
     return out

@@ -397,7 +397,7 @@ def assemble(
     return built
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Recording:
     """What ``assemble`` records about a request it built, to write now or later: the fixed
     parts and Recap's count of the request (what ``record_usage`` compares the provider's
@@ -481,17 +481,17 @@ def assemble_unrecorded(
     if spec.as_of is not None:
         return built, None
     recording = Recording(
-        engine,
-        conversation_id,
-        request_parts,
-        read.profile,
-        spec,
-        now,
-        target.model,
-        read.stored_model,
-        loaded,
-        built,
-        read.recounted,
+        engine=engine,
+        conversation_id=conversation_id,
+        parts=request_parts,
+        profile=read.profile,
+        spec=spec,
+        now=now,
+        model=target.model,
+        stored_model=read.stored_model,
+        loaded=loaded,
+        built=built,
+        recounted=read.recounted,
     )
     return built, recording
 
@@ -563,7 +563,13 @@ def _read_for_request(
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
         raise
-    target = assembly.Target(model, window, settings.safety_margin, limit, media_policy(settings))
+    target = assembly.Target(
+        model=model,
+        window=window,
+        safety_margin=settings.safety_margin,
+        budget=limit,
+        media_policy=media_policy(settings),
+    )
     return _Read(
         target, loaded, leaf, recounted, forgotten, profile, stored_model, plan.calibration
     )
@@ -614,12 +620,12 @@ def _assembled(
     """``core.request.assembly.assemble`` over the branch as read."""
     missing = _missing_outputs(loaded.branch, loaded.clearings, settings.output_dir)
     stored = assembly.StoredBranch(
-        loaded.branch,
-        loaded.summary,
-        loaded.clearings,
-        loaded.pinned,
-        loaded.omitted,
-        missing,
+        branch=loaded.branch,
+        summary=loaded.summary,
+        clearings=loaded.clearings,
+        pinned=loaded.pinned,
+        omitted=loaded.omitted,
+        missing_outputs=missing,
     )
     return assembly.assemble(stored, spec, target=target)
 

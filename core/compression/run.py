@@ -92,7 +92,7 @@ class Parts:
     reporter: Reporter = field(default_factory=LogReporter)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Run:
     """The fixed inputs of one ``compress_session`` call."""
 
@@ -475,17 +475,17 @@ def compress_session(
     started = time.monotonic()
     deadline = started + settings.run_seconds
     run = Run(
-        engine,
-        settings,
-        conversation_id,
-        leaf_message_id,
-        force,
-        attempt,
-        trigger,
-        task_id,
-        clock,
-        deadline,
-        parts or Parts(),
+        engine=engine,
+        settings=settings,
+        conversation_id=conversation_id,
+        leaf=leaf_message_id,
+        force=force,
+        attempt=attempt,
+        trigger=trigger,
+        task_id=task_id,
+        clock=clock,
+        deadline=deadline,
+        parts=parts or Parts(),
     )
     try:
         held = claim(engine, settings, run)

@@ -36,8 +36,21 @@ def assemble(
     pinned: Sequence[Msg] = (),
 ) -> assembly.AssembledRequest:
     """``assembly.assemble`` with its three values built from keywords."""
-    target = assembly.Target(model, window, safety_margin, budget, media_policy)
-    stored = assembly.StoredBranch(branch, summary, clearings, pinned, omitted, missing_outputs)
+    target = assembly.Target(
+        model=model,
+        window=window,
+        safety_margin=safety_margin,
+        budget=budget,
+        media_policy=media_policy,
+    )
+    stored = assembly.StoredBranch(
+        branch=branch,
+        summary=summary,
+        clearings=clearings,
+        pinned=pinned,
+        omitted=omitted,
+        missing_outputs=missing_outputs,
+    )
     request = RequestSpec(
         system=system,
         tools=tools,

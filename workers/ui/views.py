@@ -425,16 +425,16 @@ def preview_request(
         and not outputs.output_exists(m.output_path, settings.output_dir)
     )
     stored = assembly.StoredBranch(
-        loaded.branch,
-        loaded.summary,
-        loaded.clearings,
-        loaded.pinned,
+        branch=loaded.branch,
+        summary=loaded.summary,
+        clearings=loaded.clearings,
+        pinned=loaded.pinned,
         missing_outputs=missing,
     )
     target = assembly.Target(
-        read.model,
-        window,
-        settings.safety_margin,
+        model=read.model,
+        window=window,
+        safety_margin=settings.safety_margin,
         budget=max(limit - held_back, 1),
         media_policy=service.media_policy(settings),
     )
