@@ -4,6 +4,7 @@ ENV PYTHONUNBUFFERED=1 LITELLM_LOCAL_MODEL_COST_MAP=True
 COPY pyproject.toml README.md ./
 COPY core ./core
 COPY workers ./workers
+COPY recap ./recap
 COPY bench ./bench
 RUN pip install --no-cache-dir '.[postgres,flower]'
 RUN useradd --create-home recap && mkdir -p /data/outputs && chown recap /data/outputs

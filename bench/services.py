@@ -34,8 +34,8 @@ def database() -> Iterator[str]:
 @contextmanager
 def broker(kind: str) -> Iterator[str]:
     """A broker of the benchmark's own: a Redis server, or a RabbitMQ node (a fresh vhost)."""
+    from recap.workers.enqueue import reset
     from tests.support.services import RabbitNode, RedisServer
-    from workers.enqueue import reset
 
     try:
         if kind == "redis":

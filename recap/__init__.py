@@ -7,40 +7,70 @@
     request = recap.assemble(conversation_id, system="You are ...")
     compress_later(conversation_id)  # after the turn; never waits
 
-``import recap`` imports neither Celery nor litellm: ``compress_later`` (which sends a Celery
-task) is loaded the first time it is used. The framework adapters live in
-``recap.integrations`` (the OpenAI Agents SDK, LangChain v1 agents, Pydantic AI), each behind
-its optional extra.
+Everything Recap installs lives under this package: the library as ``recap.core`` and the
+workers, CLI and servers as ``recap.workers`` (in a checkout, ``recap/core`` and
+``recap/workers`` link to the top-level ``core/`` and ``workers/`` folders), so a host project
+with its own ``core`` or ``workers`` package is never shadowed.
+
+The names below are loaded on first use: ``import recap.workers.app`` (a worker, the CLI) does
+not pay for the host API, and ``import recap`` imports neither Celery nor litellm
+(``compress_later``, which sends a Celery task, loads Celery the first time it is used). The
+framework adapters live in ``recap.integrations`` (the OpenAI Agents SDK, LangChain v1 agents,
+Pydantic AI), each behind its optional extra.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from core.aio import AsyncRecap
-from core.client import Recap
-from core.errors import (
-    BudgetError,
-    DatabaseUrlError,
-    InputError,
-    NotFoundError,
-    PinLimitError,
-    RecapError,
-    SchemaMissingError,
-)
-from core.request.assembly import AssembledRequest, ContextFile, TokenBreakdown
-from core.results import (
-    CompressResult,
-    ExportedConversation,
-    PinResult,
-    Stats,
-    SummaryInfo,
-    UsageRecorded,
-)
-from core.values.request import RequestSpec
-
 if TYPE_CHECKING:
-    from workers.enqueue import compress_later
+    from recap.core.aio import AsyncRecap
+    from recap.core.client import Recap
+    from recap.core.errors import (
+        BudgetError,
+        DatabaseUrlError,
+        InputError,
+        NotFoundError,
+        PinLimitError,
+        RecapError,
+        SchemaMissingError,
+    )
+    from recap.core.request.assembly import AssembledRequest, ContextFile, TokenBreakdown
+    from recap.core.results import (
+        CompressResult,
+        ExportedConversation,
+        PinResult,
+        Stats,
+        SummaryInfo,
+        UsageRecorded,
+    )
+    from recap.core.values.request import RequestSpec
+    from recap.workers.enqueue import compress_later
+
+# each public name and the module that defines it
+_HOMES = {
+    "AsyncRecap": "recap.core.aio",
+    "Recap": "recap.core.client",
+    "BudgetError": "recap.core.errors",
+    "DatabaseUrlError": "recap.core.errors",
+    "InputError": "recap.core.errors",
+    "NotFoundError": "recap.core.errors",
+    "PinLimitError": "recap.core.errors",
+    "RecapError": "recap.core.errors",
+    "SchemaMissingError": "recap.core.errors",
+    "AssembledRequest": "recap.core.request.assembly",
+    "ContextFile": "recap.core.request.assembly",
+    "TokenBreakdown": "recap.core.request.assembly",
+    "CompressResult": "recap.core.results",
+    "ExportedConversation": "recap.core.results",
+    "PinResult": "recap.core.results",
+    "Stats": "recap.core.results",
+    "SummaryInfo": "recap.core.results",
+    "UsageRecorded": "recap.core.results",
+    "RequestSpec": "recap.core.values.request",
+    "compress_later": "recap.workers.enqueue",
+}
 
 __all__ = [
     "AssembledRequest",
@@ -67,11 +97,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``compress_later`` on first use: it imports Celery, which a host that only assembles
-    never needs."""
-    if name == "compress_later":
-        from workers.enqueue import compress_later
+    """A public name, imported from its home the first time it is asked for."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'recap' has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value
+    return value
 
-        globals()["compress_later"] = compress_later
-        return compress_later
-    raise AttributeError(f"module 'recap' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from core.client import Recap
-from core.settings import get_settings
+from recap.core.client import Recap
+from recap.core.settings import get_settings
+from recap.workers import enqueue
 from tests.support.frameworks_stack import (
     FrameworkStack,
     carries_summary,
@@ -30,7 +31,6 @@ from tests.support.frameworks_stack import (
     tool_call_reply,
     user_text,
 )
-from workers import enqueue
 
 agents = pytest.importorskip("agents", reason="the openai-agents extra is not installed")
 pytest.importorskip("langchain.agents", reason="the langchain extra is not installed")

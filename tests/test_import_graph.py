@@ -19,10 +19,13 @@ FLOORS = ("core/counting", "core/request", "core/decision", "core/summaries", "c
 SQL_MODULES = ("sqlalchemy", "sqlmodel", "psycopg", "sqlite3")
 # Edges still to cut, with why they are there today.
 KNOWN: set[tuple[str, str]] = set()
+# the installed names of the top-level folders (recap/core and recap/workers link to them)
+INSTALLED = ("recap.core.", "recap.workers.")
+INSTALLED_PACKAGES = ("recap.core", "recap.workers")
 
 
-def imports_of(path: Path) -> Iterator[str]:
-    """Every module a file imports, at any depth (imports inside functions count too)."""
+def absolute_imports(path: Path) -> Iterator[str]:
+    """Every module a file imports as written, at any depth (imports inside functions count)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -30,6 +33,13 @@ def imports_of(path: Path) -> Iterator[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             yield node.module
             yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def imports_of(path: Path) -> Iterator[str]:
+    """Every module a file imports, named by its folder: ``recap.core.x`` is ``core.x`` here."""
+    for module in absolute_imports(path):
+        installed = module in INSTALLED_PACKAGES or module.startswith(INSTALLED)
+        yield module.removeprefix("recap.") if installed else module
 
 
 def files(folder: str) -> list[Path]:
@@ -80,3 +90,18 @@ def test_core_imports_no_workers_and_serve_no_sql_beyond_the_known_edges() -> No
     found = edges()
     assert found - KNOWN == set(), "new edges"
     assert KNOWN - found == set(), "edges gone: take them off KNOWN"
+
+
+def test_everything_imports_recap_by_its_installed_name() -> None:
+    """Nothing imports the top-level ``core`` or ``workers`` packages: the wheel installs them as
+    ``recap.core`` and ``recap.workers`` only, so a host project's own ``core`` app is never
+    shadowed (and a module imported under two names would be two modules)."""
+    bad = [
+        (str(path.relative_to(ROOT)), module)
+        for folder in ("core", "workers", "recap", "tests", "bench")
+        for path in files(folder)
+        if not path.relative_to(ROOT).as_posix().startswith(("recap/core/", "recap/workers/"))
+        for module in absolute_imports(path)
+        if module.split(".")[0] in ("core", "workers")
+    ]
+    assert bad == []

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from recap.workers.app import is_redis
 from tests.support.services import SUITE
-from workers.app import is_redis
 
 BROKERS = ("redis", "rabbitmq")
 
