@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,3 +106,88 @@ def test_everything_imports_recap_by_its_installed_name() -> None:
         if module.split(".")[0] in ("core", "workers")
     ]
     assert bad == []
+
+
+# --- the layout page's table of floors -----------------------------------------------------------
+
+LAYOUT = ROOT / "docs" / "layout.md"
+OWN_FOLDERS = ("core", "workers", "recap")
+
+
+def floors() -> list[tuple[str, list[str]]]:
+    """The rows of docs/layout.md's "What imports what" table: (folder, what it may import)."""
+    text = LAYOUT.read_text(encoding="utf-8").split("## What imports what", 1)[1]
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            rows.append((cells[0].strip("`"), re.findall(r"`([^`]+)`", cells[1])))
+    return rows
+
+
+def module_path(module: str) -> str | None:
+    """The file or folder of an imported Recap module, by its folder name (``recap.core.x`` is
+    ``core/x.py``), or None for a module that is not Recap's."""
+    parts = module.split(".")
+    if parts[0] == "recap" and len(parts) > 1 and parts[1] in ("core", "workers"):
+        parts = parts[1:]
+    elif parts[0] not in ("recap",):
+        return None
+    for end in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:end])
+        if base.with_suffix(".py").is_file():
+            return base.with_suffix(".py").relative_to(ROOT).as_posix()
+        if (base / "__init__.py").is_file():
+            return (base / "__init__.py").relative_to(ROOT).as_posix()
+    return None
+
+
+def allowed(target: str, rules: list[str]) -> bool:
+    for rule in rules:
+        if rule.endswith("/**") and target.startswith(rule[:-2]):
+            return True
+        if rule.endswith("/") and target.startswith(rule) and target.count("/") >= rule.count("/"):
+            return True
+        if target == rule or (rule.endswith("/") and target == rule + "__init__.py"):
+            return True
+    return False
+
+
+def folder_of(path: str, rows: list[tuple[str, list[str]]]) -> tuple[str, list[str]]:
+    """The most specific row whose folder holds ``path``."""
+    holding = [row for row in rows if path.startswith(row[0])]
+    return max(holding, key=lambda row: len(row[0]))
+
+
+def test_every_import_keeps_to_the_layout_pages_floors() -> None:
+    rows = floors()
+    assert len(rows) >= 10, "the table of floors was not found in docs/layout.md"
+    bad = []
+    for top in OWN_FOLDERS:
+        for path in files(top):
+            name = path.relative_to(ROOT).as_posix()
+            if name.startswith(("recap/core/", "recap/workers/")) or "/versions/" in name:
+                continue
+            folder, rules = folder_of(name, rows)
+            for module in absolute_imports(path):
+                target = module_path(module)
+                if target is None or target.startswith(folder) or target == name:
+                    continue
+                if not allowed(target, rules):
+                    bad.append((name, target))
+    assert sorted(set(bad)) == []
+
+
+def test_the_layout_page_names_every_folder_and_only_real_ones() -> None:
+    text = LAYOUT.read_text(encoding="utf-8")
+    named = set(re.findall(r"^\| `([\w/]+/)`", text, re.M))
+    real = {
+        path.parent.relative_to(ROOT).as_posix() + "/"
+        for top in OWN_FOLDERS
+        for path in (ROOT / top).rglob("__init__.py")
+        if not path.relative_to(ROOT).as_posix().startswith(("recap/core/", "recap/workers/"))
+        and len(path.relative_to(ROOT).parts) <= 3  # a folder's own folders are in its row
+    }
+    assert real - named == set(), "folders the layout page does not name"
+    missing = {n for n in named if not (ROOT / n).is_dir()}
+    assert missing == set(), "folders the layout page names that do not exist"
