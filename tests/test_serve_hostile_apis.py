@@ -155,6 +155,76 @@ def refused(serve: Serve, api: str, body: Any) -> str:
     return message
 
 
+# --- the rules, pure ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [(0, True), (0.7, True), (2, True), (2.5, False), (-0.1, False), (True, False),
+     ("0.5", False), ("NaN", False), (float("nan"), False), (float("inf"), False),
+     (None, False), ([0.5], False)],
+)  # fmt: skip
+def test_a_number_is_a_finite_json_number_in_range(value: Any, ok: bool) -> None:
+    """The temperature rule every API uses: no boolean, no string, nothing non-finite."""
+    from workers.serve.errors import ServeError
+    from workers.serve.validation.fields import PARAM_CHECKS
+
+    if ok:
+        PARAM_CHECKS["temperature"](value, "temperature")
+    else:
+        with pytest.raises(ServeError, match="temperature"):
+            PARAM_CHECKS["temperature"](value, "temperature")
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        ({"input": [{"type": "reasoning", "summary": 5}]}, "input[0].summary"),
+        ({"input": [{"type": "reasoning", "summary": [{"text": 5}]}]}, "input[0].summary[0].text"),
+        ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+         "input[0].content[0].text"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]},
+         "input[0].arguments"),
+        ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": 1}}},
+         "text.format.schema"),
+        ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": "x"}]},
+         "tools[0].parameters"),
+        ({"input": "x", "max_output_tokens": True}, "max_output_tokens"),
+        ({"input": "x", "stream": "yes"}, "stream"),
+    ],
+)  # fmt: skip
+def test_responses_rules_name_the_path(body: dict[str, Any], path: str) -> None:
+    from workers.serve import responses_api
+    from workers.serve.errors import ServeError
+
+    with pytest.raises(ServeError) as caught:
+        responses_api.chat_request({"model": "m", **body})
+    assert f"`{path}`" in caught.value.message and caught.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("blocks", "path"),
+    [
+        ([{"type": "thinking", "signature": "s"}], "messages.1.content.0.thinking"),
+        ([{"type": "tool_use", "id": "t", "name": "f", "input": []}], "messages.1.content.0.input"),
+        ([{"type": "redacted_thinking", "data": 5}], "messages.1.content.0.data"),
+        ([{"type": "text", "text": "x", "cache_control": {"type": "x"}}],
+         "messages.1.content.0.cache_control.type"),
+    ],
+)  # fmt: skip
+def test_messages_rules_name_the_path(blocks: list[Any], path: str) -> None:
+    """The same wording for /v1/messages and count_tokens (one function)."""
+    from workers.serve import messages_api
+    from workers.serve.errors import ServeError
+
+    history = [user(), {"role": "assistant", "content": blocks}, user("and?")]
+    for count in (False, True):
+        body = {"model": "m", "messages": history, **({} if count else {"max_tokens": 5})}
+        with pytest.raises(ServeError) as caught:
+            messages_api.chat_request(body, count=count)
+        assert f"`{path}`" in caught.value.message, caught.value.message
+
+
 # --- the failures reproduced -------------------------------------------------------------------
 
 REPRODUCED: list[tuple[str, str, Any]] = [

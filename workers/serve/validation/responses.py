@@ -234,7 +234,17 @@ def _call_output(item: Mapping[str, Any], path: str) -> None:
     if not isinstance(output, list) or not output:
         raise refuse(f"{path}.output", "a string or a non-empty list of content parts")
     for index, part in enumerate(output):
-        check_part(part, f"{path}.output[{index}]")
+        _output_part(part, f"{path}.output[{index}]")
+
+
+def _output_part(part: Any, path: str) -> None:
+    """A part of a function call's output: its text parts are sent (their text a string),
+    its other parts (images, files) have a string type and are left out, as before."""
+    obj(part, path)
+    required(part, path, ("type",))
+    string(part["type"], f"{path}.type")
+    if part["type"] in TEXT_PARTS:
+        _text_part(part, path)
 
 
 def _texts(kind: str) -> Check:
