@@ -321,21 +321,55 @@ def test_todays_anthropic_sdk_parameters_are_accepted_and_carried(either: Serve)
     assert counted.input_tokens > 0
 
 
+HEADER_PARAMS = {"user_profile_id", "workspace_id", "betas"}  # the SDK sends these as headers
+
+
+def test_every_parameter_of_the_installed_sdk_is_known() -> None:
+    """Each body parameter of the installed anthropic SDK's create and count_tokens (and their
+    beta forms) is one recap serve checks: accepted, or refused by name with a reason, never
+    'Extra inputs are not permitted'."""
+    from anthropic.types import message_count_tokens_params, message_create_params
+    from anthropic.types.beta import message_count_tokens_params as beta_count
+    from anthropic.types.beta import message_create_params as beta_create
+
+    from workers.serve.validation import messages as rules
+
+    create = {
+        *message_create_params.MessageCreateParamsStreaming.__annotations__,
+        *beta_create.MessageCreateParamsStreaming.__annotations__,
+    }
+    count = {
+        *message_count_tokens_params.MessageCountTokensParams.__annotations__,
+        *beta_count.MessageCountTokensParams.__annotations__,
+    }
+    assert create - HEADER_PARAMS <= rules.CREATE_FIELDS, create - rules.CREATE_FIELDS
+    assert count - HEADER_PARAMS <= rules.COUNT_FIELDS, count - rules.COUNT_FIELDS
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
         ("container", "container_1"),
         ("mcp_servers", [{"type": "url", "url": "https://example.com/mcp", "name": "x"}]),
         ("inference_geo", "us"),
+        ("billing_policy", {"type": "billing_policy", "bill_to": "self"}),
+        ("compaction", {"type": "summarize"}),
+        ("fallbacks", "default"),
+        ("thread", {"id": "t"}),
     ],
 )
 def test_parameters_the_upstream_cannot_take_are_named(
     serve: Serve, field: str, value: Any
 ) -> None:
     """What chat completions cannot carry is a 400 naming the parameter, for both routes."""
+    from workers.serve.validation import messages as rules
+
     for api, body in (("messages", _messages()), ("count", _count())):
-        if api == "count" and field in ("container", "inference_geo"):
-            continue  # not count_tokens parameters: refused as extra inputs
+        if api == "count" and field not in rules.COUNT_FIELDS:
+            continue  # not a count_tokens parameter: refused as an extra input
+        if api == "count" and field == "compaction":
+            assert serve.send(api, {**body, field: value}).status == 200  # ignored, as there
+            continue
         message = refused(serve, api, {**body, field: value})
         assert field in message, message
 

@@ -20,6 +20,7 @@ from workers.serve.errors import ServeError
 from workers.serve.validation.fields import (
     PARAM_CHECKS,
     Check,
+    anything,
     boolean,
     cache_control,
     fields,
@@ -45,6 +46,11 @@ UNCARRIED = {
     "container": "code-execution containers run on Anthropic's servers only",
     "inference_geo": "the upstream's region is chosen by its configuration, not per request",
     "mcp_servers": "recap serve does not call MCP servers for the model",
+    "billing_policy": "the upstream bills the key recap serve is configured with",
+    "compaction": "a compaction request returns Anthropic's signed block; Recap compacts itself",
+    "fallbacks": "the upstream's model is the one the request names",
+    "fallback_credit_token": "the upstream's model is the one the request names",
+    "thread": "threads are kept on Anthropic's servers only",
 }
 
 
@@ -140,6 +146,7 @@ COMMON: dict[str, Check] = {
     "speed": optional(one_of("standard", "fast")),
     "context_management": optional(_context_management),
     "mcp_servers": _uncarried("mcp_servers"),
+    "billing_policy": _uncarried("billing_policy"),
 }
 CREATE: dict[str, Check] = {
     **COMMON,
@@ -152,11 +159,14 @@ CREATE: dict[str, Check] = {
     "metadata": optional(_metadata),
     "service_tier": optional(one_of("auto", "standard_only")),
     "diagnostics": optional(_diagnostics),
-    "container": _uncarried("container"),
-    "inference_geo": _uncarried("inference_geo"),
+    **{key: _uncarried(key) for key in UNCARRIED if key not in COMMON},
+}
+COUNT: dict[str, Check] = {
+    **COMMON,
+    "compaction": anything,  # count_tokens ignores it, as Anthropic's does
 }
 CREATE_FIELDS = frozenset({*CREATE, "messages"})
-COUNT_FIELDS = frozenset({*COMMON, "messages"})
+COUNT_FIELDS = frozenset({*COUNT, "messages"})
 
 
 def check_body(body: Mapping[str, Any], *, count: bool = False) -> None:
@@ -166,7 +176,7 @@ def check_body(body: Mapping[str, Any], *, count: bool = False) -> None:
     if unknown:
         raise ServeError(400, f"{unknown[0]}: Extra inputs are not permitted", param=unknown[0])
     required(body, "", ("model", "messages") if count else ("model", "max_tokens", "messages"))
-    fields(body, "", COMMON if count else CREATE)
+    fields(body, "", COUNT if count else CREATE)
     messages = body["messages"]
     if not isinstance(messages, list) or not messages:
         raise refuse("messages", "a non-empty list of messages")
