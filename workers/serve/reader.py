@@ -25,7 +25,7 @@ from core.storage.records import ROLES
 from workers.serve import bounded
 from workers.serve.errors import bad_request, too_large
 from workers.serve.upstream import parameters
-from workers.serve.validation.fields import PARAM_CHECKS, anything
+from workers.serve.validation.fields import PARAM_CHECKS, anything, metadata, optional
 
 PART_TYPES = frozenset(
     {"text", "refusal", "image_url", "input_audio", "file", "thinking", "redacted_thinking"}
@@ -95,10 +95,8 @@ def check_chat_request(body: Mapping[str, Any]) -> ChatRequest:
     if include is not None and not isinstance(include, bool):
         raise bad_request("`stream_options.include_usage` must be true or false.")
     _optional(body, "store", bool, "true or false")
-    metadata = _optional(body, "metadata", dict, "an object") or {}
-    named = metadata.get("recap_conversation")
-    if named is not None and not isinstance(named, str):
-        raise bad_request("`metadata.recap_conversation` must be a string.", param="metadata")
+    optional(metadata)(body.get("metadata"), "metadata")  # the rule Responses' metadata has
+    named = (body.get("metadata") or {}).get("recap_conversation")
     params = parameters(body)
     for name, value in params.items():
         PARAM_CHECKS.get(name, anything)(value, name)
