@@ -73,9 +73,7 @@ class Answered:
         return str(error.get("message")) if ok else None
 
 
-def send(
-    base_url: str, key: str, api: str, body: Any, conversation: str | None = None
-) -> Answered:
+def send(base_url: str, key: str, api: str, body: Any, conversation: str | None = None) -> Answered:
     """One request (the body as Python's json writes it, NaN included), read whole."""
     target = APIS[api]
     content = body if isinstance(body, bytes) else json.dumps(body).encode()

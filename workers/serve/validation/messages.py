@@ -262,8 +262,10 @@ def _tool_use(block: Mapping[str, Any], path: str) -> None:
 
 
 def _thinking_block(block: Mapping[str, Any], path: str) -> None:
-    required(block, path, ("thinking", "signature"))
-    fields(block, path, {"thinking": string, "signature": string})
+    """Its text a string; its signature a string or null (a reply of an upstream that signs
+    nothing comes back to the client with none)."""
+    required(block, path, ("thinking",))
+    fields(block, path, {"thinking": string, "signature": optional(string)})
 
 
 def _redacted_thinking(block: Mapping[str, Any], path: str) -> None:
