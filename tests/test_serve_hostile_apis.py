@@ -23,9 +23,9 @@ import anthropic
 import pytest
 from sqlalchemy import Engine, select
 
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
-from core.storage.models import MESSAGES
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
+from recap.core.storage.models import MESSAGES
 from tests.support.hostile_api_bodies import Answered, send
 from tests.support.hostile_upstream import HostileUpstream
 from tests.support.serve_stack import serve_env, serve_process
@@ -166,8 +166,8 @@ def refused(serve: Serve, api: str, body: Any) -> str:
 )  # fmt: skip
 def test_a_number_is_a_finite_json_number_in_range(value: Any, ok: bool) -> None:
     """The temperature rule every API uses: no boolean, no string, nothing non-finite."""
-    from workers.serve.errors import ServeError
-    from workers.serve.validation.fields import PARAM_CHECKS
+    from recap.workers.serve.errors import ServeError
+    from recap.workers.serve.validation.fields import PARAM_CHECKS
 
     if ok:
         PARAM_CHECKS["temperature"](value, "temperature")
@@ -194,8 +194,8 @@ def test_a_number_is_a_finite_json_number_in_range(value: Any, ok: bool) -> None
     ],
 )  # fmt: skip
 def test_responses_rules_name_the_path(body: dict[str, Any], path: str) -> None:
-    from workers.serve import responses_api
-    from workers.serve.errors import ServeError
+    from recap.workers.serve import responses_api
+    from recap.workers.serve.errors import ServeError
 
     with pytest.raises(ServeError) as caught:
         responses_api.chat_request({"model": "m", **body})
@@ -214,8 +214,8 @@ def test_responses_rules_name_the_path(body: dict[str, Any], path: str) -> None:
 )  # fmt: skip
 def test_messages_rules_name_the_path(blocks: list[Any], path: str) -> None:
     """The same wording for /v1/messages and count_tokens (one function)."""
-    from workers.serve import messages_api
-    from workers.serve.errors import ServeError
+    from recap.workers.serve import messages_api
+    from recap.workers.serve.errors import ServeError
 
     history = [user(), {"role": "assistant", "content": blocks}, user("and?")]
     for count in (False, True):
@@ -332,7 +332,7 @@ def test_every_parameter_of_the_installed_sdk_is_known() -> None:
     from anthropic.types.beta import message_count_tokens_params as beta_count
     from anthropic.types.beta import message_create_params as beta_create
 
-    from workers.serve.validation import messages as rules
+    from recap.workers.serve.validation import messages as rules
 
     create = {
         *message_create_params.MessageCreateParamsStreaming.__annotations__,
@@ -362,7 +362,7 @@ def test_parameters_the_upstream_cannot_take_are_named(
     serve: Serve, field: str, value: Any
 ) -> None:
     """What chat completions cannot carry is a 400 naming the parameter, for both routes."""
-    from workers.serve.validation import messages as rules
+    from recap.workers.serve.validation import messages as rules
 
     for api, body in (("messages", _messages()), ("count", _count())):
         if api == "count" and field not in rules.COUNT_FIELDS:

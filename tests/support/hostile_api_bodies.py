@@ -19,7 +19,7 @@ import httpx
 from hypothesis import strategies as st
 
 from tests.support.hostile_clients import REQUEST_TIMEOUT, json_values
-from workers.serve.headers import encode
+from recap.workers.serve.headers import encode
 
 
 @dataclass(frozen=True)

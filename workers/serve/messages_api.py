@@ -18,9 +18,9 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from workers.serve.chunks import chunk_usage, first_choice_deltas
-from workers.serve.errors import ServeError
-from workers.serve.validation import messages as rules
+from recap.workers.serve.chunks import chunk_usage, first_choice_deltas
+from recap.workers.serve.errors import ServeError
+from recap.workers.serve.validation import messages as rules
 
 MESSAGE_PREFIX = "msg_"
 KNOWN_FIELDS = rules.CREATE_FIELDS  # the fields of a Messages body (``validation.messages``)

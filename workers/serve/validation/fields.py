@@ -13,8 +13,8 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from workers.serve.bounded import INT_MIN
-from workers.serve.errors import ServeError, bad_request
+from recap.workers.serve.bounded import INT_MIN
+from recap.workers.serve.errors import ServeError, bad_request
 
 Check = Callable[[Any, str], None]
 

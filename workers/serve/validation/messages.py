@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workers.serve.errors import ServeError
-from workers.serve.validation.fields import (
+from recap.workers.serve.errors import ServeError
+from recap.workers.serve.validation.fields import (
     PARAM_CHECKS,
     Check,
     anything,
@@ -301,9 +301,9 @@ def check_converted(messages: list[dict[str, Any]]) -> None:
     """The request as chat messages: every media part readable (the base64 decodes, the type
     is one the providers take; what counting and storing read), every tool result answering a
     tool_use before it (Anthropic refuses one that answers none)."""
-    from core.counting.media import check_parts
-    from core.errors import InputError
-    from core.request.validate import check_tool_pairing
+    from recap.core.counting.media import check_parts
+    from recap.core.errors import InputError
+    from recap.core.request.validate import check_tool_pairing
 
     try:
         for index, message in enumerate(messages):

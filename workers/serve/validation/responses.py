@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workers.serve.errors import bad_request
-from workers.serve.validation.fields import (
+from recap.workers.serve.errors import bad_request
+from recap.workers.serve.validation.fields import (
     PARAM_CHECKS,
     Check,
     boolean,
