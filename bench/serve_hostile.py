@@ -9,6 +9,11 @@
   model (``tests.support.hostile_clients.request_bodies``: wrong types, unknown parts, NaN, odd
   JSON, conversation ids of any script), seeded, against serve on SQLite on each upstream path, in
   front of a stand-in upstream; no response may be a 500.
+- ``hostile_fuzz_500s_responses``, ``hostile_fuzz_500s_messages``,
+  ``hostile_fuzz_500s_count_tokens`` (over their ``hostile_fuzz_cases_*``): the same over the
+  Responses, Messages and count_tokens bodies (``tests.support.hostile_api_bodies``: well-formed
+  bodies, and bodies with any field at any depth, item or block given any JSON value), 4,000
+  per API; no response may be a 500.
 
 - ``hostile_relay_mask_mismatches`` over ``hostile_relay_mask_cases``: seeded random streamed
   replies (reasoning, text, tool calls, each text around known secrets and URL passwords, split
@@ -109,15 +114,13 @@ def race(root: Path, upstream: str) -> list[Figure]:
 
 
 def fuzz(root: Path, upstream: str) -> list[Figure]:
-    """The seeded fuzz on each upstream path."""
-    from hypothesis import HealthCheck, given, seed, settings
+    """The seeded fuzz of every API's body on each upstream path."""
 
     from recap.core.storage.db import make_engine
     from recap.core.storage.migrate import upgrade
-    from tests.support.hostile_clients import fuzz_once, request_bodies
     from tests.support.serve_stack import serve_process
 
-    statuses: Counter[int] = Counter()
+    statuses: dict[str, Counter[int]] = {api: Counter() for api in FUZZED_APIS}
     for path, cases in FUZZ_CASES.items():
         folder = root / f"fuzz-{path}"
         folder.mkdir()
@@ -126,33 +129,88 @@ def fuzz(root: Path, upstream: str) -> list[Figure]:
         upgrade(engine)
         engine.dispose()
         with serve_process(_env(url, upstream, folder, path), folder) as process:
-            base = process.base_url
-
-            @seed(SEED)
-            @settings(
-                max_examples=cases,
-                deadline=None,
-                database=None,
-                derandomize=True,
-                suppress_health_check=list(HealthCheck),
-            )
-            @given(request_bodies(MODEL))
-            def one(case: tuple[dict[str, Any], str | None]) -> None:
-                statuses[fuzz_once(base, KEY, *case)] += 1  # noqa: B023 (called right here)
-
-            one()
-    print(f"bench.serve_hostile: fuzz statuses {dict(sorted(statuses.items()))}", file=sys.stderr)
-    total = sum(statuses.values())
-    return [
+            for api in FUZZED_APIS:
+                _fuzz_api(process.base_url, api, cases, statuses[api])
+    for api, counted in statuses.items():
+        print(f"bench.serve_hostile: {api} fuzz statuses {dict(sorted(counted.items()))}",
+              file=sys.stderr)  # fmt: skip
+    chat = statuses["chat"]
+    figures = [
         Figure(
             "hostile_fuzz_500s",
-            statuses[500],
+            chat[500],
             "== 0",
             "responses of 500 to fuzzed chat-completions requests (hypothesis over the request "
             "model, seeded), direct and litellm paths",
         ),
-        Figure("hostile_fuzz_cases", total, "", "fuzzed requests sent (valid and not)"),
+        Figure(
+            "hostile_fuzz_cases", sum(chat.values()), "", "fuzzed requests sent (valid and not)"
+        ),
     ]
+    for api, (label, what) in FUZZED_APIS.items():
+        if api == "chat":
+            continue
+        counted = statuses[api]
+        figures += [
+            Figure(
+                f"hostile_fuzz_500s_{label}",
+                counted[500],
+                "== 0",
+                f"responses of 500 to fuzzed {what} (hypothesis: well-formed bodies and bodies "
+                "spoiled at any depth, seeded), direct and litellm paths",
+            ),
+            Figure(
+                f"hostile_fuzz_cases_{label}",
+                sum(counted.values()),
+                "",
+                f"fuzzed {what} sent (valid and not)",
+            ),
+        ]
+    return figures
+
+
+# Each API fuzzed: its figures' suffix and what its requests are.
+FUZZED_APIS = {
+    "chat": ("chat", "chat-completions requests"),
+    "responses": ("responses", "Responses requests"),
+    "messages": ("messages", "Messages requests"),
+    "count": ("count_tokens", "count_tokens requests"),
+}
+
+
+def _fuzz_api(base: str, api: str, cases: int, statuses: Counter[int]) -> None:
+    """``cases`` seeded hypothesis requests to one API; their statuses counted."""
+    from hypothesis import HealthCheck, given, seed, settings
+
+    from tests.support.hostile_api_bodies import messages_bodies, responses_bodies, send
+    from tests.support.hostile_clients import fuzz_once, request_bodies
+
+    strategy = {
+        "chat": request_bodies(MODEL),
+        "responses": responses_bodies(MODEL),
+        "messages": messages_bodies(MODEL),
+        "count": messages_bodies(MODEL),
+    }[api]
+
+    @seed(SEED)
+    @settings(
+        max_examples=cases,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def one(case: tuple[Any, str | None]) -> None:
+        body, named = case
+        if api == "chat":
+            statuses[fuzz_once(base, KEY, body, named)] += 1
+            return
+        if api == "count" and isinstance(body, dict):
+            body = {k: v for k, v in body.items() if k not in ("max_tokens", "stream")}
+        statuses[send(base, KEY, api, body, named).status] += 1
+
+    one()
 
 
 RELAY_CASES = 20_000

@@ -20,15 +20,11 @@ from starlette.responses import JSONResponse
 
 from recap.workers.serve.chunks import chunk_usage, first_choice_deltas
 from recap.workers.serve.errors import ServeError
+from recap.workers.serve.validation import messages as rules
 
 MESSAGE_PREFIX = "msg_"
-KNOWN_FIELDS = frozenset(
-    {
-        "model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "stream",
-        "temperature", "top_k", "top_p", "tools", "tool_choice", "thinking", "service_tier",
-    }
-)  # fmt: skip
-COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
+KNOWN_FIELDS = rules.CREATE_FIELDS  # the fields of a Messages body (``validation.messages``)
+COUNT_FIELDS = rules.COUNT_FIELDS  # and of a count_tokens body
 STOP_REASONS = {
     "stop": "end_turn",
     "length": "max_tokens",
@@ -38,6 +34,9 @@ STOP_REASONS = {
 }
 # Thinking budgets as reasoning efforts (the upstream is called through chat completions).
 EFFORT_BUDGETS = ((2_048, "low"), (8_192, "medium"))
+# ``output_config.effort`` as a reasoning effort: past high, chat completions' highest.
+EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+SCHEMA_NAME = "output"  # chat completions' json_schema needs a name; Anthropic's format has none
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -108,21 +107,11 @@ class ChatRequest:
 def chat_request(body: Mapping[str, Any], *, count: bool = False) -> ChatRequest:
     """The chat-completions request for a Messages body (``count``: a count_tokens body,
     which has no ``max_tokens``); an Anthropic-format 400 for what it cannot carry."""
-    allowed = COUNT_FIELDS if count else KNOWN_FIELDS
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise invalid(f"{unknown[0]}: Extra inputs are not permitted")
-    model, stream = body.get("model"), body.get("stream", False)
-    if not isinstance(model, str) or not model:
-        raise invalid("model: Field required")
-    if not isinstance(stream, bool):
-        raise invalid("stream: Input should be a valid boolean")
+    rules.check_body(body, count=count)  # every field and block, before anything is read
+    model, stream = body["model"], body.get("stream") or False
     params: dict[str, Any] = {}
     if not count:
-        max_tokens = body.get("max_tokens")
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise invalid("max_tokens: Field required (a positive integer)")
-        params["max_tokens"] = max_tokens
+        params["max_tokens"] = body["max_tokens"]
         for key in ("temperature", "top_p"):
             if body.get(key) is not None:
                 params[key] = body[key]
@@ -138,8 +127,25 @@ def chat_request(body: Mapping[str, Any], *, count: bool = False) -> ChatRequest
     effort = reasoning_effort(body.get("thinking"))
     if effort is not None:
         params["reasoning_effort"] = effort
+    params.update(output_params(body.get("output_config")))
     messages = system_messages(body.get("system")) + history(body.get("messages"))
+    rules.check_converted(messages)
     return ChatRequest(model, messages, params, stream, tools)
+
+
+def output_params(config: Any) -> dict[str, Any]:
+    """``output_config`` as chat completions' parameters: its effort as ``reasoning_effort``,
+    its JSON schema as a ``json_schema`` response format."""
+    if not isinstance(config, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    if config.get("effort"):
+        out["reasoning_effort"] = EFFORTS[config["effort"]]
+    form = config.get("format")
+    if isinstance(form, Mapping):
+        schema = {"name": SCHEMA_NAME, "schema": form["schema"]}
+        out["response_format"] = {"type": "json_schema", "json_schema": schema}
+    return out
 
 
 def system_messages(system: Any) -> list[dict[str, Any]]:

@@ -9,13 +9,13 @@ own API's error format; ``read_object`` is both steps, for any route.
 
 ``check_chat_request`` reads a chat-completions body into a ``ChatRequest``: message shapes
 (content a string, a list of known part types, or null only for an assistant that calls tools),
-string ids, and every forwarded parameter of the type OpenAI documents for it.
+string ids, and every forwarded parameter by its rule in ``validation.fields`` (the rules the
+Responses and Messages bodies are checked with too).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +23,9 @@ from starlette.requests import Request
 
 from recap.core.storage.records import ROLES
 from recap.workers.serve import bounded
-from recap.workers.serve.bounded import INT_MIN
-from recap.workers.serve.errors import ServeError, bad_request, too_large
+from recap.workers.serve.errors import bad_request, too_large
 from recap.workers.serve.upstream import parameters
+from recap.workers.serve.validation.fields import PARAM_CHECKS, anything, metadata, optional
 
 PART_TYPES = frozenset(
     {"text", "refusal", "image_url", "input_audio", "file", "thinking", "redacted_thinking"}
@@ -95,13 +95,11 @@ def check_chat_request(body: Mapping[str, Any]) -> ChatRequest:
     if include is not None and not isinstance(include, bool):
         raise bad_request("`stream_options.include_usage` must be true or false.")
     _optional(body, "store", bool, "true or false")
-    metadata = _optional(body, "metadata", dict, "an object") or {}
-    named = metadata.get("recap_conversation")
-    if named is not None and not isinstance(named, str):
-        raise bad_request("`metadata.recap_conversation` must be a string.", param="metadata")
+    optional(metadata)(body.get("metadata"), "metadata")  # the rule Responses' metadata has
+    named = (body.get("metadata") or {}).get("recap_conversation")
     params = parameters(body)
     for name, value in params.items():
-        PARAM_CHECKS.get(name, _any)(value, name)
+        PARAM_CHECKS.get(name, anything)(value, name)
     return ChatRequest(model, messages, stream, bool(include), params, named)
 
 
@@ -197,91 +195,3 @@ def check_call(call: Any, where: str) -> None:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:39] + "…"
-
-
-# --- the forwarded parameters, each of the type OpenAI documents -------------------------------
-
-Check = Callable[[Any, str], None]
-
-
-def _refuse(name: str, what: str) -> ServeError:
-    return bad_request(f"`{name}` must be {what}.", param=name)
-
-
-def _number(value: Any, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _refuse(name, "a finite number")
-
-
-def _integer(low: int) -> Check:
-    def check(value: Any, name: str) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise _refuse(name, f"an integer of at least {low}")
-
-    return check
-
-
-def _of(kind: type | tuple[type, ...], what: str) -> Check:
-    def check(value: Any, name: str) -> None:
-        if not isinstance(value, kind):
-            raise _refuse(name, what)
-
-    return check
-
-
-def _stop(value: Any, name: str) -> None:
-    if isinstance(value, str):
-        return
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise _refuse(name, "a string or a list of strings")
-
-
-def _objects(value: Any, name: str) -> None:
-    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise _refuse(name, "a list of objects")
-
-
-def _strings(value: Any, name: str) -> None:
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise _refuse(name, "a list of strings")
-
-
-def _bias(value: Any, name: str) -> None:
-    if not isinstance(value, dict):
-        raise _refuse(name, "an object of token ids to numbers")
-    for bias in value.values():
-        _number(bias, name)
-
-
-def _any(value: Any, name: str) -> None:
-    return None
-
-
-PARAM_CHECKS: dict[str, Check] = {
-    "audio": _of(dict, "an object"),
-    "frequency_penalty": _number,
-    "function_call": _of((str, dict), "a string or an object"),
-    "functions": _objects,
-    "logit_bias": _bias,
-    "logprobs": _of(bool, "true or false"),
-    "max_completion_tokens": _integer(0),
-    "max_tokens": _integer(0),
-    "modalities": _strings,
-    "n": _integer(1),
-    "parallel_tool_calls": _of(bool, "true or false"),
-    "prediction": _of(dict, "an object"),
-    "presence_penalty": _number,
-    "reasoning_effort": _of(str, "a string"),
-    "response_format": _of(dict, "an object"),
-    "seed": _integer(INT_MIN),
-    "service_tier": _of(str, "a string"),
-    "stop": _stop,
-    "temperature": _number,
-    "tool_choice": _of((str, dict), "a string or an object"),
-    "tools": _objects,
-    "top_logprobs": _integer(0),
-    "top_p": _number,
-    "user": _of(str, "a string"),
-    "verbosity": _of(str, "a string"),
-    "web_search_options": _of(dict, "an object"),
-}

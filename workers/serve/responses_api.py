@@ -24,6 +24,7 @@ from typing import Any
 from recap.workers.serve import response_objects
 from recap.workers.serve.chunks import chunk_usage, first_choice_deltas
 from recap.workers.serve.errors import ServeError, bad_request
+from recap.workers.serve.validation import responses as rules
 
 RESPONSE_PREFIX = "resp_"
 REFERENCE = re.compile(r"([ra])(\d{1,19}):(.+)", re.DOTALL)
@@ -136,7 +137,9 @@ def chat_request(body: Mapping[str, Any]) -> ChatRequest:
         raise bad_request(
             f"Unrecognized request argument supplied: {', '.join(unknown)}", param=unknown[0]
         )
-    model, stream, store = body.get("model"), body.get("stream", False), body.get("store", True)
+    rules.check_body(body)  # every field and input item, before anything is read
+    stream, store = body.get("stream") is True, body.get("store") is not False
+    model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("`model` must be a non-empty string.", param="model")
     if not isinstance(stream, bool) or not isinstance(store, bool):
