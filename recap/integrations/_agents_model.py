@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents.models.interface import Model
 
-from recap.integrations.openai_agents import FixedParts, RecapSession
+from recap.integrations._agents_items import FixedParts, sent_whole, with_originals
 
 if TYPE_CHECKING:
     from agents.agent_output import AgentOutputSchemaBase
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from agents.model_settings import ModelSettings
     from agents.models.interface import ModelTracing
     from agents.tool import Tool
+
+    from recap.integrations.openai_agents import RecapSession
 
 OVERFLOW_CODE = "context_length_exceeded"  # OpenAI's error code for a request over the window
 OVERFLOW_WORDS = ("context length", "context window", "maximum context", "too many tokens")
@@ -226,12 +228,10 @@ def _completed_usage(event: Any) -> Any:
 
 def _same_item(left: Any, right: Any) -> bool:
     """Whether two items stand for the same stored message (what a call's input ends with)."""
-    from recap.integrations.openai_agents import _sent_whole, with_originals
-
     if not isinstance(left, Mapping) or not isinstance(right, Mapping):
         return False
     try:
         message = with_originals([dict(right)])
     except (AttributeError, TypeError, KeyError):
         return False
-    return len(message) == 1 and _sent_whole(message[0], [dict(left)])
+    return len(message) == 1 and sent_whole(message[0], [dict(left)])

@@ -31,7 +31,6 @@ import json
 import threading
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from recap.convert import openai_agents as convert
@@ -41,6 +40,12 @@ from recap.core.request.render import NO_RESULT_TEXT
 from recap.core.settings import Settings
 from recap.core.values.limits import NAME_MAX_CHARS
 from recap.integrations import _host
+from recap.integrations._agents_items import (
+    ORIGINAL_KEY,
+    FixedParts,
+    sent_whole,
+    with_originals,
+)
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -50,9 +55,7 @@ if TYPE_CHECKING:
     from recap.integrations._agents_model import RecapModel
 
 GENERATION_MARK = "~"  # clear_session's conversations: <session_id>~2, ~3, ...
-ORIGINAL_KEY = "agents_items"  # the SDK's items a stored message stands for, as they came
 LEAF_KEY = "agents_branch_end"  # conversation meta: where pop_item left the branch's end
-COMPARED_KEYS = ("role", "content", "tool_calls", "tool_call_id")  # what assembly may rewrite
 RUNS_REMEMBERED = 64  # runs whose usage readings are tracked at once (one per run in flight)
 LOCK_STRIPES = 64  # locks shared by all conversations: a bounded set, however many there are
 _LOCKS = tuple(threading.Lock() for _ in range(LOCK_STRIPES))
@@ -61,14 +64,6 @@ _LOCKS = tuple(threading.Lock() for _ in range(LOCK_STRIPES))
 def _conversation_lock(conversation_id: str) -> threading.Lock:
     """The process's lock for the conversation's branch end (one of ``LOCK_STRIPES``)."""
     return _LOCKS[zlib.crc32(conversation_id.encode()) % LOCK_STRIPES]
-
-
-@dataclass(frozen=True)
-class FixedParts:
-    """What the agent sends beside the history: counted in the budget, never sent by Recap."""
-
-    instructions: str | None = None
-    tools: tuple[dict[str, Any], ...] | None = None
 
 
 class RecapSession:
@@ -198,7 +193,7 @@ class RecapSession:
         for message in history:
             originals = message.get(ORIGINAL_KEY)
             plain = {k: v for k, v in message.items() if k != ORIGINAL_KEY}
-            if isinstance(originals, list) and _sent_whole(plain, originals):
+            if isinstance(originals, list) and sent_whole(plain, originals):
                 items.extend(json.loads(json.dumps(originals)))
             else:
                 items.extend(convert.message_to_items(plain))
@@ -334,36 +329,6 @@ class RecapSession:
 
 
 # --- stored form ---------------------------------------------------------------------------------
-
-
-def with_originals(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The items as Recap messages, each carrying the items it stands for."""
-    messages = convert.items_to_messages(items)
-    groups: list[list[dict[str, Any]]] = [[] for _ in messages]
-    for end, item in enumerate(items, start=1):  # an item belongs to the last message so far
-        groups[len(convert.items_to_messages(items[:end])) - 1].append(item)
-    for message in messages:  # reasoning alone (a response cut by a pop): an empty answer
-        if message.get("content") is None and not message.get("tool_calls"):
-            message["content"] = ""
-    return [{**m, ORIGINAL_KEY: g} for m, g in zip(messages, groups, strict=True)]
-
-
-def _sent_whole(message: Mapping[str, Any], originals: list[Any]) -> bool:
-    """Whether the assembly sends the message as the originals say (not cleared, aged,
-    shortened or truncated on the way in)."""
-    try:
-        again = convert.items_to_messages(originals)
-    except (AttributeError, TypeError, KeyError):
-        return False
-    if len(again) != 1:
-        return False
-    return all(_same(again[0].get(k), message.get(k)) for k in COMPARED_KEYS)
-
-
-def _same(left: Any, right: Any) -> bool:
-    if left in (None, "", []) and right in (None, "", []):
-        return True
-    return bool(json.dumps(left, sort_keys=True) == json.dumps(right, sort_keys=True))
 
 
 def _entries(wrapper: Any) -> list[Any]:
