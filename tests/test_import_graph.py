@@ -208,7 +208,6 @@ KNOWN_LONG: set[str] = {
     "core/compression/run.py",
     "core/storage/reads.py",
     "core/storage/store.py",
-    "workers/serve/responses_api.py",
 }
 
 

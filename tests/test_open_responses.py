@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from recap.workers.serve import response_objects, responses_api
+from recap.workers.serve import response_events, response_objects, responses_api
 from recap.workers.serve.errors import ServeError
 from tests.support import open_responses as spec
 from tests.support.llm_server import LLMServer, Reply
@@ -184,7 +184,7 @@ def test_random_replies_and_streams_are_valid(seed: int) -> None:
     usage = rng.choice([None, (12, 5, rng.randint(0, 12))])
     whole = responses_api.response_object(head, message, usage, finish)
     assert spec.response_errors(whole) == []
-    events = responses_api.ResponseEvents(head)
+    events = response_events.ResponseEvents(head)
     out = events.start()
     for delta in deltas:
         out += events.feed({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
@@ -240,7 +240,7 @@ def test_the_error_event_is_openais() -> None:
     at the top): the schema's nests them in an ``error`` object, which the `openai` client
     takes for a failed request and raises on, before the ``response.failed`` that follows. That
     member is the one difference; the failed response itself is valid."""
-    events = responses_api.ResponseEvents(responses_api.Head("resp_e", "m", {}))
+    events = response_events.ResponseEvents(responses_api.Head("resp_e", "m", {}))
     error, failed = events.failed(ServeError(502, "gone", code="upstream"))
     schema = spec.component("ErrorStreamingEvent")
     assert spec.errors(schema, error) == ["(root): 'error' is a required property"]

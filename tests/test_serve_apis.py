@@ -24,7 +24,7 @@ import pytest
 from recap.core.storage.db import make_engine
 from recap.core.storage.migrate import upgrade
 from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from recap.workers.serve import messages_api, responses_api
+from recap.workers.serve import messages_api, response_events, responses_api
 from recap.workers.serve.errors import ServeError
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.processes import free_port
@@ -227,7 +227,7 @@ def test_responses_reply_and_stream_agree() -> None:
         },
         {"tool_calls": [{"index": 0, "function": {"arguments": '": "."}'}}]},
     ]
-    events = responses_api.ResponseEvents(head)
+    events = response_events.ResponseEvents(head)
     out = events.start()
     for delta in deltas:
         out += events.feed({"choices": [{"index": 0, "delta": delta}]})

@@ -161,7 +161,7 @@ def relay_mismatches(reply: RandomReply, secrets: list[str]) -> list[str]:
     from masking each text whole: in the stored reply, in the Responses events and in the
     Messages events made of the chunks it lets out (their items in the upstream's order)."""
     from recap.core.redact import mask_known
-    from recap.workers.serve import messages_api, responses_api
+    from recap.workers.serve import messages_api, response_events, responses_api
     from recap.workers.serve.direct import Chunk
     from recap.workers.serve.streaming import Relay
 
@@ -186,7 +186,7 @@ def relay_mismatches(reply: RandomReply, secrets: list[str]) -> list[str]:
         arguments,
     ):
         problems.append(f"stored reply {message}")
-    events = responses_api.ResponseEvents(responses_api.Head("resp_x", "m", {}))
+    events = response_events.ResponseEvents(responses_api.Head("resp_x", "m", {}))
     items = ([e for c in out for e in events.feed(c)] + events.finish())[-1]["response"]["output"]
     said = [
         (i["type"], i["content"][0]["text"] if i["type"] != "function_call" else i["arguments"])

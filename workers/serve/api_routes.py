@@ -24,7 +24,14 @@ from recap.core.counting.tokens import TOKENS_REPLY_PRIMING
 from recap.core.errors import BudgetError, InputError, NotFoundError
 from recap.core.request.prefix import split_system
 from recap.core.storage import requests as history
-from recap.workers.serve import messages_api, response_routes, responses_api, routes, upstream
+from recap.workers.serve import (
+    messages_api,
+    response_events,
+    response_routes,
+    responses_api,
+    routes,
+    upstream,
+)
 from recap.workers.serve.errors import ServeError, bad_request, context_too_long, echoed, not_found
 from recap.workers.serve.shapes import Shape
 from recap.workers.serve.streaming import ClientGone, Relay
@@ -164,8 +171,8 @@ def responses_shape(
         head.id = name(None)
         return ConvertedRelay(
             stream,
-            responses_api.ResponseEvents(head),
-            responses_api.sse,
+            response_events.ResponseEvents(head),
+            response_events.sse,
             lambda exc: upstream.as_serve_error(exc, settings),
             state.turns.secrets,
             storable=storable,

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from recap.core.errors import NotFoundError
 from recap.core.storage import reads
 from recap.core.storage.requests import forget_response
-from recap.workers.serve import responses_api, routes
+from recap.workers.serve import response_events, responses_api, routes
 from recap.workers.serve.errors import ServeError, bad_request
 
 log = structlog.get_logger(__name__)
@@ -66,7 +66,7 @@ def replayed(value: str, reply: reads.StoredReply) -> bytes:
     """A stored reply as the events of its stream (``GET ...?stream=true``): the same items,
     ids and final response as ``stored_object`` gives."""
     created = int(reply.created_at.timestamp())
-    events = responses_api.ResponseEvents(
+    events = response_events.ResponseEvents(
         responses_api.Head(value, reply.model, {}, created_at=created)
     )
     message = reply.message
@@ -82,7 +82,7 @@ def replayed(value: str, reply: reads.StoredReply) -> bytes:
     events.usage = reply.usage
     out += events.finish()
     out[-1]["response"]["completed_at"] = created
-    return b"".join(responses_api.sse(event) for event in out)
+    return b"".join(response_events.sse(event) for event in out)
 
 
 def _read(state: routes.State, ref: responses_api.Reference, owner: str) -> reads.StoredReply:
