@@ -61,11 +61,14 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name == "sqlite":
-        for name in KEYED_TABLES:
-            with op.batch_alter_table(
-                name, recreate="always", table_kwargs={"sqlite_autoincrement": False}
-            ):
-                pass
-    with op.batch_alter_table("conversations", schema=None) as batch_op:
-        batch_op.drop_column("incarnation")
+    if op.get_bind().dialect.name != "sqlite":
+        op.drop_column("conversations", "incarnation")
+        return
+    for name in KEYED_TABLES:
+        with op.batch_alter_table(
+            name, recreate="always", table_kwargs={"sqlite_autoincrement": False}
+        ):
+            pass
+    # SQLite's own DROP COLUMN (3.35 on): a rebuilt conversations table would empty the tables
+    # referring to it
+    op.execute("ALTER TABLE conversations DROP COLUMN incarnation")
