@@ -36,6 +36,7 @@ BENCHES: tuple[str, ...] = (
     "ui",
     "frameworks",
     "lifecycle",
+    "race",
 )
 
 

@@ -644,7 +644,7 @@ def _request_budget(
 
 def _record_profile(
     engine: Engine,
-    conversation: store.Identity,
+    conversation: store.Identity | str,
     parts: profiles.FixedParts,
     stored: profiles.Profile | None,
     spec: RequestSpec,
@@ -679,6 +679,8 @@ def _record_profile(
         and stored.sent == sent
     ):
         return
+    if isinstance(conversation, str):
+        conversation = store.Identity(conversation)
     with session_scope(engine) as session:
         if store.lock_conversation(session, conversation.id, incarnation=conversation.incarnation):
             profiles.save_parts(session.connection(), conversation.id, parts, digest, now, sent)

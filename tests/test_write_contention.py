@@ -36,9 +36,7 @@ CHILD_TIMEOUT = 300
 @contextmanager
 def cpu_load(count: int = BURNERS) -> Iterator[None]:
     """Busy-loop processes this test starts and stops itself."""
-    burners = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)
-    ]
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
     try:
         yield
     finally:

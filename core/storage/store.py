@@ -214,7 +214,7 @@ def _insert_conversation(
     """Insert the conversation's row with a new incarnation unless its id is stored; whether
     this call inserted it."""
     now = utcnow()
-    values = {
+    values: dict[str, Any] = {
         "id": conversation_id,
         "model": model,
         "max_input_tokens": max_input_tokens,

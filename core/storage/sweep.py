@@ -46,7 +46,7 @@ from core.decision.toolresults import (
 from core.errors import InputError
 from core.request.placeholders import DEFAULT_TOOL_NAME
 from core.settings import Settings
-from core.storage.db import session_scope
+from core.storage.db import write_scope
 from core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, PINS, SUMMARIES, utcnow
 from core.values.records import AGED, ARGUMENTS, CLEARED, STAGES
 
@@ -370,7 +370,7 @@ def sweep_idle(
     while max_batches is None or result.batches < max_batches:
         for attempt in range(2):  # a conversation deleted under the batch fails its insert once
             try:
-                with session_scope(engine) as session:
+                with write_scope(engine) as session:
                     batch = sweep_batch(
                         session,
                         now=now,
