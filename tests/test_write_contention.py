@@ -31,6 +31,7 @@ ADDS = 15  # adds each, one process per add
 BURNERS = 2  # busy loops keeping both cores loaded while the writers run
 THREADS = 8
 CHILD_TIMEOUT = 300
+WRITERS_TIMEOUT = 1_200  # 120 interpreter starts on two busy cores: minutes, not seconds
 
 
 @contextmanager
@@ -57,6 +58,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.timeout(WRITERS_TIMEOUT)
 def test_eight_cli_writers_under_load_never_find_the_database_locked(
     sqlite_engine: Engine,
 ) -> None:

@@ -37,13 +37,15 @@ FILLER_WORDS = 40  # about 150 tokens a message, so runs have something to summa
 TAG = re.compile(r"\[([AB]) (r\d+) g(\d+) m\d+\]")
 OPERATIONS = (
     ("add", 6),
-    ("assemble", 4),
-    ("compress", 3),
+    ("assemble", 3),
+    ("compress", 4),
     ("delete", 1),
+    ("recreate", 2),
     ("pin", 1),
     ("recall", 2),
     ("expire", 1),
 )
+RECREATED_TURNS = 4  # messages a re-created conversation gets at once, while runs are in flight
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Figures:
     cross_tenant_reads: int = 0
     lost_messages: int = 0
     errors: int = 0
+    actions: dict[str, int] = field(default_factory=dict)  # what the worker's runs did
     failures: list[str] = field(default_factory=list)
 
     def fail(self, kind: str, text: str) -> None:
@@ -111,11 +114,14 @@ class Fuzz:
     def add(self, slot: Slot, owner: str, rng: random.Random) -> None:
         if not self.ensure(slot, owner):
             return
-        for _ in range(rng.randint(1, 3)):
-            n = len(slot.messages)
-            role = "user" if n % 2 == 0 else "assistant"
-            text = self.text(slot, owner, n)
-            slot.messages[self.recap.add(slot.cid, {"role": role, "content": text})] = text
+        for _ in range(rng.randint(1, 4)):
+            self.add_one(slot, owner)
+
+    def add_one(self, slot: Slot, owner: str) -> None:
+        n = len(slot.messages)
+        role = "user" if n % 2 == 0 else "assistant"
+        text = self.text(slot, owner, n)
+        slot.messages[self.recap.add(slot.cid, {"role": role, "content": text})] = text
 
     def assemble(self, slot: Slot, owner: str, rng: random.Random) -> None:
         if slot.owner != owner:
@@ -137,6 +143,16 @@ class Fuzz:
             return
         self.recap.delete(slot.cid)
         self.forget(slot)
+
+    def recreate(self, slot: Slot, owner: str, rng: random.Random) -> None:
+        """Delete the id (when stored) and create it again at once, for either owner, with a
+        few messages: the runs enqueued for the erased conversation are still in flight."""
+        if slot.owner is not None:
+            self.recap.delete(slot.cid)
+            self.forget(slot)
+        self.ensure(slot, owner)
+        for _ in range(RECREATED_TURNS):
+            self.add_one(slot, owner)
 
     def expire(self, slot: Slot, owner: str, rng: random.Random) -> None:
         if slot.owner is None:
@@ -225,6 +241,8 @@ class Fuzz:
         for pending in self.pending:
             result = wait(pending)
             self.figures.runs += 1
+            action = str(result.get("action"))
+            self.figures.actions[action] = self.figures.actions.get(action, 0) + 1
             if result.get("action") == "failed":
                 self.figures.fail("errors", f"run failed: {result.get('reason')}")
         self.final_checks()
@@ -292,6 +310,6 @@ def figures_text(figures: Figures) -> str:
     head = (
         f"{figures.operations} operations, {figures.runs} runs: "
         f"resurrected {figures.resurrected_rows}, cross-owner {figures.cross_tenant_reads}, "
-        f"lost {figures.lost_messages}, errors {figures.errors}"
+        f"lost {figures.lost_messages}, errors {figures.errors}; runs {figures.actions}"
     )
     return "\n".join([head, *figures.failures])
