@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core import service
-from core.settings import get_settings
-from core.storage.db import session_scope
-from core.storage.models import CLEARINGS, MESSAGES, SUMMARIES, CompactionLog, table_of
+from recap.core import service
+from recap.core.settings import get_settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CLEARINGS, MESSAGES, SUMMARIES, CompactionLog, table_of
 from tests.support.cli_helpers import recap
 from tests.support.llm_server import LLMServer, Reply
 from tests.test_compress_worker import chat, harness_for
-from workers.app import app
+from recap.workers.app import app
 
 WINDOW = 3_000  # a dozen turns go over the trigger (tests.test_compress_worker)
 OLD, NEW = "old", "new"  # the tags of the erased chat's and the new chat's texts
@@ -93,7 +93,7 @@ def test_cli_run_outlived_by_delete_and_recreate_writes_nothing(
     try:
         import_chat(tmp_path, "victim", OLD)
         run = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "compress", "victim", "--force", "--json"],
+            [sys.executable, "-m", "recap.workers.cli", "compress", "victim", "--force", "--json"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

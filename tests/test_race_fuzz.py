@@ -12,8 +12,8 @@ import pytest
 
 from tests.support import race_fuzz
 from tests.test_compress_worker import harness_for
-from workers.app import app
-from workers.errors import CompressionFailed
+from recap.workers.app import app
+from recap.workers.errors import CompressionFailed
 
 pytestmark = pytest.mark.redis
 

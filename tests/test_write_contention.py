@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core import service
-from core.client import Recap
-from core.errors import InputError
-from core.settings import get_settings
-from core.storage import store
-from core.storage.db import session_scope
-from core.storage.models import CONVERSATIONS
+from recap.core import service
+from recap.core.client import Recap
+from recap.core.errors import InputError
+from recap.core.settings import get_settings
+from recap.core.storage import store
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CONVERSATIONS
 
 WRITERS = 8  # `recap add` processes at once
 ADDS = 15  # adds each, one process per add
@@ -49,7 +49,7 @@ def cpu_load(count: int = BURNERS) -> Iterator[None]:
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     """The ``recap`` command in a child process, on this test's settings."""
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
+        [sys.executable, "-m", "recap.workers.cli", *args],
         capture_output=True,
         text=True,
         env=dict(os.environ),

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from core.counting import budget as budgets
-from core.counting import tokens
-from core.decision.toolresults import (
+from recap.core.counting import budget as budgets
+from recap.core.counting import tokens
+from recap.core.decision.toolresults import (
     IDLE,
     POST_SUMMARY,
     PRESSURE,
@@ -52,8 +52,8 @@ from core.decision.toolresults import (
     min_tokens_for,
     plan_clearings,
 )
-from core.request.branch import effective_history_tokens
-from core.summaries.planning import (
+from recap.core.request.branch import effective_history_tokens
+from recap.core.summaries.planning import (
     REJECTED_NOT_SMALLER,
     Split,
     cooldown_until,
@@ -63,8 +63,8 @@ from core.summaries.planning import (
     replaced_tokens,
     split_root,
 )
-from core.values.profile import Profile
-from core.values.records import AGED, CLEARED, ClearingRec, Msg, SummaryRec, merge_step
+from recap.core.values.profile import Profile
+from recap.core.values.records import AGED, CLEARED, ClearingRec, Msg, SummaryRec, merge_step
 
 SKIP = "skip"
 REST = "rest"

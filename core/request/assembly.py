@@ -48,16 +48,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from core.counting import media, reasoning, tokens
-from core.decision.toolresults import shortened_call
-from core.errors import BudgetError, InputError
-from core.request import pins as pin_rules
-from core.request import refs, render, shorten
-from core.request.placeholders import cleared_placeholder
-from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
-from core.values.request import NO_PARTS, RequestSpec
-from core.values.request import ContextFile as ContextFile  # re-exported: hosts import it here
+from recap.core.counting import media, reasoning, tokens
+from recap.core.decision.toolresults import shortened_call
+from recap.core.errors import BudgetError, InputError
+from recap.core.request import pins as pin_rules
+from recap.core.request import refs, render, shorten
+from recap.core.request.placeholders import cleared_placeholder
+from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
+from recap.core.values.request import NO_PARTS, RequestSpec
+from recap.core.values.request import ContextFile as ContextFile  # re-exported: hosts import it here
 
 # The summary, context files, forgotten-file note and reminder are user messages: every provider
 # accepts a user message anywhere, while a system message after the first is rejected by several

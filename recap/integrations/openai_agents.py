@@ -21,9 +21,9 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from core.aio import AsyncRecap
-from core.client import Recap
-from core.values.limits import NAME_MAX_CHARS
+from recap.core.aio import AsyncRecap
+from recap.core.client import Recap
+from recap.core.values.limits import NAME_MAX_CHARS
 from recap.convert import openai_agents as convert
 from recap.integrations import _host
 

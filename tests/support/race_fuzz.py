@@ -23,13 +23,13 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
-from core.client import Recap
-from core.errors import NotFoundError, PinLimitError
-from core.request.refs import message_ref
-from core.settings import Settings
-from core.storage import erase, store
-from core.storage.db import session_scope
-from core.storage.models import CLEARINGS, MESSAGES, PINS, SUMMARIES, utcnow
+from recap.core.client import Recap
+from recap.core.errors import NotFoundError, PinLimitError
+from recap.core.request.refs import message_ref
+from recap.core.settings import Settings
+from recap.core.storage import erase, store
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CLEARINGS, MESSAGES, PINS, SUMMARIES, utcnow
 
 OWNERS = ("A", "B")
 WINDOW = 3_000  # small: a dozen turns go over the trigger

@@ -18,12 +18,12 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from core.errors import NotFoundError
-from core.redact import error_text
-from core.settings import Settings
-from core.storage.console import SORTS
-from workers.ui import views
-from workers.ui.auth import COOKIE, Session, Sessions
+from recap.core.errors import NotFoundError
+from recap.core.redact import error_text
+from recap.core.settings import Settings
+from recap.core.storage.console import SORTS
+from recap.workers.ui import views
+from recap.workers.ui.auth import COOKIE, Session, Sessions
 
 log = structlog.get_logger(__name__)
 
@@ -258,6 +258,6 @@ async def _enqueue(request: Request, action: str) -> Response:
 
 
 def _send(conversation_id: str, leaf: int | None) -> str:
-    from workers.enqueue import compress_later
+    from recap.workers.enqueue import compress_later
 
     return compress_later(conversation_id, leaf, force=True)
