@@ -37,6 +37,7 @@ BENCHES: tuple[str, ...] = (
     "frameworks",
     "lifecycle",
     "summaries",
+    "race",
 )
 
 

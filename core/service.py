@@ -28,7 +28,7 @@ from recap.core.storage import outputs, reads, recount, spans, store, versions
 from recap.core.storage import profile as profiles
 from recap.core.storage import reuse as reuses
 from recap.core.storage import snapshot as snapshots
-from recap.core.storage.db import is_schema_missing, session_scope
+from recap.core.storage.db import is_schema_missing, session_scope, write_scope
 from recap.core.storage.models import utcnow
 from recap.core.storage.reuse import BranchReuse
 from recap.core.values.records import ClearingRec, Msg, merge_step, steps_of
@@ -237,7 +237,7 @@ def record_usage(
     Recap is the reading compared with the estimate of the stored history and the fixed parts
     the host last sent (else ``default_fixed``)."""
     now = utcnow()
-    with session_scope(engine) as session:
+    with write_scope(engine) as session:
         profile = profiles.load_profile(session.connection(), conversation_id)
         sent = profile.sent if profile is not None else None
         if sent is not None and (leaf is None or leaf == sent.leaf_id):
@@ -274,7 +274,7 @@ def set_output_reserve(engine: Engine, conversation_id: str, output_tokens: int 
     with None go back to the rule of ``core.counting.budget.output_reserve``."""
     if output_tokens is not None and output_tokens < 0:
         raise InputError(f"the output reserve must not be negative, got {output_tokens}")
-    with session_scope(engine) as session:
+    with write_scope(engine) as session:
         store.get_conversation(session, conversation_id)
         profiles.save_reserve(session.connection(), conversation_id, output_tokens)
 
@@ -418,23 +418,34 @@ class Recording:
     loaded: reads.RequestBranch
     built: assembly.AssembledRequest
     recounted: list[recount.Change]
+    incarnation: str | None = None  # the conversation as read: nothing is written for another
 
     def write(self) -> None:
-        engine, conversation_id, built = self.engine, self.conversation_id, self.built
+        """Write what the request learned, each write in a transaction that holds the
+        conversation's lock and finds it still the one read (else it writes nothing: the
+        conversation was deleted, perhaps created again under its id)."""
+        engine, built = self.engine, self.built
+        conversation = store.Identity(self.conversation_id, self.incarnation)
         _record_profile(
             engine,
-            conversation_id,
+            conversation,
             self.parts,
             self.profile,
             self.spec,
             self.now,
             (self.model, self.loaded, built),
         )
-        _record_media(engine, conversation_id, built)
+        _record_media(engine, conversation, built)
         if recount.current_bases(self.model) == recount.current_bases(self.stored_model):
-            recount.record(engine, conversation_id, self.recounted, built.reasoning_dropped)
+            recount.record(
+                engine,
+                self.conversation_id,
+                self.recounted,
+                built.reasoning_dropped,
+                incarnation=self.incarnation,
+            )
         if built.truncated:
-            _log_truncation(conversation_id, built)
+            _log_truncation(self.conversation_id, built)
 
 
 def assemble_unrecorded(
@@ -492,6 +503,7 @@ def assemble_unrecorded(
         loaded=loaded,
         built=built,
         recounted=read.recounted,
+        incarnation=read.incarnation,
     )
     return built, recording
 
@@ -509,6 +521,7 @@ class _Read:
     profile: profiles.Profile | None
     stored_model: str
     calibration: float
+    incarnation: str | None = None  # the conversation read (``store.Identity``)
 
 
 def _read_for_request(
@@ -560,6 +573,7 @@ def _read_for_request(
             plan, limit = budget_at(head), limit_at(head)
             loaded, recounted = recount.refreshed(loaded, model)
             forgotten = _span_forgotten(session, conversation_id, loaded, leaf, settings)
+            incarnation = store.incarnation_of(session.connection(), conversation_id)
     except (OperationalError, ProgrammingError) as exc:
         _guard_schema(exc)
         raise
@@ -571,7 +585,15 @@ def _read_for_request(
         media_policy=media_policy(settings),
     )
     return _Read(
-        target, loaded, leaf, recounted, forgotten, profile, stored_model, plan.calibration
+        target,
+        loaded,
+        leaf,
+        recounted,
+        forgotten,
+        profile,
+        stored_model,
+        plan.calibration,
+        incarnation,
     )
 
 
@@ -659,7 +681,7 @@ def _request_budget(
 
 def _record_profile(
     engine: Engine,
-    conversation_id: str,
+    conversation: store.Identity | str,
     parts: profiles.FixedParts,
     stored: profiles.Profile | None,
     spec: RequestSpec,
@@ -694,8 +716,11 @@ def _record_profile(
         and stored.sent == sent
     ):
         return
+    if isinstance(conversation, str):
+        conversation = store.Identity(conversation)
     with session_scope(engine) as session:
-        profiles.save_parts(session.connection(), conversation_id, parts, digest, now, sent)
+        if store.lock_conversation(session, conversation.id, incarnation=conversation.incarnation):
+            profiles.save_parts(session.connection(), conversation.id, parts, digest, now, sent)
 
 
 def _after_recording(
@@ -760,7 +785,9 @@ def media_policy(settings: Settings) -> media.MediaPolicy:
     )
 
 
-def _record_media(engine: Engine, conversation_id: str, request: assembly.AssembledRequest) -> None:
+def _record_media(
+    engine: Engine, conversation: store.Identity, request: assembly.AssembledRequest
+) -> None:
     """Record the messages whose media aged in this request as ``media`` clearings and the tool
     results it sent shortened as ``shortened`` ones (one short write, only when something
     changed anew), so they stay so whatever the next request holds."""
@@ -771,7 +798,11 @@ def _record_media(engine: Engine, conversation_id: str, request: assembly.Assemb
     from recap.core.values.clearing import ClearingPlan, PlannedClearing
 
     with session_scope(engine) as session:
+        if not store.lock_conversation(
+            session, conversation.id, incarnation=conversation.incarnation
+        ):
+            return
         for reason, done in ((media.RECORDED, request.media_aged), (SHORTENED, request.shortened)):
             items = tuple(PlannedClearing(mid, reclaimed) for mid, reclaimed in done)
             if items:
-                apply_clearings(session, conversation_id, ClearingPlan(reason, items))
+                apply_clearings(session, conversation.id, ClearingPlan(reason, items))

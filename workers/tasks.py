@@ -138,7 +138,10 @@ def _unknown(settings: Settings, conversation_id: str, exc: NotFoundError) -> co
     from recap.core.storage.erase import conversation_exists
 
     reason = redact(str(exc), known_secrets(settings))
-    if conversation_exists(engine(), conversation_id):
+    # "unknown conversation" is said only when no row was there: deleted, and perhaps created
+    # again under its id since (a new conversation, which this run never read)
+    absent = str(exc).startswith("unknown conversation")
+    if not absent and conversation_exists(engine(), conversation_id):
         events.log.warning(
             "compress_session_rejected", conversation_id=conversation_id, error=reason
         )

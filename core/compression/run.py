@@ -72,6 +72,7 @@ from recap.core.values.records import ClearingRec, Msg
 __all__ = [  # what the workers' wiring (workers.compress) and the host API import from here
     "COMPACTION_LOG",
     "DELETED_REASON",
+    "RECREATED_REASON",
     "Outcome",
     "Parts",
     "RetryLater",
@@ -118,6 +119,10 @@ class Run:
     clock: Clock
     deadline: float  # time.monotonic() by which the run ends: Settings.run_seconds from its start
     parts: Parts = field(default_factory=Parts)
+    # The conversation's incarnation, read as the lease is taken (None before): every read and
+    # write of the run checks it, so a conversation deleted and created again under the same
+    # id meanwhile is neither read nor written for this run.
+    incarnation: str | None = None
     knobs: policy.Knobs = field(init=False)  # the decision's knobs, read from the settings once
 
     def __post_init__(self) -> None:
@@ -177,6 +182,7 @@ def snapshot_for(run: Run) -> Snapshot:
     """One short read session of the content-free snapshot, with the failed runs the cooldown
     needs."""
     with session_scope(run.engine) as session:
+        _check_incarnation(session, run.conversation_id, run.incarnation)
         return snapshots.read_snapshot(
             session,
             run.conversation_id,
@@ -186,11 +192,21 @@ def snapshot_for(run: Run) -> Snapshot:
         )
 
 
+def _check_incarnation(session: Any, conversation_id: str, incarnation: str | None) -> None:
+    """A ``ConversationGone`` unless the conversation is still the one the run's lease was
+    taken on (when it was taken: ``incarnation`` is not None)."""
+    if incarnation is None:
+        return
+    if store.incarnation_of(session.connection(), conversation_id) != incarnation:
+        raise ConversationGone(f"conversation {conversation_id!r} was deleted")
+
+
 def early_skip(run: Run) -> tuple[policy.Decision, int | None, int] | None:
     """The decision's skip when an upper bound on the latest branch's history is under the
     trigger (two aggregate reads, no message row), with the latest message id and the history
     in provider tokens as ``stats`` shows it (what the run reports); else None."""
     with session_scope(run.engine) as session:
+        _check_incarnation(session, run.conversation_id, run.incarnation)
         bound = snapshots.history_bound(session, run.conversation_id)
         if bound is None:
             return None
@@ -201,10 +217,13 @@ def early_skip(run: Run) -> tuple[policy.Decision, int | None, int] | None:
     return decision, bound.leaf, decision.pressure.budget.history(bound.history)
 
 
-def with_text(engine: Engine, conversation_id: str, split: Split) -> Split:
+def with_text(
+    engine: Engine, conversation_id: str, split: Split, incarnation: str | None = None
+) -> Split:
     """The split with its messages' text: the only content a run reads."""
     ids = [m.id for m in (*split.older, *split.recent)]
     with session_scope(engine) as session:
+        _check_incarnation(session, conversation_id, incarnation)
         rows = snapshots.load_contents(session, conversation_id, ids)
     if len(rows) < len(set(ids)):  # deleted since the snapshot was read
         raise ConversationGone(f"conversation {conversation_id!r} was deleted")
@@ -216,13 +235,18 @@ def with_text(engine: Engine, conversation_id: str, split: Split) -> Split:
 
 
 def clearing_step(
-    engine: Engine, conversation_id: str, plan: ClearingPlan, now: datetime
+    engine: Engine,
+    conversation_id: str,
+    plan: ClearingPlan,
+    now: datetime,
+    incarnation: str | None = None,
 ) -> sweep.Applied:
-    """Record a decision's clearings (every stage: aged, cleared, shortened arguments)."""
+    """Record a decision's clearings (every stage: aged, cleared, shortened arguments), in the
+    conversation the run read (``incarnation``)."""
     if not plan:
         return sweep.Applied(0, 0)
     with session_scope(engine) as session:
-        if not store.lock_conversation(session, conversation_id):
+        if not store.lock_conversation(session, conversation_id, incarnation=incarnation):
             raise ConversationGone(f"conversation {conversation_id!r} was deleted")
         return sweep.apply_clearings(session, conversation_id, plan, now=now)
 
@@ -250,7 +274,9 @@ def one_pass(run: Run) -> PassResult:
     started = {k: v for k, v in _event_fields(run, base).items() if k != "action"}
     run.emit(report.STARTED, **started, forced=run.force, urgent=decision.urgent)
     if decision.clear:
-        applied = clearing_step(run.engine, run.conversation_id, decision.clear, run.clock())
+        applied = clearing_step(
+            run.engine, run.conversation_id, decision.clear, run.clock(), run.incarnation
+        )
         after = before - decision.pressure.budget.history(applied.tokens_reclaimed)
         if decision.action == policy.CLEAR and applied.steps:
             reason = applied.describe()
@@ -267,7 +293,7 @@ def summarize(run: Run, snapshot: Snapshot, decision: policy.Decision, base: Out
     """Read the split's text, call the summarizer (no session held), validate; the row to
     insert."""
     assert decision.split is not None
-    split = with_text(run.engine, run.conversation_id, decision.split)
+    split = with_text(run.engine, run.conversation_id, decision.split, run.incarnation)
     try:
         summarizer = run.parts.summarizers(run.settings, run.attempt, run.deadline)
         result = summarizer.summarize(snapshot, split)
@@ -359,7 +385,7 @@ def write_run(
 
     written = write_transaction(
         run.engine,
-        run.conversation_id,
+        store.Identity(run.conversation_id, run.incarnation),
         summary=result.row,
         clear_after=clear_after,
         log_row=log_row,
@@ -508,6 +534,7 @@ def compress_session(
         raise retry from exc
     if held is None:
         return _busy(run, started)
+    run = replace(run, incarnation=held.incarnation)
     try:
         outcome = _passes_unless_deleted(run, held, started)
     except BaseException as exc:
@@ -549,26 +576,37 @@ def _passes(run: Run, held: lease.Lease, started: float) -> Outcome:
 
 
 DELETED_REASON = "the conversation was deleted during the run; nothing was written"
+RECREATED_REASON = (
+    "the conversation was deleted during the run and its id created again; nothing was written"
+)
 
 
 def _passes_unless_deleted(run: Run, held: lease.Lease, started: float) -> Outcome:
     """``_passes``, ending as skipped with nothing written when the conversation is deleted
-    while the run works on it (``recap delete``, the retention policy): its lease went with
-    its row, and its write transaction finds it gone (``ConversationGone``)."""
-    from recap.core.storage.erase import conversation_exists
-
+    while the run works on it (``recap delete``, the retention policy), whether or not its id
+    is created again meanwhile: its lease went with its row, and its reads and write
+    transactions find another incarnation or none (``ConversationGone``)."""
     try:
         return _passes(run, held, started)
     except NotFoundError:
-        if conversation_exists(run.engine, run.conversation_id):
+        now = _current_incarnation(run)
+        if now is not None and now == run.incarnation:
             raise
+    reason = DELETED_REASON if now is None else RECREATED_REASON
     report.log.info(
         "compression_conversation_deleted",
         conversation_id=run.conversation_id,
         task_id=run.task_id,
+        recreated=now is not None,
         duration_ms=_ms(started),
     )
-    return Outcome(Action.SKIPPED, DELETED_REASON, 0, 0)
+    return Outcome(Action.SKIPPED, reason, 0, 0)
+
+
+def _current_incarnation(run: Run) -> str | None:
+    """The incarnation stored under the run's conversation id now (None: no such row)."""
+    with session_scope(run.engine) as session:
+        return store.incarnation_of(session.connection(), run.conversation_id)
 
 
 def _merge(first: Outcome | None, later: Outcome) -> Outcome:

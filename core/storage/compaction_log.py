@@ -34,7 +34,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, delete, insert, select, update
 
-from recap.core.storage.db import session_scope
+from recap.core.storage.db import write_scope
 from recap.core.storage.models import CompactionLog, table_of
 from recap.core.storage.store import as_utc
 from recap.core.values.actions import Action
@@ -139,7 +139,7 @@ class Pruned:
 def prune_batch(engine: Engine, at: Cuts, *, after_id: int, batch: int) -> Pruned:
     """One batch, in one transaction: the rows after ``after_id`` up to the first one newer than
     the skip cut, those past their retention deleted."""
-    with session_scope(engine) as session:
+    with write_scope(engine) as session:
         connection = session.connection()
         rows = connection.execute(_ROWS_AFTER, {"after_id": after_id, "batch": batch}).all()
         doomed_ids: list[int] = []

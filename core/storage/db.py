@@ -4,6 +4,11 @@ Only ``recap init`` (and a host that asks for it) creates a database: every othe
 SQLite file read-write without creating it, so a mistyped path or a read command before
 ``recap init`` changes nothing on disk and says what to do.
 
+Every write transaction takes the write lock as it begins (``write_scope``, ``begin_write``): on
+SQLite ``BEGIN IMMEDIATE``, which waits for other writers within the busy timeout. A deferred
+transaction that reads first and writes later cannot wait: when another process wrote meanwhile,
+its upgrade to a write fails at once with "database is locked", whatever the timeout.
+
 A server database's pool follows the process's concurrency when a worker says how many threads
 it runs (``size_pool``): each thread holds at most one connection at a time, and none while the
 model is called, so a worker of 16 threads opens at most 16 connections, and keeps them.
@@ -11,13 +16,15 @@ model is called, so a worker of 16 threads opens at most 16 connections, and kee
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, NoSuchModuleError
 from sqlmodel import Session
@@ -115,6 +122,7 @@ def make_engine(url: str | URL, *, create: bool = True, **kwargs: Any) -> Engine
     kwargs.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
     engine = create_engine(parsed, **kwargs)
     event.listen(engine, "connect", _sqlite_pragmas)
+    _hook(engine)
     return engine
 
 
@@ -181,6 +189,53 @@ def require_schema(engine: Engine) -> None:
     """A ``SchemaMissingError`` unless the database has Recap's tables."""
     if not inspect(engine).has_table(SCHEMA_TABLE):
         raise SchemaMissingError(f"the database has no Recap schema; {INIT_HINT}")
+
+
+# --- write transactions ----------------------------------------------------------------------
+
+WRITE_OPTION = "recap_write"  # execution option marking a transaction that writes
+_hooked: weakref.WeakSet[Engine] = weakref.WeakSet()  # SQLite engines with the hook
+_hook_lock = threading.Lock()
+
+
+def _begin_immediate(connection: Connection) -> None:
+    """SQLAlchemy's recipe for pysqlite, scoped to write transactions: they begin as writes
+    (``BEGIN IMMEDIATE``), so whatever they read is read under the write lock they hold."""
+    if connection.get_execution_options().get(WRITE_OPTION):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _hook(engine: Engine) -> None:
+    """Attach the BEGIN IMMEDIATE hook to a SQLite engine, once (engines made elsewhere than
+    ``make_engine`` get it on their first write)."""
+    if engine.dialect.name != "sqlite" or engine in _hooked:
+        return
+    with _hook_lock:
+        if not event.contains(engine, "begin", _begin_immediate):
+            event.listen(engine, "begin", _begin_immediate)
+        _hooked.add(engine)
+
+
+def begin_write(session: Session) -> Connection:
+    """The session's connection, its transaction begun as a write: on SQLite ``BEGIN
+    IMMEDIATE``, the write lock taken (waiting within the busy timeout) before the first read;
+    elsewhere the database's own transaction (a writer there takes row locks as it goes). Call
+    it first on a fresh session; on a session already in a transaction it is that
+    transaction's connection."""
+    if session.in_transaction():
+        return session.connection()
+    bind = session.get_bind()
+    if isinstance(bind, Engine):
+        _hook(bind)
+    return session.connection(execution_options={WRITE_OPTION: True})
+
+
+@contextmanager
+def write_scope(engine: Engine) -> Iterator[Session]:
+    """``session_scope`` for a transaction that writes: begun as a write (``begin_write``)."""
+    with session_scope(engine) as session:
+        begin_write(session)
+        yield session
 
 
 @contextmanager

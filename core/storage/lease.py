@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, or_, select, update
 
 from recap.core.errors import NotFoundError
-from recap.core.storage.db import session_scope
+from recap.core.storage.db import session_scope, write_scope
 from recap.core.storage.models import CONVERSATIONS
 
 ACQUIRE_TRIES = 3  # the holder may let go between a failed take and marking dirty: try again
@@ -31,6 +31,10 @@ class Lease:
     conversation_id: str
     owner: str
     expires_at: datetime
+    # The conversation's incarnation when the lease was taken: the run's writes check it
+    # (``core.storage.store.lock_conversation``), so none lands in a conversation deleted and
+    # created again under the same id meanwhile.
+    incarnation: str | None = None
 
 
 def new_owner() -> str:
@@ -41,7 +45,8 @@ def new_owner() -> str:
 def take(
     connection: Connection, conversation_id: str, *, owner: str, now: datetime, seconds: int
 ) -> Lease | None:
-    """Take the lease if it is free or expired (one conditional UPDATE), clearing ``dirty``."""
+    """Take the lease if it is free or expired (one conditional UPDATE, which reads the
+    conversation's incarnation back), clearing ``dirty``."""
     c = CONVERSATIONS.c
     expires = now + timedelta(seconds=seconds)
     statement = (
@@ -51,10 +56,12 @@ def take(
             or_(c.lease_owner.is_(None), c.lease_expires_at.is_(None), c.lease_expires_at < now),
         )
         .values(lease_owner=owner, lease_expires_at=expires, dirty=False)
+        .returning(c.incarnation)
     )
-    if connection.execute(statement).rowcount != 1:
+    taken = connection.execute(statement).first()
+    if taken is None:
         return None
-    return Lease(conversation_id, owner, expires)
+    return Lease(conversation_id, owner, expires, str(taken[0]))
 
 
 def mark_dirty(connection: Connection, conversation_id: str, now: datetime) -> bool:
@@ -75,7 +82,7 @@ def acquire(
     holder and return None. Raises ``NotFoundError`` for an unknown conversation."""
     exists = select(CONVERSATIONS.c.id).where(CONVERSATIONS.c.id == conversation_id)
     for _ in range(ACQUIRE_TRIES):
-        with session_scope(engine) as session:
+        with write_scope(engine) as session:
             connection = session.connection()
             held = take(connection, conversation_id, owner=owner, now=now, seconds=seconds)
             if held is not None:
@@ -112,7 +119,7 @@ def release_on(connection: Connection, lease: Lease, *, force: bool = False, **v
 
 def release(engine: Engine, lease: Lease, *, force: bool = False) -> str:
     """``release_on`` in a short transaction of its own."""
-    with session_scope(engine) as session:
+    with write_scope(engine) as session:
         return release_on(session.connection(), lease, force=force)
 
 

@@ -6,6 +6,7 @@ are rows of their own, and the request view is derived from all of them.
 
 from __future__ import annotations
 
+import secrets
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,11 +31,22 @@ TOOL_ONLY = "role = 'tool'"
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
 ID_TYPE = BigInteger().with_variant(Integer(), "sqlite")
+# Ids are never handed out twice, on SQLite too (its ``AUTOINCREMENT``; without it a deleted
+# conversation's newest ids went to the next rows stored): a cutoff, a clearing or a recall
+# reference naming an erased message never names another's (migration 0013).
+NEVER_REUSED: dict[str, Any] = {"sqlite_autoincrement": True}
+INCARNATION_CHARS = 32  # a random token in hex (``new_incarnation``)
 
 
 def utcnow() -> datetime:
     """Timezone-aware now, the only clock the schema uses."""
     return datetime.now(UTC)
+
+
+def new_incarnation() -> str:
+    """A fresh incarnation token: a conversation created again under an erased id gets another
+    one, so what was read from the erased conversation is never written into the new one."""
+    return secrets.token_hex(INCARNATION_CHARS // 2)
 
 
 class Conversation(SQLModel, table=True):
@@ -61,6 +73,12 @@ class Conversation(SQLModel, table=True):
     # The fingerprint of the `recap serve` client key that created it (never the key); other
     # keys cannot see it. Unset for conversations created by the library or the CLI.
     owner: str | None = Field(default=None, max_length=64)
+    # This life of the id (``new_incarnation``): a run reads it when it takes the lease and
+    # every write of the run checks it (``core.storage.store.lock_conversation``).
+    incarnation: str = Field(
+        default_factory=new_incarnation,
+        sa_column=Column(String(INCARNATION_CHARS), nullable=False),
+    )
 
 
 class Message(SQLModel, table=True):
@@ -85,6 +103,7 @@ class Message(SQLModel, table=True):
             postgresql_where=text(TOOL_ONLY),
             sqlite_where=text(TOOL_ONLY),
         ),
+        NEVER_REUSED,
     )
 
     id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
@@ -114,6 +133,7 @@ class Summary(SQLModel, table=True):
     __tablename__ = "summaries"
     __table_args__ = (
         UniqueConstraint("conversation_id", "cutoff_message_id", name="uq_summaries_cutoff"),
+        NEVER_REUSED,
     )
 
     id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
@@ -137,7 +157,10 @@ class Clearing(SQLModel, table=True):
     the message's state after the step saves against its stored count."""
 
     __tablename__ = "clearings"
-    __table_args__ = (UniqueConstraint("message_id", "stage", name="uq_clearings_message_stage"),)
+    __table_args__ = (
+        UniqueConstraint("message_id", "stage", name="uq_clearings_message_stage"),
+        NEVER_REUSED,
+    )
 
     id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
     conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
@@ -156,6 +179,7 @@ class CompactionLog(SQLModel, table=True):
     """One row per ``compress_session`` run: what triggered it, what it did, what it cost."""
 
     __tablename__ = "compaction_log"
+    __table_args__ = NEVER_REUSED
 
     id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
     conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
@@ -187,6 +211,7 @@ class Usage(SQLModel, table=True):
     """Provider-reported usage of one request, against Recap's estimate of the same request."""
 
     __tablename__ = "usage"
+    __table_args__ = NEVER_REUSED
 
     id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
     conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
@@ -236,7 +261,7 @@ class Pin(SQLModel, table=True):
     the row (a pin, unlike a clearing, is not one-way)."""
 
     __tablename__ = "pins"
-    __table_args__ = (UniqueConstraint("message_id", name="uq_pins_message"),)
+    __table_args__ = (UniqueConstraint("message_id", name="uq_pins_message"), NEVER_REUSED)
 
     id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
     conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)

@@ -250,16 +250,22 @@ def record(
     conversation_id: str,
     changes: Sequence[Change],
     dropped: Sequence[tuple[int, int]],
+    *,
+    incarnation: str | None = None,
 ) -> None:
     """Write back what a request learned, in one short transaction (nothing when it learned
     nothing): rows recounted for the conversation's model, and older messages whose thinking is
-    no longer sent (``reasoning`` clearings)."""
+    no longer sent (``reasoning`` clearings). Nothing is written when the conversation is no
+    longer the ``incarnation`` the request read (deleted, perhaps created again)."""
     if not changes and not dropped:
         return
+    from recap.core.storage.store import lock_conversation
     from recap.core.storage.sweep import apply_clearings
     from recap.core.values.clearing import ClearingPlan, PlannedClearing
 
     with session_scope(engine) as session:
+        if not lock_conversation(session, conversation_id, incarnation=incarnation):
+            return
         write(session.connection(), changes)
         items = tuple(PlannedClearing(mid, saved) for mid, saved in dropped)
         apply_clearings(session, conversation_id, ClearingPlan(REASONING_CLEARING, items))

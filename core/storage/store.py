@@ -7,13 +7,13 @@ import hmac
 import json
 import threading
 import uuid
-import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import Connection, Engine, TextClause, bindparam, event, func, insert, text, update
+from sqlalchemy import Connection, Engine, TextClause, bindparam, func, insert, text, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -29,6 +29,7 @@ from recap.core.request.validate import (
     check_tool_pairing,
     open_calls_from_tail,
 )
+from recap.core.storage.db import begin_write
 from recap.core.storage.hashing import message_hash
 from recap.core.storage.models import (
     CLEARINGS,
@@ -37,6 +38,7 @@ from recap.core.storage.models import (
     SUMMARIES,
     Conversation,
     Usage,
+    new_incarnation,
     utcnow,
 )
 from recap.core.values import limits
@@ -163,24 +165,16 @@ def create_conversation(
     max_input_tokens: int | None = None,
     meta: dict[str, Any] | None = None,
 ) -> Conversation:
-    """A new conversation (a UUID when no id is given); an existing id is an error."""
+    """A new conversation (a UUID when no id is given); an existing id is an ``InputError``,
+    also when another process or thread creates it at the same moment (an insert that does
+    nothing on the key, never a unique-key error)."""
     cid = conversation_id or str(uuid.uuid4())
     limits.check_conversation(cid, model, max_input_tokens)
-    if session.get(Conversation, cid) is not None:
-        raise InputError(f"conversation {cid!r} already exists")
     tokens.context_window(model, max_input_tokens)  # an unknown model fails before any write
-    now = utcnow()
-    conversation = Conversation(
-        id=cid,
-        model=model,
-        max_input_tokens=max_input_tokens,
-        meta=meta or None,
-        created_at=now,
-        last_activity_at=now,
-    )
-    session.add(conversation)
-    session.flush()
-    return conversation
+    begin_write(session)
+    if not _insert_conversation(session, cid, model, max_input_tokens, meta=meta or None):
+        raise InputError(f"conversation {cid!r} already exists")
+    return get_conversation(session, cid)
 
 
 def ensure_conversation(
@@ -200,8 +194,27 @@ def ensure_conversation(
     window and owner (the caller checks the owner)."""
     limits.check_conversation(conversation_id, model, max_input_tokens)
     tokens.context_window(model, max_input_tokens)  # an unknown model fails before any write
+    begin_write(session)
+    created = _insert_conversation(session, conversation_id, model, max_input_tokens, owner=owner)
+    conversation = session.get(Conversation, conversation_id, populate_existing=True)
+    if conversation is None:  # deleted again between the insert and the read
+        raise NotFoundError(f"unknown conversation {conversation_id!r}")
+    return conversation, created
+
+
+def _insert_conversation(
+    session: Session,
+    conversation_id: str,
+    model: str,
+    max_input_tokens: int | None,
+    *,
+    meta: dict[str, Any] | None = None,
+    owner: str | None = None,
+) -> bool:
+    """Insert the conversation's row with a new incarnation unless its id is stored; whether
+    this call inserted it."""
     now = utcnow()
-    values = {
+    values: dict[str, Any] = {
         "id": conversation_id,
         "model": model,
         "max_input_tokens": max_input_tokens,
@@ -209,13 +222,12 @@ def ensure_conversation(
         "last_activity_at": now,
         "dirty": False,
         "owner": owner,
+        "incarnation": new_incarnation(),
     }
+    if meta:  # else SQL NULL (a JSON column would store the text null)
+        values["meta"] = meta
     statement = _insert_or_nothing(session).values(**values).returning(CONVERSATIONS.c.id)
-    created = session.connection().execute(statement).first() is not None
-    conversation = session.get(Conversation, conversation_id, populate_existing=True)
-    if conversation is None:  # deleted again between the insert and the read
-        raise NotFoundError(f"unknown conversation {conversation_id!r}")
-    return conversation, created
+    return session.connection().execute(statement).first() is not None
 
 
 def _insert_or_nothing(session: Session) -> Any:
@@ -301,12 +313,9 @@ def import_records(
 # lets other rows' foreign-key checks through), on SQLite an immediate write transaction
 # (BEGIN IMMEDIATE, emitted from SQLAlchemy's "begin" event for these transactions only).
 
-APPEND_OPTION = "recap_append"  # execution option marking an append's transaction
 # Messages of the branch read back from the head for the calls a result answers (a longer walk,
 # then all of it, only when the shorter cannot tell): a result follows its call closely.
 PAIRING_WINDOWS = (8, 256)
-_hooked: weakref.WeakSet[Engine] = weakref.WeakSet()  # SQLite engines with the hook
-_hook_lock = threading.Lock()
 
 _c, _m = CONVERSATIONS.c, MESSAGES.c
 # The lock is taken by a statement of its own: on PostgreSQL a statement that waited for a row
@@ -314,6 +323,7 @@ _c, _m = CONVERSATIONS.c, MESSAGES.c
 _LOCK = (
     sa_select(_c.model).where(_c.id == bindparam("conversation_id")).with_for_update(key_share=True)
 )
+_MODEL_OF = sa_select(_c.model).where(_c.id == bindparam("conversation_id"))
 _HEAD = sa_select(func.max(_m.id)).where(_m.conversation_id == bindparam("conversation_id"))
 _PARENT_OF = sa_select(_m.id).where(
     _m.id == bindparam("parent_id"), _m.conversation_id == bindparam("conversation_id")
@@ -344,23 +354,6 @@ SELECT id, parent_id, role, tool_call_id, call_ids FROM up ORDER BY depth
 _walks: dict[str, TextClause] = {}
 
 
-def _begin_immediate(connection: Connection) -> None:
-    """SQLAlchemy's recipe for pysqlite, scoped to appends: their transaction starts as a write
-    transaction, so the head read and the insert after it are one serialized unit."""
-    if connection.get_execution_options().get(APPEND_OPTION):
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def _hook(engine: Engine) -> None:
-    """Attach the BEGIN IMMEDIATE hook to a SQLite engine, once."""
-    if engine.dialect.name != "sqlite" or engine in _hooked:
-        return
-    with _hook_lock:
-        if not event.contains(engine, "begin", _begin_immediate):
-            event.listen(engine, "begin", _begin_immediate)
-        _hooked.add(engine)
-
-
 def append_messages(
     session: Session,
     conversation_id: str,
@@ -379,6 +372,7 @@ def append_messages(
                for i, m in enumerate(messages)]  # fmt: skip
     if parent_id is not None and not 0 < parent_id <= MAX_ID:
         raise NotFoundError(f"message {parent_id} is not in conversation {conversation_id!r}")
+    _warm_up(session, conversation_id)
     model = _lock_for_append(session, conversation_id, parent_id)
     needed = calls_needed(checked)
     if needed:  # the pairing read starts at the head too: one statement for both
@@ -392,13 +386,38 @@ def append_messages(
     return insert_chain(session, conversation_id, rows, parent_id)
 
 
+WARMED_CONVERSATIONS = 4_096  # conversations whose model's counting is known loaded here
+_warmed: OrderedDict[str, None] = OrderedDict()
+_warmed_lock = threading.Lock()
+
+
+def _warm_up(session: Session, conversation_id: str) -> None:
+    """Before a process's first append to a conversation, load what counting its messages
+    needs (the model's tokenizer, litellm's model map), reading its model on a connection of
+    its own: never while holding the write lock, where a cold start under load kept the other
+    writers waiting for seconds, past the busy timeout."""
+    with _warmed_lock:
+        if conversation_id in _warmed:
+            _warmed.move_to_end(conversation_id)
+            return
+    bind = session.get_bind()
+    if not isinstance(bind, Engine):
+        return
+    with bind.connect() as connection:
+        model = connection.execute(_MODEL_OF, {"conversation_id": conversation_id}).scalar()
+    if model is None:
+        return  # the append says so, under its lock
+    prepared_values({"role": "user", "content": "warm"}, str(model))
+    with _warmed_lock:
+        _warmed[conversation_id] = None
+        while len(_warmed) > WARMED_CONVERSATIONS:
+            _warmed.popitem(last=False)
+
+
 def _lock_for_append(session: Session, conversation_id: str, parent_id: int | None) -> str:
     """Take the conversation's append lock; its model. An explicit parent must be one of its
     messages."""
-    bind = session.get_bind()
-    if isinstance(bind, Engine):
-        _hook(bind)
-    connection = session.connection(execution_options={APPEND_OPTION: True})
+    connection = begin_write(session)
     params = {"conversation_id": conversation_id, "parent_id": parent_id}
     model = connection.execute(_LOCK, params).scalar()
     if model is None:
@@ -408,16 +427,39 @@ def _lock_for_append(session: Session, conversation_id: str, parent_id: int | No
     return str(model)
 
 
-def lock_conversation(session: Session, conversation_id: str, *, exclusive: bool = False) -> bool:
+class Identity(NamedTuple):
+    """A conversation as a run or a request read it: its id, and its incarnation when known
+    (None: whichever is stored under the id)."""
+
+    id: str
+    incarnation: str | None = None
+
+
+def lock_conversation(
+    session: Session,
+    conversation_id: str,
+    *,
+    exclusive: bool = False,
+    incarnation: str | None = None,
+) -> bool:
     """Start the session's transaction as a write holding the conversation's lock, as an append
     does (SQLite: BEGIN IMMEDIATE; PostgreSQL: a row lock, ``FOR UPDATE`` when ``exclusive``, as a
-    delete takes it, else ``FOR KEY SHARE``, as an append takes it); whether the conversation is
-    still there. Call it first on a fresh session: a writer that must not write for a deleted
-    conversation learns it here, and a delete waits for the writers already holding it."""
-    connection = _append_connection(session)
-    statement = sa_select(_c.id).where(_c.id == conversation_id)
-    statement = statement.with_for_update(key_share=not exclusive)
-    return connection.execute(statement).first() is not None
+    delete takes it, else ``FOR NO KEY UPDATE``, as an append takes it); whether the conversation
+    is still there, and still the ``incarnation`` read earlier when one is given (a conversation
+    deleted and created again under its id is another one). Call it first on a fresh session: a
+    writer that must not write for a deleted conversation learns it here, and a delete waits for
+    the writers already holding it."""
+    connection = begin_write(session)
+    statement = sa_select(_c.incarnation).where(_c.id == conversation_id)
+    found = connection.execute(statement.with_for_update(key_share=not exclusive)).first()
+    return found is not None and (incarnation is None or found[0] == incarnation)
+
+
+def incarnation_of(connection: Connection, conversation_id: str) -> str | None:
+    """The conversation's incarnation, or None when it is not stored."""
+    statement = sa_select(_c.incarnation).where(_c.id == conversation_id)
+    value = connection.execute(statement).scalar()
+    return str(value) if value is not None else None
 
 
 def touch_conversation(session: Session, conversation_id: str) -> tuple[str, str | None] | None:
@@ -426,20 +468,11 @@ def touch_conversation(session: Session, conversation_id: str) -> tuple[str, str
     PostgreSQL: the update's row lock, which a delete waits for and appends do not): its model
     and owner read back by the same statement, or None when it is not there."""
     params = {"conversation_id": conversation_id, "now": utcnow()}
-    found = _append_connection(session).execute(_TOUCH_READING, params).first()
+    found = begin_write(session).execute(_TOUCH_READING, params).first()
     return (str(found[0]), found[1]) if found is not None else None
 
 
 _TOUCH_READING = _TOUCH.returning(CONVERSATIONS.c.model, CONVERSATIONS.c.owner)
-
-
-def _append_connection(session: Session) -> Connection:
-    """The session's connection, its transaction begun as an append's (on SQLite, BEGIN
-    IMMEDIATE: the write lock taken before the first read)."""
-    bind = session.get_bind()
-    if isinstance(bind, Engine):
-        _hook(bind)
-    return session.connection(execution_options={APPEND_OPTION: True})
 
 
 def _open_calls(

@@ -73,7 +73,7 @@ class Written:
 
 def write_run(
     engine: Engine,
-    conversation_id: str,
+    conversation: store.Identity,
     *,
     summary: Mapping[str, Any] | None,
     clear_after: ClearingPlan | None,
@@ -87,10 +87,12 @@ def write_run(
     ``log_row`` makes of what was written (``compaction_log.record_run``), and the lease let go
     with ``last_compacted_at`` set (or kept when the conversation turned dirty: see
     ``lease.release_on``; ``force_release`` lets go anyway). Raises ``ConversationGone``,
-    having written nothing, when the conversation was deleted meanwhile."""
+    having written nothing, when the conversation was deleted meanwhile, or is another
+    incarnation than the one the run read (deleted and created again under its id)."""
+    conversation_id, incarnation = conversation
     written = Written()
     with session_scope(engine) as session:
-        if not store.lock_conversation(session, conversation_id):
+        if not store.lock_conversation(session, conversation_id, incarnation=incarnation):
             raise ConversationGone(f"conversation {conversation_id!r} was deleted")
         connection = session.connection()
         if summary is not None:

@@ -40,7 +40,7 @@ from recap.core.decision.toolresults import DIGIT_RUN_BOUNDS, IDLE, placeholder_
 from recap.core.errors import InputError
 from recap.core.request.placeholders import DEFAULT_TOOL_NAME
 from recap.core.settings import Settings
-from recap.core.storage.db import session_scope
+from recap.core.storage.db import write_scope
 from recap.core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, PINS, SUMMARIES, utcnow
 from recap.core.values.clearing import ClearingPlan, describe_steps
 from recap.core.values.records import AGED, ARGUMENTS, CLEARED, STAGES
@@ -365,7 +365,7 @@ def sweep_idle(
     while max_batches is None or result.batches < max_batches:
         for attempt in range(2):  # a conversation deleted under the batch fails its insert once
             try:
-                with session_scope(engine) as session:
+                with write_scope(engine) as session:
                     batch = sweep_batch(
                         session,
                         now=now,
