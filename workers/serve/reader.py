@@ -271,6 +271,8 @@ PARAM_CHECKS: dict[str, Check] = {
     "parallel_tool_calls": _of(bool, "true or false"),
     "prediction": _of(dict, "an object"),
     "presence_penalty": _number,
+    "prompt_cache_key": _of(str, "a string"),
+    "prompt_cache_retention": _of(str, "a string"),
     "reasoning_effort": _of(str, "a string"),
     "response_format": _of(dict, "an object"),
     "seed": _integer(INT_MIN),
