@@ -15,11 +15,15 @@ from pathlib import Path
 import openai
 import pytest
 from pydantic import ValidationError
+from sqlalchemy import text
 
 from core.aio import AsyncRecap
 from core.client import Recap
 from core.errors import InputError
 from core.settings import Settings
+from core.storage.db import make_engine
+from core.storage.migrate import alembic_config, current_revision, upgrade
+from core.storage.models import utcnow
 from core.storage.reads import Tree
 from core.values.assembly import prompt_cache_key
 from tests.support.llm_server import LLMServer
@@ -227,3 +231,49 @@ def test_async_record_usage_takes_cache_writes(recap: Recap) -> None:
         )
 
     asyncio.run(run())
+
+
+def test_the_migration_keeps_old_readings_at_no_cache_writes(db_url: str) -> None:
+    """From the revision before 0014 with a reading stored: the reading counts no cache
+    writes, a new one stores them, ``stats`` adds both up; down again, the column goes."""
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
+    engine = make_engine(db_url)
+    config = alembic_config(engine)
+    before = ScriptDirectory.from_config(config).get_revision("0014").down_revision
+    assert isinstance(before, str)
+    upgrade(engine, before)
+    now = utcnow()
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO conversations (id, model, created_at, last_activity_at, dirty) "
+                "VALUES ('c', 'gpt-4o-mini', :now, :now, false)"
+            ),
+            {"now": now},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO usage (conversation_id, estimated_tokens, prompt_tokens, "
+                "completion_tokens, cached_tokens, created_at) "
+                "VALUES ('c', 90, 100, 5, 40, :now)"
+            ),
+            {"now": now},
+        )
+    upgrade(engine)
+    recap = Recap(Settings(database_url=db_url), engine)
+    recap.record_usage("c", prompt_tokens=300, cached_tokens=60, cache_write_tokens=200)
+    stats = recap.stats("c")
+    assert (stats.recorded_input_tokens, stats.cached_tokens, stats.cache_write_tokens) == (
+        400,
+        100,
+        200,
+    )
+    assert stats.cache_hit_rate == 0.25
+    command.downgrade(config, before)
+    assert current_revision(engine) == before
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM usage")).scalar_one() == 2
+    upgrade(engine)
+    engine.dispose()
