@@ -17,15 +17,15 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import text
 
-from core.aio import AsyncRecap
-from core.client import Recap
-from core.errors import InputError
-from core.settings import Settings
-from core.storage.db import make_engine
-from core.storage.migrate import alembic_config, current_revision, upgrade
-from core.storage.models import utcnow
-from core.storage.reads import Tree
-from core.values.assembly import prompt_cache_key
+from recap.core.aio import AsyncRecap
+from recap.core.client import Recap
+from recap.core.errors import InputError
+from recap.core.settings import Settings
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import alembic_config, current_revision, upgrade
+from recap.core.storage.models import utcnow
+from recap.core.storage.reads import Tree
+from recap.core.values.assembly import prompt_cache_key
 from tests.support.llm_server import LLMServer
 
 FUZZ_SEEDS = range(12)

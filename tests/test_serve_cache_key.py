@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from core.settings import Settings
-from core.storage.requests import scoped_id
-from core.values.assembly import prompt_cache_key
+from recap.core.settings import Settings
+from recap.core.storage.requests import scoped_id
+from recap.core.values.assembly import prompt_cache_key
 from tests.support.llm_server import LLMServer
 from tests.support.serving import (
     KEY_A,
@@ -26,9 +26,9 @@ from tests.support.serving import (
     running_serve,
     turn,
 )
-from workers.serve import responses_api
-from workers.serve.auth import fingerprint
-from workers.serve.upstream import Upstream
+from recap.workers.serve import responses_api
+from recap.workers.serve.auth import fingerprint
+from recap.workers.serve.upstream import Upstream
 
 RETENTION = "in_memory"
 
