@@ -142,6 +142,7 @@ class AsyncRecap:
         completion_tokens: int = 0,
         cached_tokens: int = 0,
         leaf: int | None = None,
+        cache_write_tokens: int = 0,
     ) -> UsageRecorded:
         """``Recap.record_usage``: store the provider's usage for the request sent at ``leaf``."""
         return await self.run(
@@ -151,6 +152,7 @@ class AsyncRecap:
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
             leaf=leaf,
+            cache_write_tokens=cache_write_tokens,
         )
 
     async def stats(self, conversation_id: str, *, leaf: int | None = None) -> Stats:

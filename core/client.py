@@ -162,8 +162,14 @@ class Recap:
         completion_tokens: int = 0,
         cached_tokens: int = 0,
         leaf: int | None = None,
+        cache_write_tokens: int = 0,
     ) -> UsageRecorded:
-        """Store the provider's usage for the request sent at ``leaf`` (calibrates estimates)."""
+        """Store the provider's usage for the request sent at ``leaf`` (calibrates estimates).
+
+        ``prompt_tokens`` is the whole input, cached or not; ``cached_tokens`` the part read from
+        the provider's cache (OpenAI's ``cached_tokens``, Anthropic's
+        ``cache_read_input_tokens``), ``cache_write_tokens`` the part written to it (Anthropic's
+        ``cache_creation_input_tokens``). ``stats`` reports the cache hit rate from them."""
         return service.record_usage(
             self.engine,
             conversation_id,
@@ -171,6 +177,7 @@ class Recap:
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
             leaf=leaf,
+            cache_write_tokens=cache_write_tokens,
         )
 
     def compress(

@@ -31,6 +31,7 @@ from recap.core.storage import snapshot as snapshots
 from recap.core.storage.db import is_schema_missing, session_scope, write_scope
 from recap.core.storage.models import utcnow
 from recap.core.storage.reuse import BranchReuse
+from recap.core.values.assembly import prompt_cache_key
 from recap.core.values.records import ClearingRec, Msg, merge_step, steps_of
 from recap.core.values.request import RequestParts, RequestSpec, request_from
 
@@ -229,6 +230,7 @@ def record_usage(
     cached_tokens: int = 0,
     leaf: int | None = None,
     default_fixed: int = 0,
+    cache_write_tokens: int = 0,
 ) -> UsageRecorded:
     """Record the provider's usage for the request sent at ``leaf`` (default: the one last
     assembled), beside Recap's count of that very request as ``assemble`` built it (a truncated
@@ -255,6 +257,7 @@ def record_usage(
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
             leaf_message_id=leaf_id,
+            cache_write_tokens=cache_write_tokens,
         )
         profiles.save_reading(
             session.connection(),
@@ -296,6 +299,7 @@ def conversation_stats(
         snapshot = snapshots.read_snapshot(
             session, conversation_id, leaf, failures=settings.failure_streak
         )
+        recorded, cached, written = store.cache_totals(session, conversation_id)
     decision = policy.decide(snapshot, knobs)
     p = decision.pressure
     plan = p.budget
@@ -318,6 +322,10 @@ def conversation_stats(
         reason=decision.reason,
         summary_tokens=snapshot.summary.tokens if snapshot.summary else 0,
         summary_cap=settings.summary_max_output_tokens,
+        recorded_input_tokens=recorded,
+        cached_tokens=cached,
+        cache_write_tokens=written,
+        cache_hit_rate=round(min(cached / recorded, 1.0), 4) if recorded > 0 else None,
     )
 
 
@@ -488,6 +496,8 @@ def assemble_unrecorded(
         max_output_tokens=_reply_room(target.model, target.window, built, read.calibration),
         truncated_tokens=built.truncated_tokens + loaded.omitted_tokens,
         forgotten_files=[*built.forgotten_files, *read.forgotten],
+        prompt_cache_key=prompt_cache_key(conversation_id, loaded.root),
+        prompt_cache_retention=settings.prompt_cache_retention,
     )
     if spec.as_of is not None:
         return built, None

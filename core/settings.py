@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     # The request budget (core.counting.budget): a reply needs room in windows that input and output
     # share.
     reserve_output_tokens: int = Field(default=4_096, ge=0)
+    # OpenAI's `prompt_cache_retention` for each request (`assemble`, `recap serve`); None: the
+    # provider's default.
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     # Fixed parts (system, tools, reminder, files) assumed until the host's first assemble.
     default_fixed_tokens: int = Field(default=0, ge=0)
     # At this pressure a run is urgent: no clear-at-least gate, no cooldown wait.

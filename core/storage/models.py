@@ -221,6 +221,11 @@ class Usage(SQLModel, table=True):
     completion_tokens: int = 0
     cached_tokens: int = 0
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    # Prompt tokens the provider wrote to its cache (Anthropic's cache creation; 0: none or not
+    # reported).
+    cache_write_tokens: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default="0")
+    )
 
 
 class RequestProfile(SQLModel, table=True):

@@ -99,6 +99,8 @@ class RequestBranch:
     # The branch's pinned messages, root first (those the summary covers read for this alone);
     # ``clearings`` holds none of theirs (``core.request.pins.effective_clearings``).
     pinned: list[Msg] = field(default_factory=list)
+    # The first message of the branch (``Tree.branch_root``): its prompt cache key is of it.
+    root: int | None = None
 
 
 def conversation_head(session: Session, conversation_id: str) -> tuple[str, int | None]:
@@ -131,7 +133,9 @@ def load_request_branch(
     clearings = store.load_clearings(session, conversation_id, as_of)
     pins = load_pins(connection, conversation_id, as_of)
     rows = Rows(connection, conversation_id)
-    return request_branch(rows, path, tree.tokens_along(path), summaries, clearings, budget, pins)
+    tokens_along = tree.tokens_along(path)
+    root = tree.branch_root(path)
+    return request_branch(rows, path, tokens_along, summaries, clearings, budget, pins, root=root)
 
 
 def request_branch(
@@ -142,6 +146,8 @@ def request_branch(
     clearings: dict[int, ClearingRec],
     budget: int | Callable[[int], int] | None,
     pins: frozenset[int] = frozenset(),
+    *,
+    root: int | None = None,
 ) -> RequestBranch:
     """``load_request_branch`` once the branch's ``path`` (with each message's stored count,
     read from the tree index), the conversation's summaries, clearings and pinned messages are
@@ -192,6 +198,7 @@ def request_branch(
         bases={mid: rows.by_id[mid][BASIS] for mid in sent},
         omitted_tokens=counts.between(first, first + skip),
         pinned=[rows.msg(mid) for mid in pinned_ids],
+        root=path[0] if root is None else root,
     )
 
 
@@ -246,6 +253,7 @@ def load_whole_branch(
         omitted=[],
         bases={mid: rows.by_id[mid][BASIS] for mid in path},
         pinned=pinned,
+        root=path[0] if path else None,
     )
 
 
@@ -333,6 +341,25 @@ class Tree:
         if size and size <= len(ids) and ids[size - 1] == path[-1]:
             return self.tokens[:size]  # the path is the first ids: ascending, none missing
         return [self.tokens[bisect_left(ids, mid)] for mid in path]
+
+    def branch_root(self, path: list[int]) -> int | None:
+        """The first message of the branch ``path`` is on: the newest message of it added after
+        a sibling (an edit or a retry starts a branch there), else the root. Stable: a sibling
+        added later has a newer id, so it never changes the answer for ``path``."""
+        if not path:
+            return None
+        ids, size = self.ids, len(path)
+        if size <= len(ids) and ids[size - 1] == path[-1]:
+            return path[0]  # the path is the first ids: no message of it has an older sibling
+        on_path = set(path)
+        first: dict[int, int] = {}
+        for mid, parent in zip(ids, self.parents, strict=True):
+            if parent is not None and parent in on_path:
+                first.setdefault(parent, mid)  # ids ascend: the oldest child
+        for at in range(len(path) - 1, 0, -1):
+            if first.get(path[at - 1]) != path[at]:
+                return path[at]
+        return path[0]
 
     def grown(self, rows: list[tuple[Any, ...]]) -> Tree:
         """This tree with message ``rows`` (full rows, ascending ids, newer than its last)."""

@@ -116,7 +116,8 @@ def load_request_branch(
         rows = reads.Rows(connection, conversation_id)
     path = tree.path(conversation_id, leaf)
     tokens = tree.tokens_along(path)
-    loaded = reads.request_branch(rows, path, tokens, summaries, clearings, budget, pins)
+    root = tree.branch_root(path)
+    loaded = reads.request_branch(rows, path, tokens, summaries, clearings, budget, pins, root=root)
     held_now = HeldRead(version, tree, summaries, clearings, rows.held(), pins)
     reuse.put(conversation_id, held_now)
     return loaded

@@ -4,9 +4,10 @@ the store (``StoredBranch``) and what it returns (``AssembledRequest`` with its
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from recap.core.values.records import ClearingRec, Msg, SummaryRec
 
@@ -83,6 +84,19 @@ class AssembledRequest:
     # The room the reply may take (the window less the request in provider tokens, capped by
     # the model's maximum output); set by ``core.service.assemble``, which knows the calibration.
     max_output_tokens: int | None = None
+    # OpenAI's caching hints for this request, set by ``core.service.assemble``:
+    # ``prompt_cache_key`` is the same for every request of one conversation's branch (a digest,
+    # never the conversation id itself), ``prompt_cache_retention`` is
+    # RECAP_PROMPT_CACHE_RETENTION (None: the provider's default). ``cache_params()`` gives both
+    # as the OpenAI client's keyword arguments.
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+
+    def cache_params(self) -> dict[str, str]:
+        """The caching hints as keyword arguments of an OpenAI request (those that are set)."""
+        params = {"prompt_cache_key": self.prompt_cache_key}
+        params["prompt_cache_retention"] = self.prompt_cache_retention
+        return {name: value for name, value in params.items() if value is not None}
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of ``recap assemble --json``."""
@@ -98,3 +112,16 @@ class AssembledRequest:
         } | (
             {} if self.max_output_tokens is None else {"max_output_tokens": self.max_output_tokens}
         )
+
+
+CacheRetention = Literal["in_memory", "24h"]
+CACHE_KEY_PREFIX = "recap-"
+
+
+def prompt_cache_key(conversation_id: str, root_id: int | None) -> str:
+    """The ``prompt_cache_key`` of a conversation's branch: a digest of the conversation's
+    stored id and the branch's first message (``core.storage.reads.Tree.branch_root``), so
+    each branch's requests keep one cache while no two conversations (or tenants) share one,
+    and the id itself is never sent."""
+    digest = hashlib.sha256(f"{conversation_id}\x00{root_id}".encode()).hexdigest()
+    return CACHE_KEY_PREFIX + digest[:32]

@@ -39,8 +39,6 @@ IGNORED_FIELDS = frozenset(
         "truncation",
         "include",
         "stream_options",
-        "prompt_cache_key",
-        "prompt_cache_retention",
         "safety_identifier",
     }
 )
@@ -55,6 +53,8 @@ PASSED = frozenset(
         "user",
         "service_tier",
         "top_logprobs",
+        "prompt_cache_key",  # a client's own caching hints (workers.serve.upstream.CACHE_PARAMS)
+        "prompt_cache_retention",
     }
 )
 FINISHED = {"length": "max_output_tokens", "content_filter": "content_filter"}

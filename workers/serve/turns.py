@@ -212,6 +212,9 @@ class Turns:
             return mapped, None
         turn.room = assembled.budget - assembled.tokens.total
         turn.assembled = assembled
+        turn.params = self.upstream.with_cache_hints(
+            turn.model, turn.params, assembled.cache_params()
+        )
         return mapped, assembled.messages
 
     def _store(self, turn: Turn) -> history.Mapped:
@@ -272,6 +275,9 @@ class Turns:
         )
         turn.room = assembled.budget - assembled.tokens.total
         turn.assembled = assembled
+        turn.params = self.upstream.with_cache_hints(
+            turn.model, turn.params, assembled.cache_params()
+        )
         return assembled.messages
 
     async def call(self, turn: Turn, *, stream: bool) -> Any:

@@ -10,6 +10,7 @@ those come from settings alone, so a client can never send the upstream key else
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -55,6 +56,8 @@ PASSED_PARAMS = frozenset(
         "parallel_tool_calls",
         "prediction",
         "presence_penalty",
+        "prompt_cache_key",
+        "prompt_cache_retention",
         "reasoning_effort",
         "response_format",
         "seed",
@@ -72,6 +75,11 @@ PASSED_PARAMS = frozenset(
 )
 # Read by recap serve itself and not passed on as such.
 OWN_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "metadata", "store"})
+# OpenAI's caching hints: a client's own are passed on to an OpenAI-family model, and a stored
+# turn without them gets its conversation's (``AssembledRequest.cache_params``); other
+# providers are sent neither.
+CACHE_PARAMS = ("prompt_cache_key", "prompt_cache_retention")
+OPENAI_PROVIDERS = frozenset({"openai", "azure", "text-completion-openai"})
 NOT_RESENT_KEYS = ("reasoning_content",)  # recorded with the reply, never sent back upstream
 BAD_GATEWAY = 502
 INTERNAL = 500  # an upstream's (or litellm's reading of an upstream reply) is relayed as 502
@@ -90,6 +98,16 @@ def parameters(body: Mapping[str, Any]) -> dict[str, Any]:
 def resolve_model(name: str, settings: Settings) -> str:
     """The litellm model string for a requested name: ``RECAP_MODEL_MAP``'s, else the name."""
     return settings.model_map.get(name, name)
+
+
+@functools.lru_cache(maxsize=256)
+def is_openai_model(model: str) -> bool:
+    """Whether litellm calls ``model`` as OpenAI (or Azure OpenAI) does."""
+    try:
+        provider = litellm.get_llm_provider(model)[1]
+    except Exception:  # a name litellm cannot place: not one it calls as OpenAI
+        return False
+    return provider in OPENAI_PROVIDERS
 
 
 def outgoing(
@@ -130,6 +148,20 @@ class Upstream:
             return False
         return self.mode == "direct" or model.startswith(direct.PROVIDER_PREFIX)
 
+    def takes_cache_hints(self, model: str) -> bool:
+        """Whether a request for ``model`` goes to an OpenAI-family model: the direct path (an
+        OpenAI-compatible base URL), or a model litellm calls as OpenAI."""
+        return self.is_direct(model) or is_openai_model(model)
+
+    def with_cache_hints(
+        self, model: str, params: Mapping[str, Any], hints: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """``params`` with the conversation's caching ``hints`` where the client set none of
+        its own (a client's value wins), for an OpenAI-family model; without any for another."""
+        if not self.takes_cache_hints(model):
+            return {k: v for k, v in params.items() if k not in CACHE_PARAMS}
+        return {**hints, **params}
+
     async def complete(
         self,
         model: str,
@@ -139,6 +171,8 @@ class Upstream:
         stream: bool,
     ) -> Any:
         """One upstream call: the reply, or its stream when ``stream``."""
+        if any(name in params for name in CACHE_PARAMS):
+            params = self.with_cache_hints(model, params, {})
         if self._direct is not None and self.is_direct(model):
             sent = outgoing(messages, copy=False)
             return await self._direct.complete(model, sent, params, stream=stream)

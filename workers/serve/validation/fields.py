@@ -237,6 +237,8 @@ PARAM_CHECKS: dict[str, Check] = {
     "parallel_tool_calls": boolean,
     "prediction": obj,
     "presence_penalty": number(*PENALTY),
+    "prompt_cache_key": string,  # a client's own caching hints (upstream.CACHE_PARAMS)
+    "prompt_cache_retention": string,
     "reasoning_effort": string,
     "response_format": obj,
     "seed": integer(INT_MIN),
