@@ -118,7 +118,7 @@ def run(data: list[Path] | None = None) -> list[Figure]:
 
 def _assemble_without_lookup(engine: Engine, cid: str, settings: Settings) -> None:
     """``assemble`` with the summarized span's file list left out (the figure's baseline)."""
-    import recap.core.service as module
+    import recap.core.service.assembling as module
 
     saved = module._span_forgotten
     module._span_forgotten = lambda *args, **kwargs: []

@@ -152,8 +152,8 @@ def test_compress_needs_no_celery(tmp_path: Path) -> None:
 
     code = (
         "import sys\n"
-        "from core.client import Recap\n"
-        "from core.settings import Settings\n"
+        "from recap.core.client import Recap\n"
+        "from recap.core.settings import Settings\n"
         f"r = Recap(Settings(database_url='sqlite:///{tmp_path / 'x.db'}'), create_schema=True)\n"
         "cid = r.new(max_input_tokens=4000)\n"
         "r.add(cid, {'role': 'user', 'content': 'hi'})\n"

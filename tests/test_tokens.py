@@ -146,7 +146,7 @@ def test_counting_works_offline(tmp_path) -> None:  # type: ignore[no-untyped-de
         HOME=str(tmp_path),
     )
     code = (
-        "from core.counting import tokens\n"
+        "from recap.core.counting import tokens\n"
         "print(tokens.count_text('hello world', 'o200k_base'),"
         " tokens.count_text('hello world', 'cl100k_base'))\n"
         "import sys; assert 'litellm' not in sys.modules\n"

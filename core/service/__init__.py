@@ -1,0 +1,47 @@
+"""Engine-level operations for hosts, the CLI, the console and ``recap serve``: each opens its own
+short session. Conversations as a whole live in ``conversations.py``, the request path (read,
+assemble, record) in ``assembling.py``; their public names are here."""
+
+from __future__ import annotations
+
+from recap.core.service.assembling import (
+    Recording,
+    assemble,
+    assemble_unrecorded,
+    media_policy,
+)
+from recap.core.service.conversations import (
+    Prepare,
+    add_many,
+    add_message,
+    conversation_meta,
+    conversation_stats,
+    export_conversation,
+    import_conversations,
+    list_summaries,
+    new_conversation,
+    read_import_file,
+    record_usage,
+    set_conversation_meta,
+    set_output_reserve,
+)
+
+__all__ = [
+    "Prepare",
+    "Recording",
+    "add_many",
+    "add_message",
+    "assemble",
+    "assemble_unrecorded",
+    "conversation_meta",
+    "conversation_stats",
+    "export_conversation",
+    "import_conversations",
+    "list_summaries",
+    "media_policy",
+    "new_conversation",
+    "read_import_file",
+    "record_usage",
+    "set_conversation_meta",
+    "set_output_reserve",
+]
