@@ -57,3 +57,63 @@ def test_count_tokens_counts_the_recall_tool(serve: Serve, seed: int) -> None:
         )
         assert counted.input_tokens == int(raw.headers["x-recap-request-tokens"])
         history.append({"role": "assistant", "content": raw.parse().content[0].text})  # type: ignore[union-attr]
+
+
+# --- the placeholder of a cleared result names the recall tool the request offers ---------------
+
+
+def test_the_placeholder_names_recap_recall_when_the_request_offers_it(serve: Serve) -> None:
+    """A cleared output's placeholder, as serve sends it with RECAP_SERVE_RECALL, says to call
+    recap_recall with its ref, never to run the tool again."""
+    from tests.support.serving import turn
+    from tests.test_serve_recall import TOOLS as CHAT_TOOLS
+    from tests.test_serve_recall import _cleared_history
+
+    cid = new_id()
+    messages, result_id = _cleared_history(serve, cid)
+    messages.append({"role": "user", "content": "which module has handler_42?"})
+    before = len(serve.llm.requests)
+    turn(serve, cid, messages, tools=CHAT_TOOLS).parse()
+    asked = serve.llm.requests[before].body
+    placeholder = next(m["content"] for m in asked["messages"] if m["role"] == "tool")
+    assert f"ref=m{result_id}" in placeholder
+    assert "recap_recall" in placeholder and "run the tool again" not in placeholder.lower()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_placeholder_bytes_without_recall_and_the_bound_with_it(seed: int) -> None:
+    """Without the recall tool the placeholder is the plain wording (the same bytes as ever);
+    with it, every wording stays within the token bound the clearing planned with."""
+    from core.counting import tokens
+    from core.decision.toolresults import placeholder_tokens_bound
+    from core.request.placeholders import cleared_placeholder
+
+    rng = random.Random(seed)
+    for _ in range(50):
+        path = rng.choice([None, f"/out/{rng.randint(0, 10**6)}.txt"])
+        parts: dict[str, Any] = {
+            "tool_name": rng.choice([None, "grep", "read_file"]),
+            "call_id": f"call_{rng.randint(0, 10**6)}",
+            "tokens": rng.randint(1, 10**5),
+            "output_path": path,
+            "file_exists": rng.random() < 0.5,
+            "ref": f"m{rng.randint(1, 10**6)}",
+        }
+        plain = cleared_placeholder(**parts)
+        assert "recap_recall" not in plain
+        assert cleared_placeholder(**parts, recall=False) == plain
+        named = cleared_placeholder(**parts, recall=True)
+        if not (path and parts["file_exists"]):
+            assert "recap_recall" in named
+        bound = placeholder_tokens_bound(
+            tool_name=parts["tool_name"],
+            call_id=parts["call_id"],
+            tokens=parts["tokens"],
+            output_path=path,
+        )
+        for text in (plain, named):
+            message = {"role": "tool", "content": text, "tool_call_id": parts["call_id"]}
+            if parts["tool_name"]:
+                message["name"] = parts["tool_name"]
+            for encoding in (tokens.O200K, tokens.CL100K):
+                assert tokens.count_message(message, encoding) <= bound
