@@ -95,3 +95,35 @@ def test_a_refused_request_is_sent_again_only_smaller(serve: Serve, seed: int) -
     prompts = [prompt for prompt, _ in serve.usage(cid)]
     assert over[-1] in prompts  # the refused request's stated size, as a reading
     assert int(reply.headers["X-Recap-Request-Tokens"]) < SERVE_WINDOW
+
+
+def test_a_refusal_is_answered_once_in_each_apis_format(serve: Serve) -> None:
+    """The same unshrinkable request, streamed on chat completions and sent on Messages: one
+    upstream call each, and the provider's error in the client's own format."""
+    import anthropic
+
+    serve.llm.meter = ContentMeter(window=PROVIDER_WINDOW, seed=5)
+    big = prose(random.Random(5), 2_000)
+    since = len(serve.llm.requests)
+    with pytest.raises(openai.BadRequestError):
+        turn(serve, new_id(), [SYSTEM, {"role": "user", "content": big}], stream=True)
+    assert len(bodies(serve, since)) == 1
+    client = anthropic.Anthropic(
+        base_url=serve.base_url.removesuffix("/v1"),
+        api_key="client-key-aaaa-1111",
+        max_retries=0,
+        timeout=60,
+        default_headers={"X-Recap-Conversation": new_id()},
+    )
+    since = len(serve.llm.requests)
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(
+            model="openai/stand-in",
+            max_tokens=50,
+            system=SYSTEM["content"],
+            messages=[{"role": "user", "content": big}],
+        )
+    body: Any = caught.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "resulted in" in body["error"]["message"]
+    assert len(bodies(serve, since)) == 1
