@@ -117,3 +117,22 @@ def test_placeholder_bytes_without_recall_and_the_bound_with_it(seed: int) -> No
                 message["name"] = parts["tool_name"]
             for encoding in (tokens.O200K, tokens.CL100K):
                 assert tokens.count_message(message, encoding) <= bound
+
+
+def test_a_streamed_turn_without_the_tool_keeps_the_plain_placeholder(serve: Serve) -> None:
+    """A streamed turn goes out without recap_recall, so its placeholder says the plain
+    wording: it never names a tool the request does not carry."""
+    from tests.support.serving import turn
+    from tests.test_serve_recall import TOOLS as CHAT_TOOLS
+    from tests.test_serve_recall import _cleared_history
+
+    cid = new_id()
+    messages, _ = _cleared_history(serve, cid)
+    messages.append({"role": "user", "content": "which module has handler_7?"})
+    before = len(serve.llm.requests)
+    stream = turn(serve, cid, messages, tools=CHAT_TOOLS, stream=True).parse()
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    asked = serve.llm.requests[before].body
+    assert [t["function"]["name"] for t in asked["tools"]] == ["grep"]
+    placeholder = next(m["content"] for m in asked["messages"] if m["role"] == "tool")
+    assert "recap_recall" not in placeholder and "Run the tool again" in placeholder

@@ -129,6 +129,7 @@ class Turn:
     # the reply as stored, from the upstream's message and reply (another API's spelling)
     reply_form: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
     name: str = ""  # the client's name of the conversation (default: ``conversation_id``)
+    stream: bool = False  # streamed: sent without ``recap_recall`` (``recall.enabled``)
 
     def __post_init__(self) -> None:
         self.name = self.name or self.conversation_id
@@ -247,6 +248,10 @@ class Turns:
             log.warning("serve_recording_failed", error=self.error_text(exc))
 
     def _tools(self, turn: Turn) -> list[dict[str, Any]] | None:
+        """The tools the turn is assembled and counted with: ``recap_recall`` only when the
+        turn is sent with it (so a cleared result's placeholder names it only then)."""
+        if not recall.enabled(self.settings, turn.stream):
+            return turn.tools
         return recall.tools_for(turn.tools, self.settings)
 
     async def assemble(self, turn: Turn) -> list[dict[str, Any]]:
