@@ -254,15 +254,6 @@ class Turns:
             return turn.tools
         return recall.tools_for(turn.tools, self.settings)
 
-    async def assemble(self, turn: Turn) -> list[dict[str, Any]]:
-        """Recap's request for the branch, compressing once if it does not fit."""
-        try:
-            request = await self._assemble(turn)
-        except BudgetError:
-            request = await self._compressed_and_assembled(turn)
-        turn.sent = request
-        return request
-
     async def _compressed_and_assembled(self, turn: Turn) -> list[dict[str, Any]]:
         """Compress now, once, and assemble again; an OpenAI-format error if it still does not
         fit."""
