@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from core.counting import tokens
+from recap.core.counting import tokens
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 MODEL = re.compile(r'model="([^"]+)"')

@@ -84,9 +84,9 @@ def test_the_placeholder_names_recap_recall_when_the_request_offers_it(serve: Se
 def test_placeholder_bytes_without_recall_and_the_bound_with_it(seed: int) -> None:
     """Without the recall tool the placeholder is the plain wording (the same bytes as ever);
     with it, every wording stays within the token bound the clearing planned with."""
-    from core.counting import tokens
-    from core.decision.toolresults import placeholder_tokens_bound
-    from core.request.placeholders import cleared_placeholder
+    from recap.core.counting import tokens
+    from recap.core.decision.toolresults import placeholder_tokens_bound
+    from recap.core.request.placeholders import cleared_placeholder
 
     rng = random.Random(seed)
     for _ in range(50):

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.client import Recap
-from core.overflow import chain as _chain
-from core.overflow import stated_tokens
+from recap.core.client import Recap
+from recap.core.overflow import chain as _chain
+from recap.core.overflow import stated_tokens
 from recap.integrations import _host
 
 log = logging.getLogger("recap.integrations")
