@@ -17,11 +17,12 @@ import pytest
 
 from recap.core.client import Recap
 from recap.core.counting import tokens
+from recap.core.overflow import stated_limit
 from recap.core.settings import Settings
 from recap.core.summaries.extractive import extractive_summary
 from recap.core.summaries.sizing import cut_summary, summary_limit
 from recap.core.values.records import Msg
-from recap.workers.summarizers import SHORTER, stated_window
+from recap.workers.summarizers import SHORTER
 from tests.support.llm_server import LLMServer, Reply
 
 ENCODING = "o200k_base"
@@ -99,12 +100,19 @@ def test_cut_summary_random(seed: int) -> None:
         assert all(h in cut.splitlines() for h in headings[:1])
 
 
-def test_context_errors_name_their_window() -> None:
-    assert stated_window("This model's maximum context length is 8,192 tokens. However") == 8192
-    assert stated_window("prompt is too long: 210000 tokens > 200000 maximum") == 200_000
-    assert stated_window("the request exceeds the available context size of 4096") == 4096
-    assert stated_window("exceeds the context window of 4096 tokens") == 4096
-    assert stated_window("something else") is None
+@pytest.mark.parametrize(
+    ("message", "window"),
+    [
+        ("This model's maximum context length is 8,192 tokens. However", 8192),
+        ("prompt is too long: 210000 tokens > 200000 maximum", 200_000),
+        ("the request exceeds the available context size of 4096", 4096),
+        ("exceeds the context window of 4096 tokens", 4096),
+        ("Current length is 9000 while limit is 8192", 8192),
+        ("something else", None),
+    ],
+)
+def test_context_errors_name_their_window(message: str, window: int | None) -> None:
+    assert stated_limit(Exception(message)) == window
 
 
 # --- a progressive summary stays bounded --------------------------------------------------------

@@ -9,12 +9,12 @@ picks one from the settings. A summarizer returns the summary's text and usage, 
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from recap.core import overflow
 from recap.core.compression.report import log
 from recap.core.compression.summarizer import EXTRACTIVE_MODEL as EXTRACTIVE_MODEL
 from recap.core.compression.summarizer import ExtractiveSummarizer as ExtractiveSummarizer
@@ -54,28 +54,6 @@ def summarizer_for(settings: Settings, attempt: int, deadline: float) -> Summari
     if settings.summary_model:
         return ModelSummarizer(settings, attempt=attempt, deadline=deadline)
     return ExtractiveSummarizer()
-
-
-# how providers state their window in a context-length error: OpenAI and the servers that copy
-# it ("maximum context length is 8192 tokens"), Anthropic ("... tokens > 200000 maximum"),
-# llama.cpp and vLLM ("context length of 4096", "n_ctx: 4096")
-STATED_WINDOW = (
-    re.compile(r"maximum context length is (\d[\d,]*)"),
-    re.compile(r"tokens? > (\d[\d,]*) maximum"),
-    re.compile(r"context (?:length|window|size) of (\d[\d,]*)"),
-    re.compile(r"n_ctx\W+(\d[\d,]*)"),
-    re.compile(r"while limit is (\d[\d,]*)"),
-    re.compile(r"maximum input length is (\d[\d,]*)"),
-)
-
-
-def stated_window(message: str) -> int | None:
-    """The window a provider's context-length error names, or None when it names none."""
-    for pattern in STATED_WINDOW:
-        found = pattern.search(message)
-        if found:
-            return int(found.group(1).replace(",", ""))
-    return None
 
 
 REFUSED_SHARE = 0.75  # an unstated window is taken as this share of the refused request's size
@@ -139,7 +117,7 @@ class ModelSummarizer:
                 # the window is learnt from the refusal, so every part of the request shrinks
                 # (halving the chunks alone left the prompt, summary and recent context as they
                 # were, so call after call was refused at nearly the same size)
-                window = smaller_window(window, stated_window(str(exc)), exc.sent_tokens)
+                window = smaller_window(window, overflow.stated_limit(exc), exc.sent_tokens)
             except llm.RetryableLLMError as exc:
                 if self.attempt + 1 >= settings.max_attempts:
                     raise SummaryFailed(

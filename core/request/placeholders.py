@@ -12,6 +12,13 @@ _REF = ", ref={ref}"  # the recall reference (core.request.refs), when the calle
 _SAVED = " The full output is saved at {path}; read that file if you need it.]"
 _EXPIRED = " Its saved full output ({path}) has expired; run the tool again if you need it.]"
 _NOT_SAVED = " Run the tool again if you need its output.]"
+# when the request offers the recall tool (``recall=True``), the ways back name it instead
+RECALL_TOOL = "recap_recall"
+_RECALL_EXPIRED = (
+    " Its saved full output ({path}) has expired; call " + RECALL_TOOL + " with its ref if you "
+    "need it.]"
+)
+_RECALL_NOT_SAVED = " Call " + RECALL_TOOL + " with its ref if you need its output.]"
 
 
 def cleared_placeholder(
@@ -22,30 +29,36 @@ def cleared_placeholder(
     output_path: str | None = None,
     file_exists: bool = True,
     ref: str | None = None,
+    recall: bool = False,
 ) -> str:
     """What a cleared tool result says instead of its output: the tool, the call, the size that
     was there, its recall reference (``ref``, when given), and how to get it back (the saved
-    file, or that it has expired)."""
+    file, or that it has expired). With ``recall`` (the request offers ``recap_recall`` and
+    ``ref`` is given) the way back without a file is that tool, not running the tool again;
+    without it the bytes are the same as ever (a cached prefix)."""
     named = _REF.format(ref=ref) if ref else ""
     head = _HEAD.format(
         tool=tool_name or DEFAULT_TOOL_NAME, call_id=call_id, tokens=tokens, ref=named
     )
     if output_path and file_exists:
         return head + _SAVED.format(path=output_path)
+    recalled = recall and bool(ref)
     if output_path:
-        return head + _EXPIRED.format(path=output_path)
-    return head + _NOT_SAVED
+        return head + (_RECALL_EXPIRED if recalled else _EXPIRED).format(path=output_path)
+    return head + (_RECALL_NOT_SAVED if recalled else _NOT_SAVED)
 
 
 def placeholder_frames() -> tuple[str, ...]:
     """Every wording of the placeholder with its variable parts left empty (the reference's frame
     included): what the token bound of a placeholder is computed from
-    (``core.decision.toolresults.placeholder_tokens_bound``, which adds the reference's value)."""
+    (``core.decision.toolresults.placeholder_tokens_bound``, which adds the reference's value).
+    The wordings without a file are the longer of the plain one and the one naming the recall
+    tool, so the bound holds for both."""
     head = _HEAD.format(tool="", call_id="", tokens="", ref=_REF.format(ref=""))
     return (
-        head + _NOT_SAVED,
+        head + max(_NOT_SAVED, _RECALL_NOT_SAVED, key=len),
         head + _SAVED.format(path=""),
-        head + _EXPIRED.format(path=""),
+        head + max(_EXPIRED, _RECALL_EXPIRED, key=len).format(path=""),
     )
 
 

@@ -12,12 +12,13 @@ method blocks (database work, a compression run); the async adapters run them on
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from recap.core.client import Recap
+from recap.core.overflow import chain as _chain
+from recap.core.overflow import stated_tokens
 from recap.integrations import _host
 
 log = logging.getLogger("recap.integrations")
@@ -37,10 +38,6 @@ OVERFLOW_WORDS = (
     "input token count",
 )
 OVERFLOW_TYPES = ("ContextOverflow", "ContextWindowExceeded", "ContextLengthExceeded")
-# The request's size as the error states it: OpenAI's "your messages resulted in N tokens",
-# Anthropic's "prompt is too long: N tokens > M maximum".
-STATED_COUNT = re.compile(r"resulted in ([\d,]+) tokens|too long: ([\d,]+) tokens")
-MAX_CAUSES = 8  # how far down an error's causes an overflow is looked for
 
 
 @dataclass(frozen=True)
@@ -51,16 +48,6 @@ class Reading:
     input_tokens: int
     output_tokens: int = 0
     cached_tokens: int = 0
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """The error and its causes (``raise ... from``, or the context it was raised in)."""
-    out: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in out and len(out) < MAX_CAUSES:
-        out.append(current)
-        current = current.__cause__ or current.__context__
-    return out
 
 
 def _code(exc: BaseException) -> str | None:
@@ -89,15 +76,6 @@ def is_context_overflow(exc: BaseException) -> bool:
         if any(words in text for words in OVERFLOW_WORDS):
             return True
     return False
-
-
-def stated_tokens(exc: BaseException) -> int | None:
-    """The request's size in the provider's tokens, when its error says it."""
-    for error in _chain(exc):
-        found = STATED_COUNT.search(str(error))
-        if found:
-            return int((found.group(1) or found.group(2)).replace(",", ""))
-    return None
 
 
 def openai_tool(name: str, description: str | None, parameters: Any) -> dict[str, Any]:

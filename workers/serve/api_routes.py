@@ -26,6 +26,7 @@ from recap.core.request.prefix import split_system
 from recap.core.storage import requests as history
 from recap.workers.serve import (
     messages_api,
+    recall,
     response_events,
     response_routes,
     responses_api,
@@ -424,23 +425,24 @@ def counted(
     assembly up to the longest stored prefix of the history (summaries and clearings
     applied) and the messages past it in full; else the request as it is."""
     system, rest = split_system(chat.messages)
+    tools = recall.tools_for(chat.tools, state.turns.settings)  # what a turn sends
     if cid is None:
-        return request_tokens(model, chat.messages, chat.tools)
+        return request_tokens(model, chat.messages, tools)
     recap = state.turns.recap.recap
     try:  # the conversation this key's name means; none yet (or none of this key's): as is
         resolved = history.resolve(recap.engine, cid, owner)
     except NotFoundError:
-        return request_tokens(model, chat.messages, chat.tools)
+        return request_tokens(model, chat.messages, tools)
     if not resolved.exists:
-        return request_tokens(model, chat.messages, chat.tools)
+        return request_tokens(model, chat.messages, tools)
     cid = resolved.conversation_id
     leaf, matched = history.stored_prefix(recap.engine, cid, owner, rest)
     if leaf is None:
-        return request_tokens(model, chat.messages, chat.tools)
+        return request_tokens(model, chat.messages, tools)
     try:
-        assembled = recap.assemble(cid, leaf=leaf, system=system, tools=chat.tools)
+        assembled = recap.assemble(cid, leaf=leaf, system=system, tools=tools)
     except BudgetError:
-        return request_tokens(model, chat.messages, chat.tools)
+        return request_tokens(model, chat.messages, tools)
     unsent = [dict(m) for m in rest[matched:]]
     return assembled.tokens.total + request_tokens(model, unsent, None) - TOKENS_REPLY_PRIMING
 

@@ -168,6 +168,7 @@ async def stored_turn(
     await turns.locks.acquire(turn.key)
     handed_over = False
     try:
+        turn.stream = stream
         mapped = await _prepare(turns, turn)
         turns.start_recording(turn)  # written while the upstream answers
         response = await turns.call(turn, stream=stream)

@@ -14,6 +14,7 @@ pool: the event loop never waits on it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
@@ -22,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from recap.core import service
+from recap.core import overflow, service
 from recap.core.aio import AsyncRecap
 from recap.core.errors import BudgetError, NotFoundError
 from recap.core.redact import error_text, known_secrets, redact
@@ -128,6 +129,7 @@ class Turn:
     # the reply as stored, from the upstream's message and reply (another API's spelling)
     reply_form: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
     name: str = ""  # the client's name of the conversation (default: ``conversation_id``)
+    stream: bool = False  # streamed: sent without ``recap_recall`` (``recall.enabled``)
 
     def __post_init__(self) -> None:
         self.name = self.name or self.conversation_id
@@ -249,16 +251,11 @@ class Turns:
             log.warning("serve_recording_failed", error=self.error_text(exc))
 
     def _tools(self, turn: Turn) -> list[dict[str, Any]] | None:
+        """The tools the turn is assembled and counted with: ``recap_recall`` only when the
+        turn is sent with it (so a cleared result's placeholder names it only then)."""
+        if not recall.enabled(self.settings, turn.stream):
+            return turn.tools
         return recall.tools_for(turn.tools, self.settings)
-
-    async def assemble(self, turn: Turn) -> list[dict[str, Any]]:
-        """Recap's request for the branch, compressing once if it does not fit."""
-        try:
-            request = await self._assemble(turn)
-        except BudgetError:
-            request = await self._compressed_and_assembled(turn)
-        turn.sent = request
-        return request
 
     async def _compressed_and_assembled(self, turn: Turn) -> list[dict[str, Any]]:
         """Compress now, once, and assemble again; an OpenAI-format error if it still does not
@@ -270,15 +267,8 @@ class Turns:
             raise context_too_long(str(exc)) from None
 
     async def _assemble(self, turn: Turn) -> list[dict[str, Any]]:
-        assembled = await self.recap.assemble(
-            turn.conversation_id, leaf=turn.leaf_id, system=turn.system, tools=self._tools(turn)
-        )
-        turn.room = assembled.budget - assembled.tokens.total
-        turn.assembled = assembled
-        turn.params = self.upstream.with_cache_hints(
-            turn.model, turn.params, assembled.cache_params()
-        )
-        return assembled.messages
+        await self.assemble_for(turn)
+        return turn.sent
 
     async def call(self, turn: Turn, *, stream: bool) -> Any:
         """The upstream reply (or stream); a context overflow compresses once and retries."""
@@ -287,8 +277,9 @@ class Turns:
         return await self.call_once(turn, stream=stream)
 
     async def call_once(self, turn: Turn, *, stream: bool) -> Any:
-        """One upstream reply (or stream) for ``turn.sent``; a context overflow compresses once
-        and retries."""
+        """One upstream reply (or stream) for ``turn.sent``; a context overflow is answered by
+        a smaller request (``refit``), sent once, or by the provider's error when nothing
+        smaller could be made: the refused request is never sent again."""
         try:
             return await self.upstream.complete(
                 turn.model, turn.sent, capped_params(turn), stream=stream
@@ -296,14 +287,72 @@ class Turns:
         except Exception as exc:
             if not upstream.is_context_overflow(exc):
                 raise upstream.as_serve_error(exc, self.settings) from None
-        await self.compress_now(turn)
-        await self.assemble(turn)
+            refused = exc
+        if not await self.refit(turn, refused):
+            raise upstream.as_serve_error(refused, self.settings) from None
         try:
             return await self.upstream.complete(
                 turn.model, turn.sent, capped_params(turn), stream=stream
             )
         except Exception as exc:
             raise upstream.as_serve_error(exc, self.settings) from None
+
+    async def refit(self, turn: Turn, error: BaseException) -> bool:
+        """After the provider refused ``turn.sent`` as too large: the size its error states is
+        recorded as a reading of that request (the calibration learns from it), the
+        conversation compressed now, and the request assembled again; when that is the same
+        request, assembled once more for a window shrunk by the share the provider stated it
+        was over (``tighter_window``). Whether ``turn.sent`` is a different request now."""
+        failed, assembled = turn.sent, turn.assembled
+        await self.recorded(turn)
+        stated = overflow.stated_tokens(error)
+        if stated is not None:
+            await self.record_reading(turn, stated)
+        await self.compress_now(turn)
+        limit = overflow.stated_limit(error)
+        with contextlib.suppress(BudgetError):
+            await self.assemble_for(turn)
+            if turn.sent != failed and fits(turn.assembled, assembled, stated, limit):
+                return True
+        if assembled is None:
+            return turn.sent != failed
+        window = tighter_window(assembled, stated, limit)
+        try:
+            await self.assemble_for(turn, max_input_tokens=window)
+        except BudgetError:
+            return False
+        log.info(
+            "serve_overflow_tighter_window",
+            conversation_id=turn.conversation_id,
+            window=window,
+            changed=turn.sent != failed,
+        )
+        return turn.sent != failed
+
+    async def record_reading(self, turn: Turn, prompt_tokens: int) -> None:
+        """The provider's count of the refused request, recorded as its usage (no reply)."""
+        try:
+            await self.recap.record_usage(
+                turn.conversation_id, prompt_tokens=prompt_tokens, leaf=turn.leaf_id
+            )
+        except Exception as exc:  # a reading that cannot be stored must not fail the turn
+            log.warning("serve_usage_not_recorded", error=self.error_text(exc))
+
+    async def assemble_for(self, turn: Turn, *, max_input_tokens: int | None = None) -> None:
+        """Assemble the turn's request again (``turn.sent``), for a smaller window when given."""
+        assembled = await self.recap.assemble(
+            turn.conversation_id,
+            leaf=turn.leaf_id,
+            system=turn.system,
+            tools=self._tools(turn),
+            max_input_tokens=max_input_tokens,
+        )
+        turn.room = assembled.budget - assembled.tokens.total
+        turn.assembled = assembled
+        turn.params = self.upstream.with_cache_hints(
+            turn.model, turn.params, assembled.cache_params()
+        )
+        turn.sent = assembled.messages
 
     async def compress_now(self, turn: Turn) -> None:
         """The synchronous compression: summarize now so the next assembly fits."""
@@ -430,6 +479,36 @@ def reply_headers(turn: Turn) -> Mapping[str, str]:
         headers.update(outcome_headers(turn.assembled))
         headers.update(cap_headers(turn))
     return encoded(headers)  # every value by the header rule: a conversation id of any script
+
+
+SHRINK = 0.75  # what a refit's last try keeps of the request when the error states no sizes
+MARGIN = 0.9  # what it keeps of the share the stated sizes allow
+
+
+def fits(
+    again: AssembledRequest | None,
+    refused: AssembledRequest | None,
+    stated: int | None,
+    limit: int | None,
+) -> bool:
+    """Whether the request assembled again is small enough for the provider by the sizes its
+    error stated (the refused request's tokens scaled by ``limit / stated``); true when it
+    stated none."""
+    if again is None or refused is None or not stated or not limit or limit >= stated:
+        return True
+    return again.tokens.total <= refused.tokens.total * limit / stated * MARGIN
+
+
+def tighter_window(assembled: AssembledRequest, stated: int | None, limit: int | None) -> int:
+    """The window a refused request is assembled for at last: one whose budget holds the
+    request's tokens scaled by the provider's window over the size it stated (``limit /
+    stated``, with a margin), or by ``SHRINK`` when the error states neither; always smaller
+    than the refused request's window."""
+    keep = SHRINK
+    if stated and limit and limit < stated:
+        keep = min(SHRINK, limit / stated * MARGIN)
+    fill = min(assembled.tokens.total / assembled.budget, 1.0) if assembled.budget > 0 else 1.0
+    return max(1, int(assembled.window * fill * keep))
 
 
 REPLY_LIMITS = ("max_tokens", "max_completion_tokens")  # the client's cap on the reply

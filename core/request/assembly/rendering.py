@@ -11,7 +11,7 @@ from recap.core.counting import reasoning, tokens
 from recap.core.decision.toolresults import shortened_call
 from recap.core.request import refs, shorten
 from recap.core.request.assembly.given import Given
-from recap.core.request.placeholders import cleared_placeholder
+from recap.core.request.placeholders import RECALL_TOOL, cleared_placeholder
 from recap.core.values.draft import Unit
 from recap.core.values.records import ClearingRec, Msg
 
@@ -32,8 +32,11 @@ def render(
     clearings: Mapping[int, ClearingRec],
     missing_outputs: Collection[str],
     encoding: str,
+    *,
+    recall: bool = False,
 ) -> dict[str, Any]:
-    """One OpenAI-format message; a cleared tool result says its fixed placeholder instead, a
+    """One OpenAI-format message; a cleared tool result says its fixed placeholder instead
+    (naming ``recap_recall`` when ``recall``: the request offers it), a
     shortened or aged one its head and tail at the size its clearing recorded; an assistant
     message whose arguments aged sends its calls shortened."""
     if isinstance(item, dict):
@@ -72,8 +75,19 @@ def render(
             output_path=item.output_path,
             file_exists=item.output_path not in missing_outputs,
             ref=refs.message_ref(item.id),
+            recall=recall,
         )
     return out
+
+
+def offers_recall(tools: Sequence[Mapping[str, Any]] | None) -> bool:
+    """Whether the request's tools include ``recap_recall`` (OpenAI's schema, or a flat one)."""
+    for tool in tools or ():
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else tool.get("name")
+        if name == RECALL_TOOL:
+            return True
+    return False
 
 
 def extend(
@@ -90,9 +104,10 @@ def extend(
     (when given)."""
     missing, encoding, pins = given.stored.missing_outputs, given.encoding, given.pins
     family, text_only = given.family, given.request.text_only
+    recall = offers_recall(given.request.tools)
     for unit in units:
         for item in unit.items:
-            out = render(item, clearings, missing, encoding)
+            out = render(item, clearings, missing, encoding, recall=recall)
             if isinstance(item, Msg) and (item.extra or item.content_parts):
                 out = reasoning.as_sent(out, family, in_progress=in_progress, text_only=text_only)
             if marks is not None and unit.pinned and isinstance(item, Msg) and item.id in pins:
