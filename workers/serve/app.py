@@ -16,7 +16,7 @@ from core.aio import AsyncRecap
 from core.errors import RecapError
 from core.redact import error_text, known_secrets
 from core.settings import Settings, get_settings
-from workers.serve import api_routes, routes, startup
+from workers.serve import api_routes, metrics, routes, startup
 from workers.serve.auth import KeyRing
 from workers.serve.errors import SERVER, ServeError
 from workers.serve.turns import Turns
@@ -60,12 +60,15 @@ def create_app(settings: Settings | None = None, address: str | None = None) -> 
 
     from workers.ui.app import mounts as console_mounts  # here: the console imports serve.auth
 
-    return Starlette(
+    observed = metrics.ServeMetrics() if settings.serve_metrics else None
+    extra = [Route("/metrics", metrics.endpoint(observed, settings))] if observed else []
+    app = Starlette(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             *api_routes.ROUTES,
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
+            *extra,
             *console_mounts(settings),  # the web console at /ui, when RECAP_UI_KEYS is set
         ],
         lifespan=lifespan,
@@ -75,6 +78,9 @@ def create_app(settings: Settings | None = None, address: str | None = None) -> 
             405: api_routes.unknown_route,
         },
     )
+    if observed is not None:  # outermost: it sees every answer, errors included
+        app.add_middleware(metrics.MetricsMiddleware, metrics=observed)
+    return app
 
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:

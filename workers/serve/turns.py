@@ -31,7 +31,7 @@ from core.settings import Settings
 from core.storage import requests as history
 from core.storage.outputs import Ingest
 from core.values.request import RequestSpec
-from workers.serve import recall, upstream
+from workers.serve import metrics, recall, upstream
 from workers.serve.errors import ServeError, client_text, context_too_long, not_found
 from workers.serve.headers import encoded
 
@@ -188,6 +188,7 @@ class Turns:
         mapped, request = await self.recap.run(self._store_and_assemble, turn)
         self.names.put(turn.key, turn.conversation_id)
         turn.sent = request if request is not None else await self._compressed_and_assembled(turn)
+        metrics.assembled(turn.assembled)
         return mapped
 
     def _store_and_assemble(self, turn: Turn) -> tuple[history.Mapped, list[dict[str, Any]] | None]:
@@ -255,6 +256,7 @@ class Turns:
         except BudgetError:
             request = await self._compressed_and_assembled(turn)
         turn.sent = request
+        metrics.assembled(turn.assembled)
         return request
 
     async def _compressed_and_assembled(self, turn: Turn) -> list[dict[str, Any]]:

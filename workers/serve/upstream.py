@@ -29,7 +29,7 @@ from core.errors import InputError, RecapError
 from core.redact import known_secrets, mask_strings, redact
 from core.request.validate import check_message
 from core.settings import Settings
-from workers.serve import direct
+from workers.serve import direct, metrics
 from workers.serve.chunks import usage_counts
 from workers.serve.errors import UPSTREAM, ServeError, client_text
 
@@ -139,10 +139,14 @@ class Upstream:
         stream: bool,
     ) -> Any:
         """One upstream call: the reply, or its stream when ``stream``."""
+        metrics.upstream_started()
         if self._direct is not None and self.is_direct(model):
             sent = outgoing(messages, copy=False)
-            return await self._direct.complete(model, sent, params, stream=stream)
-        return await complete(model, messages, params, self.settings, stream=stream)
+            reply = await self._direct.complete(model, sent, params, stream=stream)
+        else:
+            reply = await complete(model, messages, params, self.settings, stream=stream)
+        metrics.upstream_answered(stream=stream)
+        return reply
 
     async def aclose(self) -> None:
         if self._direct is not None:
