@@ -69,14 +69,15 @@ def test_worker_metrics_count_real_runs(postgres_url: str, redis_url: str, tmp_p
     with stack(postgres_url, redis_url, tmp_path, **extra) as running:
         wait_for(lambda: listening(port), 30, "the worker's metrics port")
         start = scrape(port)
-        first = compress(running, running.new_conversation())
+        done = running.new_conversation()
+        first = compress(running, done)
         assert first["action"] == "summarized"
         calls_before = len(running.server.requests)
         running.server.script(Reply(status=503))  # the next summary call fails, then is retried
         second = compress(running, running.new_conversation())
         assert second["action"] == "summarized"
         calls = len(running.server.requests)
-        again = compress(running, first["conversation_id"])  # nothing left to do
+        again = compress(running, done)  # nothing left to do
         assert again["action"] == "skipped"
         running.server.script(Reply(status=400, error="bad request"))  # fatal: the run fails
         failed = compress(running, running.new_conversation())
