@@ -28,6 +28,7 @@ from core.errors import (
     RecapError,
     SchemaMissingError,
 )
+from core.metrics import enable_metrics
 from core.request.assembly import AssembledRequest, ContextFile, TokenBreakdown
 from core.results import (
     CompressResult,
@@ -63,6 +64,7 @@ __all__ = [
     "TokenBreakdown",
     "UsageRecorded",
     "compress_later",
+    "enable_metrics",
 ]
 
 
