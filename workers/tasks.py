@@ -83,13 +83,14 @@ def _fresh_pool(**_: Any) -> None:
 
 @celeryd_init.connect
 def _serve_metrics(options: dict[str, Any] | None = None, **_: Any) -> None:
-    """A threads or solo worker serves its metrics on ``RECAP_WORKER_METRICS_PORT`` (a prefork
-    pool's children do, on the ports after it)."""
+    """A threads or solo worker serves its metrics on ``RECAP_WORKER_METRICS_PORT`` (or the first
+    free port after it, when another worker of the host holds it); a prefork pool's children do,
+    on the ports after it."""
     port = get_settings().worker_metrics_port
     pool = (options or {}).get("pool")
     name = pool if isinstance(pool, str) else getattr(pool, "__module__", "prefork")
     if port is not None and "prefork" not in name:
-        metrics.serve(port, search=False)
+        metrics.serve(port, search=True)
 
 
 @task(name=COMPRESS_TASK, bind=True, max_retries=None, throws=(CompressionFailed,))
