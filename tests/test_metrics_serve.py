@@ -141,3 +141,43 @@ def test_metrics_are_off_by_default(tmp_path: Path) -> None:
     response = client.get("/metrics")
     assert response.status_code == 404
     assert "error" in response.json()
+
+
+@pytest.fixture(scope="module")
+def recalling(llm: LLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    folder: Path = tmp_path_factory.mktemp("serve-metrics-recall")
+    env = {
+        "RECAP_SERVE_METRICS": "true",
+        "RECAP_SERVE_METRICS_KEY": METRICS_KEY,
+        "RECAP_SERVE_RECALL": "true",
+    }
+    with running_serve(f"sqlite:///{folder / 'recap.db'}", folder, llm, **env) as running:
+        yield running
+
+
+def test_recalls_answered_and_each_upstream_round_are_counted(recalling: Serve) -> None:
+    """A turn whose model calls recap_recall twice, in two rounds: two recalls answered, three
+    upstream calls (timed), one request."""
+    from tests.test_serve_recall import TOOLS, _cleared_history, recall_call
+
+    cid = new_id()
+    messages, result_id = _cleared_history(recalling, cid)
+    messages.append({"role": "user", "content": "which module has handler_42?"})
+    before = scrape(recalling)
+    recalling.llm.script(
+        Reply(text="", tool_calls=[recall_call("rc_1", f"m{result_id}")]),
+        Reply(text="", tool_calls=[recall_call("rc_2", f"m{result_id}")]),
+    )
+    calls = len(recalling.llm.requests)
+    reply = turn(recalling, cid, messages, tools=TOOLS).parse()
+    assert not reply.choices[0].message.tool_calls
+    assert len(recalling.llm.requests) - calls == 3
+    after = scrape(recalling)
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew("recap_serve_recalls_answered_total") == 2
+    assert grew("recap_serve_requests_total", api="chat_completions", status="200") == 1
+    assert grew("recap_serve_upstream_first_byte_seconds_count") == 1  # a request's calls summed
+    assert grew("recap_serve_turns_total") == 1

@@ -1,7 +1,7 @@
 """Prometheus metrics of ``recap serve`` (``RECAP_SERVE_METRICS``): ``GET /metrics``.
 
 A pure ASGI middleware opens one ``Observation`` per request in a context variable; the turn
-code reports into it through three plain functions (``assembled``, ``upstream_started``,
+code reports into it through four plain functions (``assembled``, ``upstream_started``,
 ``upstream_answered``, ``recall_answered``) that return at once when metrics are off (no
 observation is open). When the response ends, the middleware records the request: its API and
 status, the last assembly's tokens and truncation, the upstream's time to its first byte and in
@@ -75,12 +75,12 @@ class ServeMetrics:
         )  # fmt: skip
         self.upstream_first = Histogram(
             "recap_serve_upstream_first_byte_seconds",
-            "Time from the upstream call to its reply (a stream: its headers)",
+            "Time waiting for upstream answers, a request's calls summed (a stream: to headers)",
             buckets=SECONDS, registry=r,
         )  # fmt: skip
         self.upstream_total = Histogram(
             "recap_serve_upstream_seconds",
-            "Time from the upstream call to the end of its reply (a stream: its last chunk)",
+            "Upstream time of a request to the end of its reply (a stream: its last chunk)",
             buckets=SECONDS, registry=r,
         )  # fmt: skip
         self.added = Histogram(
@@ -105,10 +105,10 @@ class ServeMetrics:
         if seen.recalls:
             self.recalls.inc(seen.recalls)
         if seen.upstream_first:  # an upstream call answered
-            self.upstream_first.observe(seen.upstream_first - seen.upstream_start)
-            last = end if seen.streamed else seen.upstream_first
-            self.upstream_total.observe(max(last - seen.upstream_start, 0.0))
-            upstream = seen.upstream_spent
+            upstream = seen.upstream_spent  # every call's wait for its answer, summed
+            self.upstream_first.observe(upstream)
+            rest = max(end - seen.upstream_first, 0.0) if seen.streamed else 0.0
+            self.upstream_total.observe(upstream + rest)
             self.added.observe(max(first - seen.started - upstream, 0.0))
 
     def exposition(self) -> bytes:
@@ -127,7 +127,6 @@ class Observation:
         "streamed",
         "upstream_first",
         "upstream_spent",
-        "upstream_start",
     )  # fmt: skip
 
     def __init__(self, api: str, started: float) -> None:
@@ -135,7 +134,6 @@ class Observation:
         self.started = started
         self.assembled: Any = None
         self.recalls = 0
-        self.upstream_start = 0.0  # the first upstream call's start (0: none made)
         self.upstream_first = 0.0  # when the last upstream call answered
         self.upstream_spent = 0.0  # seconds spent waiting for upstream answers, all calls
         self.streamed = False
@@ -156,8 +154,6 @@ def upstream_started() -> None:
     seen = _current.get()
     if seen is not None:
         seen._call = time.perf_counter()
-        if not seen.upstream_start:
-            seen.upstream_start = seen._call
 
 
 def upstream_answered(*, stream: bool) -> None:
