@@ -118,3 +118,80 @@ def test_worker_metrics_count_real_runs(postgres_url: str, redis_url: str, tmp_p
     # five sends, one retry (a retry keeps its first sending's header)
     assert grew("recap_worker_queue_wait_seconds_count") >= 5
     assert OLD <= value(end, "recap_worker_queue_lag_seconds") < OLD + 60
+
+
+def test_each_prefork_child_serves_its_own_metrics(redis_url: str, tmp_path: Path) -> None:
+    """A prefork pool of two: each child listens on its own port after the base one (logged),
+    and the runs they did add up across the two pages."""
+    import json
+    import os
+
+    from core import service
+    from core.settings import get_settings
+    from core.storage.db import make_engine
+    from core.storage.migrate import upgrade
+    from tests.support.llm_server import LLMServer
+    from tests.support.services import redis_database
+    from tests.support.worker_stack import CELERY, WorkerProcess, worker_env
+    from tests.test_operations import WINDOW, chat
+
+    port = free_port()
+    db_url = f"sqlite:///{tmp_path / 'recap.db'}"
+    engine = make_engine(db_url)
+    upgrade(engine)
+    with redis_database(redis_url) as private:
+        server = LLMServer().start()
+        values = {
+            "RECAP_DATABASE_URL": db_url,
+            "RECAP_BROKER_URL": private,
+            "RECAP_RESULT_BACKEND": private,
+            "RECAP_SUMMARY_MODEL": "openai/stand-in",
+            "RECAP_SUMMARY_API_BASE": server.url,
+            "RECAP_SUMMARY_API_KEY": "sk-prefork-test-key",
+            "RECAP_WORKER_METRICS_PORT": str(port),
+            "RECAP_OUTPUT_DIR": str(tmp_path / "outputs"),
+        }
+        args = ("--pool", "prefork", "--concurrency", "2", "--queues", "compress", "-l", "INFO")
+        worker = WorkerProcess(worker_env(**values), tmp_path / "worker.log", args, program=CELERY)
+        saved = {k: os.environ.get(k) for k in values}
+        os.environ.update(values)
+        get_settings.cache_clear()
+        try:
+            worker.start()
+            worker.wait_log("worker_metrics_listening", 60, count=2)
+            ports = sorted(
+                json.loads(line)["port"]
+                for line in worker.text().splitlines()
+                if "worker_metrics_listening" in line
+            )
+            assert len(ports) == 2 and all(port < p <= port + 64 for p in ports)
+            assert not listening(port)  # the parent runs no task: it serves nothing
+            cids = []
+            for n in range(4):
+                cid = f"prefork-{n}"
+                service.import_conversations(
+                    engine, [{"id": cid, "messages": chat(12)}], get_settings(),
+                    max_input_tokens=WINDOW,
+                )  # fmt: skip
+                cids.append(cid)
+            app = Celery(broker=private, backend=private)
+            results = [send(app, CompressJob(cid)).get(timeout=90) for cid in cids]
+            app.close()
+            summarized = sum(r["action"] == "summarized" for r in results)
+            assert summarized == len(cids)
+            pages = [scrape(p) for p in ports]
+            runs = sum(
+                value(page, "recap_worker_runs_total", action="summarized", outcome="completed")
+                for page in pages
+            )
+            assert runs == summarized
+        finally:
+            worker.stop()
+            server.stop()
+            engine.dispose()
+            for key, old in saved.items():
+                if old is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = old
+            get_settings.cache_clear()
