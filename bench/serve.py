@@ -118,8 +118,8 @@ def model_process() -> subprocess.Popen[bytes]:
 def serve_process(url: str, upstream: str, folder: Path, **extra: str) -> Iterator[str]:
     """`recap serve` on a migrated ``url`` (``extra``: more ``RECAP_*`` values); its base URL
     (``.../v1``)."""
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
     from tests.support.serve_stack import serve_process as started
 
     engine = make_engine(url)
@@ -187,7 +187,7 @@ class LitellmAlone:
     loop of its own, kept for every call so that litellm's cached client is reused."""
 
     def __init__(self, upstream: str, messages: list[dict[str, Any]]) -> None:
-        from core.settings import Settings
+        from recap.core.settings import Settings
 
         self.settings = Settings(upstream_api_base=upstream, upstream_api_key="bench-upstream-key")
         self.messages = messages
@@ -200,7 +200,7 @@ class LitellmAlone:
         return asyncio.run_coroutine_threadsafe(self._first_chunk(), self.loop).result()
 
     async def _first_chunk(self) -> float:
-        from workers.serve import upstream
+        from recap.workers.serve import upstream
 
         started = time.perf_counter()
         stream = await upstream.complete(MODEL, self.messages, {}, self.settings, stream=True)

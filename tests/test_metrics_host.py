@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 import recap
-from core.settings import Settings
+from recap.core.settings import Settings
 
 
 def history(turns: int) -> list[dict[str, str]]:
@@ -44,7 +44,7 @@ def test_assemble_time_and_truncations_are_recorded(tmp_path: Path) -> None:
         left_out = registry.get_sample_value("recap_assemble_left_out_tokens_total")
         assert left_out == long.truncated_tokens
     finally:
-        from core import metrics
+        from recap.core import metrics
 
         metrics._enabled.clear()
         host.engine.dispose()

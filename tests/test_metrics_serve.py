@@ -20,10 +20,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from core.settings import Settings
+from recap.core.settings import Settings
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import Serve, new_id, running_serve, turn, wait_until
-from workers.serve.app import create_app
+from recap.workers.serve.app import create_app
 
 METRICS_KEY = "metrics-key-0123456789"
 DELAY = 0.3  # the upstream's scripted delay before its answer

@@ -18,7 +18,7 @@ from celery import Celery
 from tests.support.llm_server import Reply
 from tests.support.processes import free_port, wait_for
 from tests.test_operations import Stack, stack
-from workers.enqueue import ENQUEUED_HEADER, CompressJob, send
+from recap.workers.enqueue import ENQUEUED_HEADER, CompressJob, send
 
 pytestmark = pytest.mark.redis
 
@@ -126,10 +126,10 @@ def test_each_prefork_child_serves_its_own_metrics(redis_url: str, tmp_path: Pat
     import json
     import os
 
-    from core import service
-    from core.settings import get_settings
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
+    from recap.core import service
+    from recap.core.settings import get_settings
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
     from tests.support.llm_server import LLMServer
     from tests.support.services import redis_database
     from tests.support.worker_stack import CELERY, WorkerProcess, worker_env

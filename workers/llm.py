@@ -17,8 +17,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote price
 
 import litellm
 
-from core.settings import Settings
-from workers import metrics
+from recap.core.settings import Settings
+from recap.workers import metrics
 
 litellm.suppress_debug_info = True
 litellm.telemetry = False

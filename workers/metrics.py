@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from workers.enqueue import ENQUEUED_HEADER
+from recap.workers.enqueue import ENQUEUED_HEADER
 
 log = structlog.get_logger(__name__)
 
@@ -66,7 +66,7 @@ _listening: list[int] = []
 
 def event(name: str, fields: dict[str, Any]) -> None:
     """A run's event (``core.compression.report``): its end counts the run."""
-    from core.compression.report import COMPLETED, FAILED
+    from recap.core.compression.report import COMPLETED, FAILED
 
     if name not in (COMPLETED, FAILED):
         return
