@@ -27,6 +27,7 @@ BENCHES: tuple[str, ...] = (
     "media",
     "serve",
     "serve_turns",
+    "metrics",
     "reuse",
     "serve_hostile",
     "large",

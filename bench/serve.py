@@ -115,8 +115,9 @@ def model_process() -> subprocess.Popen[bytes]:
 
 
 @contextmanager
-def serve_process(url: str, upstream: str, folder: Path) -> Iterator[str]:
-    """`recap serve` on a migrated ``url``; its base URL (``.../v1``)."""
+def serve_process(url: str, upstream: str, folder: Path, **extra: str) -> Iterator[str]:
+    """`recap serve` on a migrated ``url`` (``extra``: more ``RECAP_*`` values); its base URL
+    (``.../v1``)."""
     from recap.core.storage.db import make_engine
     from recap.core.storage.migrate import upgrade
     from tests.support.serve_stack import serve_process as started
@@ -134,6 +135,7 @@ def serve_process(url: str, upstream: str, folder: Path) -> Iterator[str]:
         "RECAP_BROKER_FOLDER": str(folder / "broker"),
         "RECAP_OUTPUT_DIR": str(folder / "outputs"),
         "RECAP_LOG_LEVEL": "WARNING",
+        **extra,
     }
     with started(env, folder, START_TIMEOUT) as process:
         yield process.base_url

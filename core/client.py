@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
-from recap.core import service
+from recap.core import metrics, service
 from recap.core.request import assembly
 from recap.core.results import (
     CompressResult,
@@ -139,9 +139,12 @@ class Recap:
             max_input_tokens=max_input_tokens,
             as_of=as_of,
         )
-        return service.assemble(
+        since = metrics.started()
+        assembled = service.assemble(
             self.engine, conversation_id, self.settings, spec, leaf=leaf, reuse=self._reuse
         )
+        metrics.assembled(since, assembled)
+        return assembled
 
     def assemble_unrecorded(
         self, conversation_id: str, request: RequestSpec, *, leaf: int | None = None

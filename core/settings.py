@@ -115,6 +115,12 @@ class Settings(BaseSettings):
     # serve_recall_max_calls rounds a turn (workers/serve/recall.py).
     serve_recall: bool = False
     serve_recall_max_calls: int = Field(default=3, ge=1, le=20)
+    # Prometheus metrics: `recap serve` answers GET /metrics when serve_metrics is on (with
+    # serve_metrics_key, only to `Authorization: Bearer KEY`); a worker process serves them on
+    # worker_metrics_port (docs/operations.md "Metrics").
+    serve_metrics: bool = False
+    serve_metrics_key: SecretStr | None = None
+    worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
     llm_timeout: float = Field(default=60, gt=0)
     max_attempts: int = Field(default=5, ge=1, le=20)
     retry_backoff_max: int = Field(default=60, ge=1)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         RecapError,
         SchemaMissingError,
     )
+    from recap.core.metrics import enable_metrics
     from recap.core.request.assembly import AssembledRequest, ContextFile, TokenBreakdown
     from recap.core.results import (
         CompressResult,
@@ -69,6 +70,7 @@ _HOMES = {
     "SummaryInfo": "recap.core.results",
     "UsageRecorded": "recap.core.results",
     "RequestSpec": "recap.core.values.request",
+    "enable_metrics": "recap.core.metrics",
     "compress_later": "recap.workers.enqueue",
 }
 
@@ -93,6 +95,7 @@ __all__ = [
     "TokenBreakdown",
     "UsageRecorded",
     "compress_later",
+    "enable_metrics",
 ]
 
 

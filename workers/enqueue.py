@@ -21,6 +21,7 @@ cannot get the queue wrong.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,10 +61,16 @@ class CompressJob:
         return kwargs
 
 
+ENQUEUED_HEADER = "recap_enqueued_at"  # when a compression was sent (time.time())
+
+
 def send(app: Celery, job: CompressJob) -> AsyncResult[Any]:
     """Send ``job`` on ``app``'s broker to the compress queue (the one way a job is sent)."""
     args = [job.conversation_id]
-    return app.send_task(COMPRESS_TASK, args=args, kwargs=job.kwargs(), queue=COMPRESS_QUEUE)
+    headers = {ENQUEUED_HEADER: time.time()}  # the worker's queue lag (workers.metrics)
+    return app.send_task(
+        COMPRESS_TASK, args=args, kwargs=job.kwargs(), queue=COMPRESS_QUEUE, headers=headers
+    )
 
 
 def compress_later(

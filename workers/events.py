@@ -19,6 +19,7 @@ from recap.core.compression.report import LogReporter, masked
 from recap.core.compression.report import log as log
 from recap.core.redact import known_secrets, redact
 from recap.core.settings import Settings
+from recap.workers import metrics
 
 CHANNEL = "recap:events"  # hosts SUBSCRIBE here; one JSON object per message
 PUBLISH_TIMEOUT_SECONDS = 2.0  # an unreachable Redis must not hold a compression up
@@ -49,6 +50,7 @@ def emit(settings: Settings, event: str, **fields: Any) -> None:
     """Log the event, then publish it on ``CHANNEL`` when the broker is Redis."""
     fields = masked(settings, fields)
     LogReporter().emit(settings, event, **fields)
+    metrics.event(event, fields)
     if not publishes(settings):
         return
     payload = json.dumps({"event": event, **fields}, default=str)

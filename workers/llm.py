@@ -18,6 +18,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote price
 import litellm
 
 from recap.core.settings import Settings
+from recap.workers import metrics
 
 litellm.suppress_debug_info = True
 litellm.telemetry = False
@@ -121,8 +122,11 @@ def complete(
             temperature=0,
         )
     except Exception as exc:  # every failure is sorted, none escapes unclassified
+        metrics.summarizer_error()
         raise classify(exc) from exc
-    return _completion_of(response, name)
+    completion = _completion_of(response, name)
+    metrics.summarizer_call(completion.input_tokens, completion.output_tokens)
+    return completion
 
 
 def _completion_of(response: Any, model: str) -> Completion:

@@ -21,7 +21,7 @@ from recap.core.redact import error_text, known_secrets, redact
 from recap.core.settings import Settings, get_settings
 from recap.core.storage.db import dispose_engines, get_engine, size_pool
 from recap.core.values.actions import Action
-from recap.workers import compress, events
+from recap.workers import compress, events, metrics
 from recap.workers.app import app, task
 from recap.workers.celery_types import TaskHandle, celeryd_init, task_received, worker_process_init
 from recap.workers.errors import CompressionFailed, CompressionRetry
@@ -76,6 +76,21 @@ def pool_connections(pool: Any, concurrency: Any) -> int:
 def _fresh_pool(**_: Any) -> None:
     """A forked pool process must not share its parent's database connections."""
     dispose_engines()
+    port = get_settings().worker_metrics_port
+    if port is not None:  # each prefork child serves its own metrics, after the base port
+        metrics.serve(port + 1, search=True)
+
+
+@celeryd_init.connect
+def _serve_metrics(options: dict[str, Any] | None = None, **_: Any) -> None:
+    """A threads or solo worker serves its metrics on ``RECAP_WORKER_METRICS_PORT`` (or the first
+    free port after it, when another worker of the host holds it); a prefork pool's children do,
+    on the ports after it."""
+    port = get_settings().worker_metrics_port
+    pool = (options or {}).get("pool")
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "prefork")
+    if port is not None and "prefork" not in name:
+        metrics.serve(port, search=True)
 
 
 @task(name=COMPRESS_TASK, bind=True, max_retries=None, throws=(CompressionFailed,))
@@ -88,9 +103,11 @@ def compress_session(
     """Compress one conversation if it needs it; safe to enqueue many times. A failed run ends
     the task in FAILURE (``CompressionFailed``), a retryable one in RETRY."""
     settings = get_settings()
+    metrics.taken(self.request)
     outcome = _run(self.request, settings, conversation_id, leaf_message_id, force)
     # Raised here, outside any except block: the stored traceback chains no provider error.
     if isinstance(outcome, compress.RetryLater):
+        metrics.retried()
         reason = CompressionRetry(redact(outcome.reason, known_secrets(settings)))
         raise self.retry(exc=reason, countdown=outcome.delay, max_retries=settings.max_attempts)
     if outcome["action"] == Action.FAILED:
@@ -164,7 +181,9 @@ def _json_reprs(request: Any = None, **_: Any) -> None:
 @task(name=RECONCILE_TASK)
 def reconcile() -> dict[str, Any]:
     """Re-enqueue conversations over their trigger whose last run is missing or died."""
-    return reconcile_pass(engine(), get_settings(), enqueue)
+    result = reconcile_pass(engine(), get_settings(), enqueue)
+    metrics.over_trigger.set(result.get("enqueued", 0))
+    return result
 
 
 def enqueue(conversation_id: str, *, force: bool = False) -> str:

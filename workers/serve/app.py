@@ -16,7 +16,7 @@ from recap.core.aio import AsyncRecap
 from recap.core.errors import RecapError
 from recap.core.redact import error_text, known_secrets
 from recap.core.settings import Settings, get_settings
-from recap.workers.serve import api_routes, routes, startup
+from recap.workers.serve import api_routes, metrics, routes, startup
 from recap.workers.serve.auth import KeyRing
 from recap.workers.serve.errors import SERVER, ServeError
 from recap.workers.serve.turns import Turns
@@ -62,12 +62,15 @@ def create_app(settings: Settings | None = None, address: str | None = None) -> 
         mounts as console_mounts,  # here: the console imports serve.auth
     )
 
-    return Starlette(
+    observed = metrics.ServeMetrics() if settings.serve_metrics else None
+    extra = [Route("/metrics", metrics.endpoint(observed, settings))] if observed else []
+    app = Starlette(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             *api_routes.ROUTES,
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
+            *extra,
             *console_mounts(settings),  # the web console at /ui, when RECAP_UI_KEYS is set
         ],
         lifespan=lifespan,
@@ -77,6 +80,9 @@ def create_app(settings: Settings | None = None, address: str | None = None) -> 
             405: api_routes.unknown_route,
         },
     )
+    if observed is not None:  # outermost: it sees every answer, errors included
+        app.add_middleware(metrics.MetricsMiddleware, metrics=observed)
+    return app
 
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:

@@ -22,7 +22,7 @@ import structlog
 from recap.core import recall
 from recap.core.counting import tokens
 from recap.core.settings import Settings
-from recap.workers.serve import upstream
+from recap.workers.serve import metrics, upstream
 
 if TYPE_CHECKING:
     from recap.workers.serve.turns import Turn, Turns
@@ -97,6 +97,7 @@ async def call_with_recall(turns: Turns, turn: Turn) -> Any:
                 # the conversation as the client names it, never the id it is stored under
                 text = text.replace(turn.conversation_id, turn.name)
                 answered += 1
+                metrics.recall_answered()
             result = {"role": "tool", "tool_call_id": call.get("id"), "content": text}
             room -= tokens.count_message(result, encoding)
             results.append(result)

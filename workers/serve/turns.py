@@ -32,7 +32,7 @@ from recap.core.settings import Settings
 from recap.core.storage import requests as history
 from recap.core.storage.outputs import Ingest
 from recap.core.values.request import RequestSpec
-from recap.workers.serve import recall, upstream
+from recap.workers.serve import metrics, recall, upstream
 from recap.workers.serve.errors import ServeError, client_text, context_too_long, not_found
 from recap.workers.serve.headers import encoded
 
@@ -190,6 +190,7 @@ class Turns:
         mapped, request = await self.recap.run(self._store_and_assemble, turn)
         self.names.put(turn.key, turn.conversation_id)
         turn.sent = request if request is not None else await self._compressed_and_assembled(turn)
+        metrics.assembled(turn.assembled)
         return mapped
 
     def _store_and_assemble(self, turn: Turn) -> tuple[history.Mapped, list[dict[str, Any]] | None]:

@@ -30,7 +30,7 @@ from recap.core.errors import InputError, RecapError
 from recap.core.redact import known_secrets, mask_strings, redact
 from recap.core.request.validate import check_message
 from recap.core.settings import Settings
-from recap.workers.serve import direct
+from recap.workers.serve import direct, metrics
 from recap.workers.serve.chunks import usage_counts
 from recap.workers.serve.errors import UPSTREAM, ServeError, client_text
 
@@ -173,10 +173,14 @@ class Upstream:
         """One upstream call: the reply, or its stream when ``stream``."""
         if any(name in params for name in CACHE_PARAMS):
             params = self.with_cache_hints(model, params, {})
+        metrics.upstream_started()
         if self._direct is not None and self.is_direct(model):
             sent = outgoing(messages, copy=False)
-            return await self._direct.complete(model, sent, params, stream=stream)
-        return await complete(model, messages, params, self.settings, stream=stream)
+            reply = await self._direct.complete(model, sent, params, stream=stream)
+        else:
+            reply = await complete(model, messages, params, self.settings, stream=stream)
+        metrics.upstream_answered(stream=stream)
+        return reply
 
     async def aclose(self) -> None:
         if self._direct is not None:
