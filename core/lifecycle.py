@@ -24,7 +24,7 @@ from recap.core.request.refs import message_ref, span_ref
 from recap.core.results import PinResult
 from recap.core.service import conversation_stats
 from recap.core.settings import Settings
-from recap.core.storage import erase, pins, reads, store
+from recap.core.storage import compressed, erase, pins, reads
 from recap.core.storage import profile as profiles
 from recap.core.storage.db import session_scope
 from recap.core.storage.models import utcnow
@@ -161,8 +161,8 @@ def timeline(
             leaf = reads.leaf_at(session, conversation_id, _utc(as_of))
         whole = reads.load_whole_branch(session, conversation_id, leaf)
         moment = _utc(as_of) if as_of is not None else None
-        summaries = store.load_summaries(session, conversation_id, moment)
-        clearings = store.load_clearings(session, conversation_id, moment)
+        summaries = compressed.load_summaries(session, conversation_id, moment)
+        clearings = compressed.load_clearings(session, conversation_id, moment)
         pinned = pins.load_pins(session.connection(), conversation_id, moment)
         profile = profiles.load_profile(session.connection(), conversation_id)
     reserve = _host_parts(profile, whole.branch)

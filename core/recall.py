@@ -31,7 +31,7 @@ from recap.core.errors import InputError, NotFoundError, RecapError
 from recap.core.request import refs
 from recap.core.request.assembly import stored_prompt
 from recap.core.settings import Settings
-from recap.core.storage import outputs, reads, snapshot, store
+from recap.core.storage import compressed, outputs, reads, snapshot
 from recap.core.storage.db import session_scope
 from recap.core.values.records import Msg
 
@@ -235,7 +235,7 @@ def _span(
     cutoff = parsed.message_id
     with session_scope(engine) as session:
         reads.conversation_head(session, conversation_id)
-        summaries = store.load_summaries(session, conversation_id)
+        summaries = compressed.load_summaries(session, conversation_id)
         if not any(s.cutoff_message_id == cutoff for s in summaries):
             raise NotFoundError(
                 f"conversation {conversation_id!r} has no summary up to message {cutoff}"

@@ -19,7 +19,7 @@ from recap.core.client import Recap
 from recap.core.decision import policy
 from recap.core.decision.toolresults import IDLE, POST_SUMMARY, PRESSURE, plan_clearings
 from recap.core.settings import Settings
-from recap.core.storage import reads, snapshot, store
+from recap.core.storage import compressed, reads, snapshot
 from recap.core.storage.db import make_engine, session_scope
 from recap.core.storage.migrate import alembic_config, current_revision, upgrade
 from recap.core.storage.models import utcnow
@@ -157,7 +157,7 @@ def test_steps_are_stored_merged_and_read_as_of(engine: Engine, recap: Recap) ->
     assert now == policy.with_plan(aged, clearing)
     assert {now[mid].stage for mid in results[:4]} == {CLEARED}
     with session_scope(engine) as session:
-        then = store.load_clearings(session, cid, first + timedelta(seconds=1))
+        then = compressed.load_clearings(session, cid, first + timedelta(seconds=1))
     assert then == aged
 
 

@@ -21,9 +21,9 @@ from sqlalchemy import Engine, insert, select
 
 from recap.core import service
 from recap.core.settings import get_settings
+from recap.core.storage.compaction_log import failed_runs
 from recap.core.storage.db import session_scope
 from recap.core.storage.models import CompactionLog, table_of, utcnow
-from recap.core.storage.store import failed_runs
 from recap.workers.app import app
 from recap.workers.errors import CompressionFailed, CompressionRetry
 from tests.support.brokers import broker_url_for

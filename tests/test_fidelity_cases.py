@@ -14,7 +14,7 @@ from recap.core.client import Recap
 from recap.core.errors import BudgetError
 from recap.core.request.shorten import SHORTENED
 from recap.core.settings import Settings
-from recap.core.storage import store
+from recap.core.storage import compressed
 from recap.core.storage.db import session_scope
 from tests.support.data import load_data
 
@@ -52,7 +52,7 @@ def test_a_result_larger_than_the_room_is_sent_shortened(recap: Recap) -> None:
     assert sent.startswith("FIRST-LINE") and sent.endswith("LAST-LINE")
     assert "left out here to fit the context window" in sent
     with session_scope(recap.engine) as session:
-        clearing = store.load_clearings(session, cid)[result_id]
+        clearing = compressed.load_clearings(session, cid)[result_id]
     assert clearing.reason == SHORTENED and clearing.tokens_reclaimed > 0
     again = recap.assemble(cid)
     assert json.dumps(again.messages) == json.dumps(request.messages)

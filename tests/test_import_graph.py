@@ -206,7 +206,6 @@ MAX_LINES = 600
 KNOWN_LONG: set[str] = {
     "core/compression/run.py",
     "core/storage/reads.py",
-    "core/storage/store.py",
 }
 
 

@@ -17,7 +17,7 @@ from recap.core import service
 from recap.core.counting import tokens
 from recap.core.decision.toolresults import IDLE, plan_clearings
 from recap.core.settings import get_settings, load_settings
-from recap.core.storage import reads, store
+from recap.core.storage import compressed, reads
 from recap.core.storage.db import session_scope
 from recap.core.storage.models import CONVERSATIONS, utcnow
 from recap.core.storage.sweep import apply_clearings, sweep_idle
@@ -54,7 +54,7 @@ def make_idle(engine: Engine, *ids: str, minutes: float = 120) -> None:
 
 def cleared_ids(engine: Engine, cid: str) -> list[int]:
     with session_scope(engine) as session:
-        return sorted(store.load_clearings(session, cid))
+        return sorted(compressed.load_clearings(session, cid))
 
 
 def tool_ids(engine: Engine, cid: str) -> list[int]:
@@ -129,7 +129,7 @@ def test_sweep_matches_the_pure_plan(agents: Engine) -> None:
     )
     result = sweep_idle(agents, settings, now=utcnow())
     with session_scope(agents) as session:
-        stored = store.load_clearings(session, "idle-a")
+        stored = compressed.load_clearings(session, "idle-a")
     assert {mid: c.tokens_reclaimed for mid, c in stored.items()} == {
         item.message_id: item.tokens_reclaimed for item in plan
     }
@@ -140,7 +140,7 @@ def test_sweep_matches_the_pure_plan(agents: Engine) -> None:
 
 def store_clearings(engine: Engine, cid: str) -> dict[int, Any]:
     with session_scope(engine) as session:
-        return store.load_clearings(session, cid)
+        return compressed.load_clearings(session, cid)
 
 
 def test_cleared_results_render_as_placeholders(agents: Engine) -> None:

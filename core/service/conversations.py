@@ -21,7 +21,7 @@ from recap.core.errors import InputError, SchemaMissingError
 from recap.core.request.validate import parse_json_line
 from recap.core.results import ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from recap.core.settings import Settings, get_settings
-from recap.core.storage import outputs, reads, store
+from recap.core.storage import compressed, outputs, reads, store, usage
 from recap.core.storage import profile as profiles
 from recap.core.storage import snapshot as snapshots
 from recap.core.storage.db import is_schema_missing, session_scope, write_scope
@@ -199,7 +199,7 @@ def list_summaries(engine: Engine, conversation_id: str) -> list[SummaryInfo]:
     """The conversation's summaries, oldest first, as the CLI prints them."""
     with session_scope(engine) as session:
         store.get_conversation(session, conversation_id)
-        summaries = store.load_summaries(session, conversation_id)
+        summaries = compressed.load_summaries(session, conversation_id)
     return [
         SummaryInfo(
             id=s.id,
@@ -242,7 +242,7 @@ def record_usage(
             fixed = policy.fixed_tokens(snapshot, policy.Knobs(default_fixed_tokens=default_fixed))
             estimated, leaf_id, state = fixed + policy.history_estimate(snapshot), leaf, None
             leaf_id = snapshot.leaf_id
-        store.record_usage(
+        usage.record_usage(
             session,
             conversation_id,
             estimated_tokens=estimated,
@@ -292,7 +292,7 @@ def conversation_stats(
         snapshot = snapshots.read_snapshot(
             session, conversation_id, leaf, failures=settings.failure_streak
         )
-        recorded, cached, written = store.cache_totals(session, conversation_id)
+        recorded, cached, written = usage.cache_totals(session, conversation_id)
     decision = policy.decide(snapshot, knobs)
     p = decision.pressure
     plan = p.budget

@@ -28,16 +28,19 @@ newer still); a run that reached its batch limit says so with ``more`` and its c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, delete, insert, select, update
+from sqlalchemy import Connection, Engine, bindparam, delete, func, insert, select, update
+from sqlalchemy import select as sa_select
+from sqlmodel import Session
 
 from recap.core.storage.db import write_scope
 from recap.core.storage.models import CompactionLog, table_of
 from recap.core.storage.store import as_utc
-from recap.core.values.actions import Action
+from recap.core.values.actions import SETTLING, Action
 
 LOG = table_of(CompactionLog)
 SKIPPED = Action.SKIPPED
@@ -179,3 +182,69 @@ def prune_log(
         examined, deleted = examined + step.examined, deleted + step.deleted
         last, more, done = step.last_id, step.more, done + 1
     return Pruned(examined, deleted, last, more)
+
+
+# --- failed runs ---------------------------------------------------------------------------------
+
+FAILED_RUNS_LIMIT = 1_000  # one screen of an operator's list; more means a wider outage to fix
+# Runs after a failure that settle it: the conversation was brought under its trigger since.
+SETTLING_ACTIONS = SETTLING
+
+
+@dataclass(frozen=True)
+class FailedRun:
+    """The latest failed compression run of a conversation, as an operator lists it."""
+
+    conversation_id: str
+    at: datetime
+    reason: str
+    attempts: int  # model attempts of that run's task: its retries plus the last one
+    task_id: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "conversation_id": self.conversation_id,
+            "at": self.at.isoformat(),
+            "reason": self.reason,
+            "attempts": self.attempts,
+            "task_id": self.task_id,
+        }
+
+
+def failed_runs(
+    session: Session,
+    *,
+    since: datetime,
+    conversation_ids: Sequence[str] | None = None,
+    limit: int = FAILED_RUNS_LIMIT,
+) -> list[FailedRun]:
+    """Conversations whose latest failed run is at or after ``since`` and that no later run
+    summarized or cleared: that run of each, newest first."""
+    log = table_of(CompactionLog)
+    run, later, retry = log.alias("run"), log.alias("later"), log.alias("retry")
+    settled = sa_select(later.c.id).where(
+        later.c.conversation_id == run.c.conversation_id,
+        later.c.id > run.c.id,
+        later.c.action.in_(SETTLING_ACTIONS),
+    )
+    retries = (
+        sa_select(func.count())
+        .where(
+            retry.c.conversation_id == run.c.conversation_id,
+            retry.c.task_id == run.c.task_id,
+            retry.c.action == Action.RETRY,
+        )
+        .scalar_subquery()
+    )
+    statement = (
+        sa_select(run.c.conversation_id, run.c.created_at, run.c.reason, run.c.task_id, retries)
+        .where(run.c.action == Action.FAILED, run.c.created_at >= since, ~settled.exists())
+        .order_by(run.c.created_at.desc(), run.c.id.desc())
+        .limit(limit)
+    )
+    if conversation_ids is not None:
+        statement = statement.where(run.c.conversation_id.in_(list(conversation_ids)))
+    return [
+        FailedRun(str(cid), as_utc(at) or at, str(reason), int(count) + 1, task_id)
+        for cid, at, reason, task_id, count in session.connection().execute(statement)
+    ]

@@ -28,7 +28,7 @@ from recap.core.errors import NotFoundError
 from recap.core.request import assembly
 from recap.core.request.branch import applicable_summary, branch_ids
 from recap.core.request.pins import effective_clearings
-from recap.core.storage import store
+from recap.core.storage import compressed, store
 from recap.core.storage.models import CONVERSATIONS, MESSAGES, Usage, table_of
 from recap.core.storage.pins import load_pins
 from recap.core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
@@ -129,8 +129,8 @@ def load_request_branch(
     connection = session.connection()
     tree = read_tree(connection, conversation_id)
     path = tree.path(conversation_id, leaf)
-    summaries = store.load_summaries(session, conversation_id, as_of)
-    clearings = store.load_clearings(session, conversation_id, as_of)
+    summaries = compressed.load_summaries(session, conversation_id, as_of)
+    clearings = compressed.load_clearings(session, conversation_id, as_of)
     pins = load_pins(connection, conversation_id, as_of)
     rows = Rows(connection, conversation_id)
     tokens_along = tree.tokens_along(path)
@@ -248,8 +248,10 @@ def load_whole_branch(
     pinned = [m for m in branch if m.id in pins]
     return RequestBranch(
         branch=branch,
-        summary=applicable_summary(store.load_summaries(session, conversation_id), set(path)),
-        clearings=dict(effective_clearings(store.load_clearings(session, conversation_id), pins)),
+        summary=applicable_summary(compressed.load_summaries(session, conversation_id), set(path)),
+        clearings=dict(
+            effective_clearings(compressed.load_clearings(session, conversation_id), pins)
+        ),
         omitted=[],
         bases={mid: rows.by_id[mid][BASIS] for mid in path},
         pinned=pinned,

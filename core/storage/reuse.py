@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select
 from sqlmodel import Session
 
-from recap.core.storage import reads, store
+from recap.core.storage import compressed, reads
 from recap.core.storage.models import MESSAGES
 from recap.core.storage.pins import load_pins
 from recap.core.storage.versions import RequestVersion, grown_by
@@ -110,8 +110,8 @@ def load_request_branch(
         summaries, clearings, pins = held.summaries, held.clearings, held.pins
     else:
         tree = reads.read_tree(connection, conversation_id)
-        summaries = store.load_summaries(session, conversation_id)
-        clearings = store.load_clearings(session, conversation_id)
+        summaries = compressed.load_summaries(session, conversation_id)
+        clearings = compressed.load_clearings(session, conversation_id)
         pins = load_pins(connection, conversation_id)
         rows = reads.Rows(connection, conversation_id)
     path = tree.path(conversation_id, leaf)

@@ -27,7 +27,7 @@ from recap.core.decision.toolresults import ARGUMENT_AGED_CHARS
 from recap.core.errors import NotFoundError
 from recap.core.request.branch import applicable_summary
 from recap.core.request.pins import effective_clearings
-from recap.core.storage import store
+from recap.core.storage import compressed, store
 from recap.core.storage.models import (
     CONVERSATIONS,
     MESSAGES,
@@ -121,10 +121,10 @@ def read_snapshot(
     connection = session.connection()
     model, override = _head(connection, conversation_id)
     path = branch_path(connection, conversation_id, leaf)
-    summary = applicable_summary(store.load_summaries(session, conversation_id), set(path))
+    summary = applicable_summary(compressed.load_summaries(session, conversation_id), set(path))
     pins = load_pins(connection, conversation_id)
     pinned_ids = [mid for mid in path if mid in pins] if pins else []
-    clearings = dict(effective_clearings(store.load_clearings(session, conversation_id), pins))
+    clearings = dict(effective_clearings(compressed.load_clearings(session, conversation_id), pins))
     wanted = path
     if summary is not None and summary.cutoff_message_id in path:
         start = path.index(summary.cutoff_message_id)

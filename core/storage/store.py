@@ -9,13 +9,12 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import Connection, Engine, TextClause, bindparam, func, insert, text, update
 from sqlalchemy import select as sa_select
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from recap.core.counting import tokens
 from recap.core.errors import InputError, NotFoundError
@@ -32,19 +31,15 @@ from recap.core.request.validate import (
 from recap.core.storage.db import begin_write
 from recap.core.storage.hashing import message_hash
 from recap.core.storage.models import (
-    CLEARINGS,
     CONVERSATIONS,
     MESSAGES,
-    SUMMARIES,
     Conversation,
-    Usage,
     new_incarnation,
     utcnow,
 )
 from recap.core.values import limits
-from recap.core.values.actions import SETTLING, Action
 from recap.core.values.limits import MESSAGE_ID_MAX as MAX_ID
-from recap.core.values.records import ClearingRec, Msg, SummaryRec, merge_step
+from recap.core.values.records import Msg
 
 MESSAGE_COLUMNS = tuple(
     MESSAGES.c[name]
@@ -536,197 +531,3 @@ def to_msg(row: Any) -> Msg:
 
 
 # Built once: every request reads these, and building a statement costs more than running it.
-_SUMMARIES_OF = (
-    sa_select(
-        SUMMARIES.c.id,
-        SUMMARIES.c.cutoff_message_id,
-        SUMMARIES.c.previous_summary_id,
-        SUMMARIES.c.text,
-        SUMMARIES.c.tokens,
-        SUMMARIES.c.model,
-        SUMMARIES.c.identifier_retention,
-        SUMMARIES.c.created_at,
-    )
-    .where(SUMMARIES.c.conversation_id == bindparam("conversation_id"))
-    .order_by(SUMMARIES.c.id)
-)
-_CLEARINGS_OF = (
-    sa_select(
-        CLEARINGS.c.message_id,
-        CLEARINGS.c.reason,
-        CLEARINGS.c.tokens_reclaimed,
-        CLEARINGS.c.stage,
-        CLEARINGS.c.kept_chars,
-    )
-    .where(CLEARINGS.c.conversation_id == bindparam("conversation_id"))
-    .order_by(CLEARINGS.c.id)
-)
-
-
-def load_summaries(
-    session: Session, conversation_id: str, before: datetime | None = None
-) -> list[SummaryRec]:
-    """The conversation's summaries, oldest first (only those recorded at or before ``before``
-    when given: the request as it was then)."""
-    statement = _SUMMARIES_OF
-    if before is not None:
-        statement = statement.where(SUMMARIES.c.created_at <= before)
-    rows = session.connection().execute(statement, {"conversation_id": conversation_id})
-    return [
-        SummaryRec(
-            id=int(row[0]),
-            cutoff_message_id=int(row[1]),
-            previous_summary_id=row[2],
-            text=row[3],
-            tokens=int(row[4]),
-            model=row[5],
-            identifier_retention=float(row[6]),
-            created_at=as_utc(row[7]),
-        )
-        for row in rows
-    ]
-
-
-def load_clearings(
-    session: Session, conversation_id: str, before: datetime | None = None
-) -> dict[int, ClearingRec]:
-    """How each recorded message of the conversation renders, by message id: its steps (aged,
-    cleared, shortened arguments...) merged by ``core.values.records.merge_step``; only the
-    steps recorded at or before ``before`` when given."""
-    statement = _CLEARINGS_OF
-    if before is not None:
-        statement = statement.where(CLEARINGS.c.created_at <= before)
-    rows = session.connection().execute(statement, {"conversation_id": conversation_id})
-    found: dict[int, ClearingRec] = {}
-    for message_id, reason, reclaimed, stage, chars in rows:
-        mid = int(message_id)
-        found[mid] = merge_step(found.get(mid), mid, reason, int(reclaimed), stage, chars)
-    return found
-
-
-def record_usage(
-    session: Session,
-    conversation_id: str,
-    *,
-    estimated_tokens: int,
-    prompt_tokens: int,
-    completion_tokens: int = 0,
-    cached_tokens: int = 0,
-    leaf_message_id: int | None = None,
-    cache_write_tokens: int = 0,
-) -> int:
-    """Store what the provider reported for a request, beside Recap's estimate of it."""
-    get_conversation(session, conversation_id)
-    counts = (prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, estimated_tokens)
-    if any(count < 0 for count in counts):
-        raise InputError("token counts must not be negative")
-    row = Usage(
-        conversation_id=conversation_id,
-        leaf_message_id=leaf_message_id,
-        estimated_tokens=estimated_tokens,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        cached_tokens=cached_tokens,
-        cache_write_tokens=cache_write_tokens,
-        created_at=utcnow(),
-    )
-    session.add(row)
-    session.flush()
-    return int(row.id or 0)
-
-
-def cache_totals(session: Session, conversation_id: str) -> tuple[int, int, int]:
-    """The conversation's recorded readings added up: prompt tokens, cached tokens, tokens
-    written to the cache."""
-    u = Usage.__table__.c  # type: ignore[attr-defined]
-    row = (
-        session.connection()
-        .execute(
-            sa_select(
-                func.coalesce(func.sum(u.prompt_tokens), 0),
-                func.coalesce(func.sum(u.cached_tokens), 0),
-                func.coalesce(func.sum(u.cache_write_tokens), 0),
-            ).where(u.conversation_id == conversation_id)
-        )
-        .one()
-    )
-    return int(row[0]), int(row[1]), int(row[2])
-
-
-def latest_usage(session: Session, conversation_id: str) -> Usage | None:
-    """The most recent provider reading of the conversation, if any."""
-    statement = (
-        select(Usage)
-        .where(Usage.conversation_id == conversation_id)
-        .order_by(col(Usage.id).desc())
-        .limit(1)
-    )
-    return session.exec(statement).first()
-
-
-# --- failed runs -------------------------------------------------------------------------------
-
-FAILED_RUNS_LIMIT = 1_000  # one screen of an operator's list; more means a wider outage to fix
-# Runs after a failure that settle it: the conversation was brought under its trigger since.
-SETTLING_ACTIONS = SETTLING
-
-
-@dataclass(frozen=True)
-class FailedRun:
-    """The latest failed compression run of a conversation, as an operator lists it."""
-
-    conversation_id: str
-    at: datetime
-    reason: str
-    attempts: int  # model attempts of that run's task: its retries plus the last one
-    task_id: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "conversation_id": self.conversation_id,
-            "at": self.at.isoformat(),
-            "reason": self.reason,
-            "attempts": self.attempts,
-            "task_id": self.task_id,
-        }
-
-
-def failed_runs(
-    session: Session,
-    *,
-    since: datetime,
-    conversation_ids: Sequence[str] | None = None,
-    limit: int = FAILED_RUNS_LIMIT,
-) -> list[FailedRun]:
-    """Conversations whose latest failed run is at or after ``since`` and that no later run
-    summarized or cleared: that run of each, newest first."""
-    from recap.core.storage.models import CompactionLog, table_of
-
-    log = table_of(CompactionLog)
-    run, later, retry = log.alias("run"), log.alias("later"), log.alias("retry")
-    settled = sa_select(later.c.id).where(
-        later.c.conversation_id == run.c.conversation_id,
-        later.c.id > run.c.id,
-        later.c.action.in_(SETTLING_ACTIONS),
-    )
-    retries = (
-        sa_select(func.count())
-        .where(
-            retry.c.conversation_id == run.c.conversation_id,
-            retry.c.task_id == run.c.task_id,
-            retry.c.action == Action.RETRY,
-        )
-        .scalar_subquery()
-    )
-    statement = (
-        sa_select(run.c.conversation_id, run.c.created_at, run.c.reason, run.c.task_id, retries)
-        .where(run.c.action == Action.FAILED, run.c.created_at >= since, ~settled.exists())
-        .order_by(run.c.created_at.desc(), run.c.id.desc())
-        .limit(limit)
-    )
-    if conversation_ids is not None:
-        statement = statement.where(run.c.conversation_id.in_(list(conversation_ids)))
-    return [
-        FailedRun(str(cid), as_utc(at) or at, str(reason), int(count) + 1, task_id)
-        for cid, at, reason, task_id, count in session.connection().execute(statement)
-    ]

@@ -41,7 +41,7 @@ from recap.core.client import Recap
 from recap.core.counting import tokens
 from recap.core.errors import BudgetError
 from recap.core.settings import Settings
-from recap.core.storage import store
+from recap.core.storage import compressed
 from recap.core.storage.db import session_scope
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -297,8 +297,10 @@ class Session:
         """Every marked message of the branch is sent, summarized, cleared or reported."""
         sent = {int(m) for m in MARK.findall(json.dumps(built.messages, ensure_ascii=False))}
         with session_scope(self.recap.engine) as session:
-            cleared = set(store.load_clearings(session, self.cid))
-            summaries = {s.id: s.cutoff_message_id for s in store.load_summaries(session, self.cid)}
+            cleared = set(compressed.load_clearings(session, self.cid))
+            summaries = {
+                s.id: s.cutoff_message_id for s in compressed.load_summaries(session, self.cid)
+            }
         cutoff = summaries.get(built.summary_id, 0) if built.summary_id is not None else 0
         exported = self.recap.export(self.cid)
         dropped = set(built.dropped_message_ids)

@@ -55,9 +55,9 @@ def reconcile(as_json: JsonFlag = False) -> None:
 
 def _failed_since(since: str, conversations: list[str] | None = None) -> list[Any]:
     """The failed runs not settled within ``since`` (a duration such as ``24h``)."""
+    from recap.core.storage.compaction_log import failed_runs
     from recap.core.storage.db import session_scope
     from recap.core.storage.models import utcnow
-    from recap.core.storage.store import failed_runs
 
     moment = utcnow() - parse_duration(since)
     with session_scope(engine()) as session:

@@ -27,7 +27,7 @@ from recap.core.redact import known_secrets, redact
 from recap.core.request import assembly
 from recap.core.results import Stats
 from recap.core.settings import Settings
-from recap.core.storage import console, outputs, reads, store
+from recap.core.storage import compressed, console, outputs, reads
 from recap.core.storage.db import session_scope
 from recap.core.storage.models import utcnow
 from recap.core.storage.profile import Profile, load_profile
@@ -223,7 +223,7 @@ def _read(engine: Engine, conversation_id: str, leaf: int | None) -> _Read:
             window_override=override,
             owner=owner,
             loaded=loaded,
-            summaries=store.load_summaries(session, conversation_id),
+            summaries=compressed.load_summaries(session, conversation_id),
             profile=load_profile(connection, conversation_id),
             runs=console.runs(connection, conversation_id),
             readings=console.readings(connection, conversation_id),
