@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from recap.workers.enqueue import ENQUEUED_HEADER, CompressJob, send
+from recap.workers.enqueue import CompressJob, send
+from recap.workers.queues import ENQUEUED_HEADER
 from tests.support.llm_server import Reply
 from tests.support.processes import free_port, wait_for
 from tests.test_operations import Stack, stack

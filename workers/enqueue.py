@@ -28,7 +28,7 @@ from typing import Any
 from celery import Celery
 from celery.result import AsyncResult
 
-from recap.workers.queues import COMPRESS_QUEUE, COMPRESS_TASK
+from recap.workers.queues import COMPRESS_QUEUE, COMPRESS_TASK, ENQUEUED_HEADER
 
 __all__ = ["COMPRESS_TASK", "CompressJob", "compress_later", "producer_app", "reset", "send"]
 _apps: dict[str, Celery] = {}
@@ -59,9 +59,6 @@ class CompressJob:
         if self.force:
             kwargs["force"] = True
         return kwargs
-
-
-ENQUEUED_HEADER = "recap_enqueued_at"  # when a compression was sent (time.time())
 
 
 def send(app: Celery, job: CompressJob) -> AsyncResult[Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from recap.workers.enqueue import ENQUEUED_HEADER
+from recap.workers.queues import ENQUEUED_HEADER
 
 log = structlog.get_logger(__name__)
 

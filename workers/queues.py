@@ -8,3 +8,7 @@ RECONCILE_TASK = "recap.reconcile"
 COMPRESS_QUEUE = "compress"
 MAINTENANCE_QUEUE = "maintenance"
 DEFAULT_QUEUE = "celery"  # Celery's own default: where a plain send_task by name goes
+
+# The header a compression is sent with: when it was sent (time.time()), for the worker's queue
+# lag (workers.metrics); here, where neither side needs Celery to read it.
+ENQUEUED_HEADER = "recap_enqueued_at"
