@@ -283,7 +283,7 @@ def throughput_figure(folder: Path) -> Figure:
         round((done / elapsed) / ideal, 3),
         ">= 0.8",
         f"{done} of {THROUGHPUT_RUNS} compressions summarized in {elapsed:.2f} s by a worker "
-        f"process (`celery -A workers.app worker -P threads -c {THROUGHPUT_CONCURRENCY}`, Redis "
+        f"process (`celery -A recap.workers.app worker -P threads -c {THROUGHPUT_CONCURRENCY}`, Redis "
         f"broker, SQLite), the model answering in {MODEL_SECONDS:g} s; throughput over the "
         f"ideal {ideal:g} per second",
     )
@@ -348,7 +348,7 @@ def model_env(
 
 
 def worker_process(folder: Path, values: dict[str, str]) -> WorkerProcess:
-    """``celery -A workers.app worker`` with the threads pool, as deployed for compression."""
+    """``celery -A recap.workers.app worker`` with the threads pool, as deployed for compression."""
     args: tuple[str, ...] = ("-P", "threads", "-c", str(THROUGHPUT_CONCURRENCY), "-Q", "compress")
     args += ("--loglevel", "WARNING")
     env = worker_env(**values)

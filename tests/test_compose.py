@@ -107,7 +107,7 @@ def test_compose_file_is_valid_and_complete() -> None:
 def test_flower_has_auth_and_the_app() -> None:
     """Flower loads the Celery app (so tasks can be re-run) behind basic auth."""
     command = " ".join(compose_config()["services"]["flower"]["command"])
-    assert "-A workers.app" in command and "flower" in command
+    assert "-A recap.workers.app" in command and "flower" in command
     assert "--basic-auth=" in command
 
 

@@ -1,7 +1,7 @@
 """Operations end to end: task logs as an operator reads them. Flower finding and re-running a
 failed task is in test_failures.py, which shares this module's stack and Flower helpers.
 
-A real worker runs as a child process (``celery -A workers.app worker``) on a database of the
+A real worker runs as a child process (``celery -A recap.workers.app worker``) on a database of the
 test run's Redis server that the test holds alone, over a real database, calling the local model
 server through litellm; Flower runs as another child process.
 """

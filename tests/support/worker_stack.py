@@ -1,7 +1,7 @@
 """A Celery worker as a child process of a test or benchmark, and what it needs around it.
 
 ``WorkerProcess`` is the one way the tests and benchmarks start a worker: ``recap worker`` (the
-default) or ``celery -A workers.app worker`` (``program=CELERY``), in a new session, with the
+default) or ``celery -A recap.workers.app worker`` (``program=CELERY``), in a new session, with the
 environment ``worker_env`` builds, its log in a file the test can read and quote, ready when the
 log says so, stopped by its process group. ``wait_for`` (from ``tests.support.processes``) is how a
 test waits for anything the worker does. ``Gate`` holds the local model server's replies until the
