@@ -283,8 +283,8 @@ def throughput_figure(folder: Path) -> Figure:
         round((done / elapsed) / ideal, 3),
         ">= 0.8",
         f"{done} of {THROUGHPUT_RUNS} compressions summarized in {elapsed:.2f} s by a worker "
-        f"process (`celery -A recap.workers.app worker -P threads -c {THROUGHPUT_CONCURRENCY}`, Redis "
-        f"broker, SQLite), the model answering in {MODEL_SECONDS:g} s; throughput over the "
+        f"process (`celery -A recap.workers.app worker -P threads -c "
+        f"{THROUGHPUT_CONCURRENCY}`, Redis broker, SQLite), the model answering in {MODEL_SECONDS:g} s; throughput over the "
         f"ideal {ideal:g} per second",
     )
 
