@@ -189,3 +189,46 @@ def test_thirteen_long_results_are_cut_not_dropped(tmp_path: Any) -> None:
         assert [m["tool_call_id"] for m in results] == [f"c{i}" for i in range(13)]
         assert all("left out here to fit the context window" in m["content"] for m in results)
         assert all(m["content"].startswith(f"file{i} line 0") for i, m in enumerate(results))
+
+
+# --- 2. no silent truncation in a replay --------------------------------------------------------
+
+
+@pytest.mark.parametrize("window", [3_500, 4_000, 6_000])
+def test_the_shared_agent_runs_are_never_silently_truncated(window: int) -> None:
+    """`recap replay` of the shared SWE-agent runs with the host's fixed parts: no request leaves
+    history out after a run that decided there was nothing to do."""
+    from core.settings import load_settings
+    from tests.support.data import load_data
+    from workers import replay
+
+    records = load_data("swe_agent.jsonl")
+    report = replay.replay_records(records, load_settings(summary_model=None), window=window)
+    total = report["total"]
+    assert total["silent_truncations"] == 0, [
+        c["id"] for c in report["conversations"] if c["silent_truncations"]
+    ]
+    assert total["errors"] == 0 and total["over_window"] == 0
+
+
+@pytest.mark.parametrize(
+    ("turns", "size", "window", "action"),
+    [
+        (14, 200, 5_000, "summarize"),  # over the room, the span under the minimum: summarized
+        (6, 200, 2_400, "summarize"),  # a small span, but leaving it out would drop it
+        (40, 100, 10_000, "skip"),  # under the room: the minimum span still holds
+    ],
+)
+def test_over_the_room_a_span_under_the_minimum_is_summarized(
+    turns: int, size: int, window: int, action: str
+) -> None:
+    """When the history no longer fits the room, a span below the smallest worth summarizing is
+    summarized all the same: otherwise the next request leaves it out with nothing covering it
+    (a silent truncation). Under the room the minimum holds."""
+    from core.decision import policy
+    from tests.test_policy import chat, snap
+
+    knobs = policy.Knobs(keep_turns=2, recent_min_tokens=200, min_summary_span_tokens=10**6)
+    decision = policy.decide(snap(chat(turns, size=size), window=window), knobs)
+    assert (decision.pressure.ratio > 1) == (action == "summarize")
+    assert decision.action == action, decision.reason
