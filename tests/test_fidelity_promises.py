@@ -71,6 +71,23 @@ def test_the_current_screenshot_is_sent_in_its_own_turn(
         assert "removed" in json.dumps(request.messages)
 
 
+def test_a_screenshot_sent_through_recap_is_sent_in_its_own_turn(tmp_path: Any) -> None:
+    """The reproduced case, with the default settings (RECAP_MAX_MEDIA_TOKENS 16,000): a
+    1280x800 screenshot sent to gpt-4o-mini with the current user message, at a 128k window."""
+    from core.client import Recap
+    from core.settings import Settings
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'f.db'}", output_dir=tmp_path / "o")
+    recap = Recap(settings, create_schema=True)
+    cid = recap.new(model="gpt-4o-mini", max_input_tokens=128_000)
+    text = {"type": "text", "text": "what is on the screen?"}
+    recap.add(cid, {"role": "user", "content": [text, image_part(data_url(png_bytes(1280, 800)))]})
+    request = recap.assemble(cid)
+    assert request.tokens.media == 36_835 > settings.max_media_tokens
+    assert "removed" not in json.dumps(request.messages) and not request.media_aged
+    assert request.tokens.total <= request.budget
+
+
 # --- 3. the results of the newest step share the room -------------------------------------------
 
 
