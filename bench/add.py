@@ -78,11 +78,11 @@ def run() -> list[Figure]:
 
 
 def _measure(url: str, records: list[dict[str, Any]], suffix: str, folder: Path) -> list[Figure]:
-    from core import service
-    from core.client import Recap
-    from core.settings import load_settings
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
+    from recap.core import service
+    from recap.core.client import Recap
+    from recap.core.settings import load_settings
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
 
     engine = make_engine(url)
     upgrade(engine)
@@ -148,8 +148,8 @@ def _raw_insert(engine: Any, conversation_id: str) -> Callable[[], None]:
     """A plain INSERT of the result's row (tokens counted beforehand) in its own transaction."""
     from sqlalchemy import text
 
-    from core.counting import tokens
-    from core.storage.models import utcnow
+    from recap.core.counting import tokens
+    from recap.core.storage.models import utcnow
 
     encoding = tokens.encoding_name_for(MODEL)
     values = {
@@ -187,7 +187,7 @@ def _postgres_database() -> tuple[str, Callable[[], None]] | None:
         return None
 
     def drop() -> None:
-        from core.storage.db import dispose_engines
+        from recap.core.storage.db import dispose_engines
 
         dispose_engines()
         with admin.connect() as connection:

@@ -63,10 +63,10 @@ def long_conversation(records: list[dict[str, Any]], size: int = MESSAGES) -> li
 
 
 def run() -> list[Figure]:
-    from core import service
-    from core.settings import load_settings
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
+    from recap.core import service
+    from recap.core.settings import load_settings
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
 
     messages = long_conversation(load_all())
     settings = load_settings()
@@ -129,13 +129,13 @@ def _serialize_figures(
 def _profile_figures(engine: Any, settings: Any, messages: list[dict[str, Any]]) -> list[Figure]:
     from datetime import UTC, datetime
 
-    from core import service
-    from core.request import assembly
-    from core.storage import profile as profiles
-    from core.storage import reads
-    from core.storage.db import session_scope
-    from core.values.request import RequestSpec
-    from workers.replay import host_parts
+    from recap.core import service
+    from recap.core.request import assembly
+    from recap.core.storage import profile as profiles
+    from recap.core.storage import reads
+    from recap.core.storage.db import session_scope
+    from recap.core.values.request import RequestSpec
+    from recap.workers.replay import host_parts
 
     parts = host_parts({"messages": messages})
     system, tools = parts.system, parts.tools

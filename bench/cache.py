@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 
 from bench import Figure
 from bench.data import load
-from core.counting import tokens
-from core.decision.cachecost import (
+from recap.core.counting import tokens
+from recap.core.decision.cachecost import (
     RunCost,
     keep_last_every_request,
     middle_step,
@@ -27,8 +27,8 @@ from core.decision.cachecost import (
     replay,
     to_msgs,
 )
-from core.decision.policy import Knobs
-from core.settings import load_settings
+from recap.core.decision.policy import Knobs
+from recap.core.settings import load_settings
 
 MODEL = "gpt-4o-mini"
 SOURCES = {

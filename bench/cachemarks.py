@@ -24,11 +24,11 @@ from typing import Any
 
 from bench import Figure
 from bench.data import load_all
-from core.counting import tokens
-from core.request import render
-from core.request.assembly import StoredBranch, Target, assemble
-from core.values.records import Msg
-from core.values.request import RequestSpec
+from recap.core.counting import tokens
+from recap.core.request import render
+from recap.core.request.assembly import StoredBranch, Target, assemble
+from recap.core.values.records import Msg
+from recap.core.values.request import RequestSpec
 
 MODEL = "claude-3-5-sonnet-20241022"
 WINDOW = 1_000_000  # the whole run fits: the figure is about marks, not truncation

@@ -72,7 +72,7 @@ class ThreadConnections:
 @contextmanager
 def pre_call_hook(connections: ThreadConnections) -> Iterator[None]:
     """Run ``connections.at_call`` in the calling thread just before each litellm request."""
-    from workers import llm  # noqa: F401  (first: it sets up litellm's offline price map)
+    from recap.workers import llm  # noqa: F401  (first: it sets up litellm's offline price map)
 
     import litellm  # isort: skip
     from litellm.integrations.custom_logger import CustomLogger  # isort: skip
@@ -91,7 +91,7 @@ def pre_call_hook(connections: ThreadConnections) -> Iterator[None]:
 
 def quiet_logs() -> None:
     """Compression events go to stderr, warnings only: stdout is the benchmark's JSON."""
-    from workers.logs import configure_logging
+    from recap.workers.logs import configure_logging
 
     configure_logging(json_output=False, level="WARNING", force=True)
 
@@ -106,12 +106,12 @@ def replay(
     point a request would be sent (the leaf before every assistant message, and the last)."""
     from sqlalchemy import select
 
-    from core import service
-    from core.settings import load_settings
-    from core.storage.db import make_engine, session_scope
-    from core.storage.migrate import upgrade
-    from core.storage.models import SUMMARIES
-    from workers.compress import compress_session
+    from recap.core import service
+    from recap.core.settings import load_settings
+    from recap.core.storage.db import make_engine, session_scope
+    from recap.core.storage.migrate import upgrade
+    from recap.core.storage.models import SUMMARIES
+    from recap.workers.compress import compress_session
 
     kind = "model" if summary_model else "extractive"
     url = f"sqlite:///{folder / f'replay-{kind}.db'}"
@@ -151,7 +151,7 @@ def replay(
 def _conversation_tokens(session: Any) -> dict[str, int]:
     from sqlalchemy import func, select
 
-    from core.storage.models import MESSAGES
+    from recap.core.storage.models import MESSAGES
 
     statement = select(MESSAGES.c.conversation_id, func.sum(MESSAGES.c.tokens)).group_by(
         MESSAGES.c.conversation_id
@@ -160,7 +160,7 @@ def _conversation_tokens(session: Any) -> dict[str, int]:
 
 
 def summarizer_figures(folder: Path, connections: ThreadConnections) -> list[Figure]:
-    from core.counting import tokens
+    from recap.core.counting import tokens
     from tests.support.llm_server import LLMServer
 
     server = LLMServer().start()
@@ -212,7 +212,7 @@ def summarizer_figures(folder: Path, connections: ThreadConnections) -> list[Fig
 @contextmanager
 def bench_env(values: dict[str, str]) -> Iterator[None]:
     """Environment settings for one run, restored afterwards (settings re-read both times)."""
-    from core.settings import get_settings
+    from recap.core.settings import get_settings
 
     saved = {key: os.environ.get(key) for key in [*values, "RECAP_RESULT_BACKEND"]}
     os.environ.pop("RECAP_RESULT_BACKEND", None)  # no results kept: completion is read from the log
@@ -231,10 +231,10 @@ def bench_env(values: dict[str, str]) -> Iterator[None]:
 
 def prepared(url: str, count: int, tag: str) -> tuple[Any, list[str]]:
     """A migrated database holding ``count`` synthetic conversations, each over its trigger."""
-    from core import service
-    from core.settings import get_settings
-    from core.storage.db import get_engine
-    from core.storage.migrate import upgrade
+    from recap.core import service
+    from recap.core.settings import get_settings
+    from recap.core.storage.db import get_engine
+    from recap.core.storage.migrate import upgrade
 
     engine = get_engine(url)
     upgrade(engine)
@@ -248,11 +248,11 @@ def prepared(url: str, count: int, tag: str) -> tuple[Any, list[str]]:
 
 def throughput_figure(folder: Path) -> Figure:
     """64 compressions on a worker process of its own (threads pool, concurrency 16, Redis)."""
-    from core.settings import get_settings
+    from recap.core.settings import get_settings
     from tests.support.celery_helpers import configured_app
     from tests.support.services import redis_database
-    from workers.app import app
-    from workers.enqueue import CompressJob, send
+    from recap.workers.app import app
+    from recap.workers.enqueue import CompressJob, send
 
     server = model_process(MODEL_SECONDS)
     try:
@@ -294,10 +294,10 @@ def concurrent_connections(folder: Path, connections: ThreadConnections) -> None
     connections its thread held (the pre-call hook), to go with the sequential replay's."""
     from celery.contrib.testing.worker import start_worker
 
-    from core.settings import get_settings
+    from recap.core.settings import get_settings
     from tests.support.celery_helpers import configured_app
-    from workers.app import app
-    from workers.enqueue import CompressJob, send
+    from recap.workers.app import app
+    from recap.workers.enqueue import CompressJob, send
 
     server = model_process(CONNECTIONS_MODEL_SECONDS)
     values = model_env(folder, "connections.db", REDIS_URL, server)
@@ -362,7 +362,7 @@ def wait_for_runs(
     ``TimeoutError`` quoting ``log``'s tail if they are not, in time)."""
     from sqlalchemy import select
 
-    from workers.compress import COMPACTION_LOG
+    from recap.workers.compress import COMPACTION_LOG
 
     def actions() -> list[str]:
         with engine.connect() as connection:

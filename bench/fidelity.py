@@ -25,7 +25,7 @@ from typing import Any
 
 from bench import Figure
 from bench.data import SOURCES, load
-from core.settings import load_settings
+from recap.core.settings import load_settings
 
 WINDOWS = (8_000, 16_000, 32_000)
 MEASURED_WINDOWS = (8_000, 16_000)  # the tight windows: where an undercount would spill over
@@ -45,8 +45,8 @@ class Job:
 
 def replay_one(job: Job) -> dict[str, Any]:
     """The totals of one source replayed as ``job`` says, offline (the extractive summarizer)."""
-    from workers import replay
-    from workers.logs import configure_logging
+    from recap.workers import replay
+    from recap.workers.logs import configure_logging
 
     configure_logging(json_output=False, level="ERROR")  # the runs' own lines are not figures
     host = replay.Host(profile_blind=job.profile_blind, provider_factor=job.provider_factor)

@@ -109,7 +109,7 @@ class Answers:
 
 def _chat_tokens(body: dict[str, Any]) -> int:
     """A chat-completions request's tokens: messages and tool schemas."""
-    from core.counting import tokens
+    from recap.core.counting import tokens
 
     total = tokens.count_messages(body.get("messages", []), ENCODING)
     return total + tokens.count_tools(body.get("tools"), ENCODING)
@@ -132,7 +132,7 @@ class TiktokenUsage:
 def _responses_tokens(body: dict[str, Any]) -> int:
     """A Responses request's tokens: input items (a compaction item by its summary text, which
     the stand-in puts in its encrypted content), instructions and tool schemas."""
-    from core.counting import tokens
+    from recap.core.counting import tokens
     from recap.convert.openai_agents import items_to_messages
 
     items = body.get("input") or []
@@ -197,7 +197,7 @@ def lookup_booking(reservation_id: str) -> str:
 
 
 def _summaries_of(recap: Any, cid: str) -> Callable[[], int]:
-    from core.errors import NotFoundError
+    from recap.core.errors import NotFoundError
 
     def count() -> int:
         try:
@@ -361,12 +361,12 @@ def _figures(prefix: str, peer_name: str, ours_name: str, peer: Side, ours: Side
 
 
 def run() -> list[Figure]:
-    from core.client import Recap
-    from core.settings import get_settings
+    from recap.core.client import Recap
+    from recap.core.settings import get_settings
     from tests.support.frameworks_stack import start_stack
     from tests.support.llm_server import LLMServer, stand_in_summary
-    from workers import enqueue
-    from workers.logs import configure_logging
+    from recap.workers import enqueue
+    from recap.workers.logs import configure_logging
 
     configure_logging(json_output=False, level="WARNING", force=True)  # stdout is the JSON
     users, replies = dialogue_texts()

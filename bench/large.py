@@ -125,8 +125,8 @@ def _json(value: Any) -> str | None:
 
 def sources() -> list[list[Source]]:
     """The shared conversations as stored rows, tokens counted once per source message."""
-    from core.counting.tokens import encoding_name_for
-    from core.storage.store import row_values
+    from recap.core.counting.tokens import encoding_name_for
+    from recap.core.storage.store import row_values
 
     encoding = encoding_name_for(MODEL)
     out: list[list[Source]] = []
@@ -402,8 +402,8 @@ def generated_at(engine: Engine) -> datetime:
 
 
 def _import_session(engine: Engine) -> None:
-    from core import service
-    from core.settings import load_settings
+    from recap.core import service
+    from recap.core.settings import load_settings
 
     messages = long_conversation(load_all(), SESSION_MESSAGES)
     service.import_conversations(
@@ -413,8 +413,8 @@ def _import_session(engine: Engine) -> None:
 
 def build_large(log: Callable[[str], None]) -> None:
     """Fill ``LARGE_DATABASE`` from scratch: migrations, then ``COPY`` of every table."""
-    from core.storage.migrate import upgrade
-    from core.storage.models import utcnow
+    from recap.core.storage.migrate import upgrade
+    from recap.core.storage.models import utcnow
 
     started = time.perf_counter()
     recreate(LARGE_DATABASE)
@@ -497,8 +497,8 @@ def build_large(log: Callable[[str], None]) -> None:
 
 def build_small(log: Callable[[str], None]) -> None:
     """``SMALL_DATABASE``: the schema and the 5,000-message conversation alone."""
-    from core.storage.migrate import upgrade
-    from core.storage.models import utcnow
+    from recap.core.storage.migrate import upgrade
+    from recap.core.storage.models import utcnow
 
     recreate(SMALL_DATABASE)
     engine = server_engine(SMALL_DATABASE)
@@ -515,7 +515,7 @@ def build_small(log: Callable[[str], None]) -> None:
 
 def ensure(rebuild: bool, log: Callable[[str], None]) -> None:
     """Both databases, complete and migrated to the newest revision; built only when needed."""
-    from core.storage.migrate import upgrade
+    from recap.core.storage.migrate import upgrade
 
     for database, build in ((LARGE_DATABASE, build_large), (SMALL_DATABASE, build_small)):
         if rebuild or not complete(database):
@@ -538,7 +538,7 @@ def _wall(func: Callable[[], Any]) -> float:
 
 
 def reconcile_figure(engine: Engine, now: datetime) -> Figure:
-    from workers.reconcile import candidates
+    from recap.workers.reconcile import candidates
 
     found = candidates(engine, now)
     ids = [cid for cid, _ in found]
@@ -567,8 +567,8 @@ def reconcile_figure(engine: Engine, now: datetime) -> Figure:
 
 
 def sweep_figure(engine: Engine, now: datetime) -> Figure:
-    from core.settings import load_settings
-    from core.storage.sweep import sweep_idle
+    from recap.core.settings import load_settings
+    from recap.core.storage.sweep import sweep_idle
 
     settings = load_settings()
     with engine.connect() as connection:
@@ -629,8 +629,8 @@ def sweep_figure(engine: Engine, now: datetime) -> Figure:
 
 
 def assemble_figure(large: Engine, small: Engine) -> Figure:
-    from core import service
-    from core.settings import load_settings
+    from recap.core import service
+    from recap.core.settings import load_settings
 
     settings = load_settings()
 
@@ -684,7 +684,7 @@ def run() -> list[Figure]:
         _log("PostgreSQL not reachable, its figures are left out")
         return []
     ensure(os.environ.get(REBUILD_SETTING, "") not in ("", "0"), _log)
-    from core.storage.db import make_engine
+    from recap.core.storage.db import make_engine
 
     large = make_engine(f"{SERVER_URL}/{LARGE_DATABASE}")
     small = make_engine(f"{SERVER_URL}/{SMALL_DATABASE}")

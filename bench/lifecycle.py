@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from bench import Figure, best_of_each
-from core.settings import Settings
+from recap.core.settings import Settings
 
 CONVERSATIONS = 12
 TURNS = 150  # four messages a turn: 600 messages
@@ -60,10 +60,10 @@ def run(data: list[Path] | None = None) -> list[Figure]:
     folder = tempfile.mkdtemp(prefix="recap-bench-lifecycle-")
     os.environ["RECAP_OUTPUT_DIR"] = str(Path(folder) / "outputs")
     os.environ["RECAP_MAX_OUTPUT_LINES"] = "20"
-    from core import lifecycle, service
-    from core.client import Recap
-    from core.settings import load_settings
-    from core.storage import db
+    from recap.core import lifecycle, service
+    from recap.core.client import Recap
+    from recap.core.settings import load_settings
+    from recap.core.storage import db
 
     settings = load_settings(database_url=f"sqlite:///{folder}/recap.db")
     engine = db.make_engine(settings.database_url)
@@ -118,7 +118,7 @@ def run(data: list[Path] | None = None) -> list[Figure]:
 
 def _assemble_without_lookup(engine: Engine, cid: str, settings: Settings) -> None:
     """``assemble`` with the summarized span's file list left out (the figure's baseline)."""
-    import core.service as module
+    import recap.core.service as module
 
     saved = module._span_forgotten
     module._span_forgotten = lambda *args, **kwargs: []

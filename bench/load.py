@@ -70,8 +70,8 @@ def stack(
     compress queue each, as a scaled-out deployment runs them)."""
     from bench.compress import model_process, stand_in_env
     from bench.services import broker, database
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
     from tests.support.worker_stack import WorkerProcess, stop_workers, worker_env
 
     model = model_process(MODEL_SECONDS)
@@ -99,9 +99,9 @@ def stack(
 def host(engine: Any, broker_url: str, conversations: int = CONVERSATIONS) -> tuple[int, float]:
     """Create the conversations, then add every turn and enqueue after it, from several threads;
     (tasks enqueued, time of the first enqueue)."""
-    from core import service
-    from core.settings import get_settings
-    from workers.enqueue import compress_later
+    from recap.core import service
+    from recap.core.settings import get_settings
+    from recap.workers.enqueue import compress_later
 
     settings = get_settings()
     ids = [f"load-{n:03d}" for n in range(conversations)]
@@ -134,7 +134,7 @@ def drained(engine: Any, workers: list[Any], enqueued: int) -> bool:
     """Every task sent has run to its end, and no lease is held."""
     from sqlalchemy import func, select
 
-    from core.storage.models import CONVERSATIONS as TABLE
+    from recap.core.storage.models import CONVERSATIONS as TABLE
 
     if finished_runs(workers) < enqueued:
         return False
@@ -147,7 +147,7 @@ def drained(engine: Any, workers: list[Any], enqueued: int) -> bool:
 
 def lost_messages(engine: Any, conversations: int = CONVERSATIONS) -> int:
     """Messages the host added that are not on the exported branch, in order."""
-    from core import service
+    from recap.core import service
 
     lost = 0
     for n in range(conversations):
@@ -164,8 +164,8 @@ def counts(engine: Any) -> dict[str, int]:
     """Summaries, duplicate summaries and rejected summaries, from the database."""
     from sqlalchemy import func, select
 
-    from core.storage.models import SUMMARIES
-    from workers.compress import COMPACTION_LOG
+    from recap.core.storage.models import SUMMARIES
+    from recap.workers.compress import COMPACTION_LOG
 
     s, log = SUMMARIES.c, COMPACTION_LOG.c
     with engine.connect() as connection:

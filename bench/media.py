@@ -76,11 +76,11 @@ def _conversation(turns: int) -> list[dict[str, Any]]:
 def _assembled(messages: list[dict[str, Any]], folder: Path) -> tuple[Any, int]:
     """The request for the conversation in a fresh database, and the naive request's bytes."""
     os.environ["RECAP_OUTPUT_DIR"] = str(folder / "outputs")
-    from core import service
-    from core.settings import load_settings
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
-    from core.storage.outputs import Ingest
+    from recap.core import service
+    from recap.core.settings import load_settings
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
+    from recap.core.storage.outputs import Ingest
 
     settings = load_settings(database_url=f"sqlite:///{folder / 'bench.db'}")
     engine = make_engine(settings.database_url)
@@ -115,7 +115,7 @@ def request_bytes() -> Figure:
 
 
 def token_error() -> Figure:
-    from core.counting import tokens
+    from recap.core.counting import tokens
 
     worst = 0.0
     for model, width, height, detail, published in PUBLISHED:
@@ -135,7 +135,7 @@ def token_error() -> Figure:
 
 
 def six_images() -> Figure:
-    from core.counting import media, tokens
+    from recap.core.counting import media, tokens
 
     with tempfile.TemporaryDirectory() as folder:
         request, _ = _assembled(_conversation(SIX), Path(folder))

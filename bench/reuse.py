@@ -27,9 +27,9 @@ ROUNDS = 41  # timed rounds, alternating the two
 
 
 def run() -> list[Figure]:
-    from core.settings import Settings
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
+    from recap.core.settings import Settings
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
     from tests.test_assembly_reuse import compare_history
 
     with tempfile.TemporaryDirectory() as folder:
@@ -67,9 +67,9 @@ def run() -> list[Figure]:
 def _timed(engine: object, settings: object) -> tuple[float, float, float]:
     from sqlalchemy import Engine
 
-    from core import service
-    from core.settings import Settings
-    from core.storage.reuse import BranchReuse
+    from recap.core import service
+    from recap.core.settings import Settings
+    from recap.core.storage.reuse import BranchReuse
 
     assert isinstance(engine, Engine) and isinstance(settings, Settings)
     cid = service.new_conversation(engine, settings, "timed", model="gpt-4o")

@@ -93,8 +93,8 @@ def settled_rss(root: int) -> dict[int, float]:
 
 def memory_figures(folder: Path) -> list[Figure]:
     from bench.compress import stand_in_env
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
     from tests.support.services import RedisServer
     from tests.support.worker_stack import WorkerProcess, worker_env
 
@@ -134,7 +134,7 @@ def memory_figures(folder: Path) -> list[Figure]:
 
 
 def role_of(command: str) -> str:
-    if "workers.runner" in command:
+    if "recap.workers.runner" in command:
         return "supervisor"
     if "--queues compress" in command:
         return "compress"
@@ -152,7 +152,7 @@ def timed_runs(
     """(seconds, worker CPU seconds, growth of the workers' resident memory in MiB from idle to
     after the runs) for compressing ``ids`` once each after a warm-up."""
     from bench.compress import wait_for_runs
-    from workers.enqueue import compress_later
+    from recap.workers.enqueue import compress_later
 
     warm, timed = ids[:WARM_UP_RUNS], ids[WARM_UP_RUNS:]
     idle = sum(rss_mib(pid) for w in workers for pid in process_tree(w.process.pid))

@@ -117,8 +117,8 @@ def model_process() -> subprocess.Popen[bytes]:
 @contextmanager
 def serve_process(url: str, upstream: str, folder: Path) -> Iterator[str]:
     """`recap serve` on a migrated ``url``; its base URL (``.../v1``)."""
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
     from tests.support.serve_stack import serve_process as started
 
     engine = make_engine(url)
@@ -185,7 +185,7 @@ class LitellmAlone:
     loop of its own, kept for every call so that litellm's cached client is reused."""
 
     def __init__(self, upstream: str, messages: list[dict[str, Any]]) -> None:
-        from core.settings import Settings
+        from recap.core.settings import Settings
 
         self.settings = Settings(upstream_api_base=upstream, upstream_api_key="bench-upstream-key")
         self.messages = messages
@@ -198,7 +198,7 @@ class LitellmAlone:
         return asyncio.run_coroutine_threadsafe(self._first_chunk(), self.loop).result()
 
     async def _first_chunk(self) -> float:
-        from workers.serve import upstream
+        from recap.workers.serve import upstream
 
         started = time.perf_counter()
         stream = await upstream.complete(MODEL, self.messages, {}, self.settings, stream=True)

@@ -58,8 +58,8 @@ def race(root: Path, upstream: str) -> list[Figure]:
     """The 100 rounds on two processes; no figures when PostgreSQL is not reachable."""
     from contextlib import ExitStack
 
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
     from tests.support.hostile_clients import first_turn_rounds
     from tests.support.serve_stack import serve_process
 
@@ -112,8 +112,8 @@ def fuzz(root: Path, upstream: str) -> list[Figure]:
     """The seeded fuzz on each upstream path."""
     from hypothesis import HealthCheck, given, seed, settings
 
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
     from tests.support.hostile_clients import fuzz_once, request_bodies
     from tests.support.serve_stack import serve_process
 
@@ -172,8 +172,8 @@ def relay() -> list[Figure]:
 
     from bench import best_of_each
     from tests.support.hostile_upstream import random_reply, relay_mismatches, text_chunks
-    from workers.serve.direct import Chunk
-    from workers.serve.streaming import Relay
+    from recap.workers.serve.direct import Chunk
+    from recap.workers.serve.streaming import Relay
 
     rng = random.Random(SEED)
     mismatched = sum(

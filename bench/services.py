@@ -35,7 +35,7 @@ def database() -> Iterator[str]:
 def broker(kind: str) -> Iterator[str]:
     """A broker of the benchmark's own: a Redis server, or a RabbitMQ node (a fresh vhost)."""
     from tests.support.services import RabbitNode, RedisServer
-    from workers.enqueue import reset
+    from recap.workers.enqueue import reset
 
     try:
         if kind == "redis":

@@ -39,12 +39,12 @@ def run() -> list[Figure]:
 
 
 def _measure(url: str, records: list[dict[str, Any]], suffix: str, folder: Path) -> list[Figure]:
-    from core import service
-    from core.settings import load_settings
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
-    from workers.compress import compress_now
-    from workers.logs import configure_logging
+    from recap.core import service
+    from recap.core.settings import load_settings
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
+    from recap.workers.compress import compress_now
+    from recap.workers.logs import configure_logging
 
     configure_logging(json_output=False, level="WARNING", force=True)  # stdout is the JSON
     engine = make_engine(url)

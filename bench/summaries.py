@@ -21,8 +21,8 @@ from typing import Any
 
 from bench import Figure
 from bench.data import SOURCES, load
-from core.settings import Settings, load_settings
-from core.summaries import sizing
+from recap.core.settings import Settings, load_settings
+from recap.core.summaries import sizing
 
 WINDOWS = (3_500, 4_000, 6_000, 8_000)
 MODEL_WINDOWS = (4_000, 8_000)
@@ -59,8 +59,8 @@ def long_summary(body: dict[str, Any]) -> str:
 
 
 def replay_ratios(settings: Settings, windows: tuple[int, ...]) -> list[float]:
-    from workers import replay
-    from workers.logs import configure_logging
+    from recap.workers import replay
+    from recap.workers.logs import configure_logging
 
     configure_logging(json_output=False, level="ERROR")
     with recorded() as seen:
@@ -72,7 +72,7 @@ def replay_ratios(settings: Settings, windows: tuple[int, ...]) -> list[float]:
 
 def growth(settings: Settings) -> float:
     """Summary tokens after 100 cycles over after 10, through the host API."""
-    from core.client import Recap
+    from recap.core.client import Recap
 
     rng = random.Random(11)
     recap = Recap(settings, create_schema=True)

@@ -18,11 +18,11 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from bench import Figure
-from core.settings import load_settings
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
-from core.storage.models import utcnow
-from core.storage.sweep import sweep_idle
+from recap.core.settings import load_settings
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
+from recap.core.storage.models import utcnow
+from recap.core.storage.sweep import sweep_idle
 
 CONVERSATIONS = 1_000
 RESULTS_PER_CONVERSATION = 103  # the last 3 are kept: 100 cleared per conversation

@@ -16,7 +16,7 @@ REPEATS = 7  # best of seven, the two sides taken in turn: the least disturbed r
 
 def texts_of(message: dict[str, Any]) -> list[str]:
     """The strings a message's count is made of, for the plain-tiktoken baseline."""
-    from core.counting.tokens import content_text
+    from recap.core.counting.tokens import content_text
 
     parts = [message["role"], content_text(message.get("content"))]
     parts += [message[k] for k in ("name", "tool_call_id") if message.get(k)]
@@ -27,7 +27,7 @@ def texts_of(message: dict[str, Any]) -> list[str]:
 
 
 def cold(messages: list[dict[str, Any]]) -> Figure:
-    from core.counting import tokens
+    from recap.core.counting import tokens
 
     encoding = tokens.encoding_name_for(MODEL)
     enc = tokens.get_encoding(encoding)
@@ -52,12 +52,12 @@ def warm(records: list[dict[str, Any]]) -> list[Figure]:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
-    from core import service
-    from core.request.branch import effective_history_tokens
-    from core.settings import load_settings
-    from core.storage import reads, snapshot
-    from core.storage.db import make_engine, session_scope
-    from core.storage.migrate import upgrade
+    from recap.core import service
+    from recap.core.request.branch import effective_history_tokens
+    from recap.core.settings import load_settings
+    from recap.core.storage import reads, snapshot
+    from recap.core.storage.db import make_engine, session_scope
+    from recap.core.storage.migrate import upgrade
 
     with tempfile.TemporaryDirectory() as folder:
         engine = make_engine(f"sqlite:///{Path(folder) / 'bench.db'}")

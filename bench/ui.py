@@ -72,12 +72,12 @@ def _agent_record() -> dict[str, Any]:
 
 
 def _build(url: str, folder: Path) -> None:
-    from core import service
-    from core.settings import load_settings
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
-    from workers.compress import compress_now
-    from workers.logs import configure_logging
+    from recap.core import service
+    from recap.core.settings import load_settings
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
+    from recap.workers.compress import compress_now
+    from recap.workers.logs import configure_logging
 
     configure_logging(json_output=False, level="WARNING", force=True)  # stdout is the JSON
     engine = make_engine(url)
@@ -141,7 +141,7 @@ def run() -> list[Figure]:
         log = folder / "ui.log"
         with log.open("wb") as sink:
             process = subprocess.Popen(
-                [sys.executable, "-m", "workers.cli", "ui", "--port", str(port)],
+                [sys.executable, "-m", "recap.workers.cli", "ui", "--port", str(port)],
                 env=env,
                 cwd=folder,
                 stdout=sink,
@@ -153,7 +153,7 @@ def run() -> list[Figure]:
             pages = _time_pages(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60))
         finally:
             stop_group(process)
-        command = [sys.executable, "-m", "workers.cli", "stats", AGENT, "--json"]
+        command = [sys.executable, "-m", "recap.workers.cli", "stats", AGENT, "--json"]
         stats_ms = _median_ms(
             lambda: subprocess.run(command, env=env, capture_output=True, check=True),
             STATS_ROUNDS,
@@ -223,9 +223,9 @@ def _time_pages(http: Any) -> dict[str, float]:
 
 
 def _time_stats_call(url: str, folder: Path) -> float:
-    from core import service
-    from core.settings import load_settings
-    from core.storage.db import make_engine
+    from recap.core import service
+    from recap.core.settings import load_settings
+    from recap.core.storage.db import make_engine
 
     engine = make_engine(url, create=False)
     settings = load_settings(output_dir=folder / "outputs")

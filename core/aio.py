@@ -26,10 +26,10 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from core.client import Recap
-from core.recall import Recalled
-from core.request import assembly
-from core.results import (
+from recap.core.client import Recap
+from recap.core.recall import Recalled
+from recap.core.request import assembly
+from recap.core.results import (
     CompressResult,
     ExportedConversation,
     PinResult,
@@ -37,8 +37,8 @@ from core.results import (
     SummaryInfo,
     UsageRecorded,
 )
-from core.settings import Settings
-from core.values.request import ContextFile, RequestSpec, request_from
+from recap.core.settings import Settings
+from recap.core.values.request import ContextFile, RequestSpec, request_from
 
 P = ParamSpec("P")
 T = TypeVar("T")

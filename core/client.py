@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
-from core import service
-from core.request import assembly
-from core.results import (
+from recap.core import service
+from recap.core.request import assembly
+from recap.core.results import (
     CompressResult,
     ExportedConversation,
     PinResult,
@@ -24,15 +24,15 @@ from core.results import (
     SummaryInfo,
     UsageRecorded,
 )
-from core.settings import Settings, get_settings
-from core.storage.db import get_engine, require_schema
-from core.storage.outputs import Ingest
-from core.storage.reuse import BranchReuse
-from core.values.request import ContextFile, RequestSpec, request_from
+from recap.core.settings import Settings, get_settings
+from recap.core.storage.db import get_engine, require_schema
+from recap.core.storage.outputs import Ingest
+from recap.core.storage.reuse import BranchReuse
+from recap.core.values.request import ContextFile, RequestSpec, request_from
 
 if TYPE_CHECKING:
-    from core.compression.run import Parts
-    from core.recall import Recalled
+    from recap.core.compression.run import Parts
+    from recap.core.recall import Recalled
 
 
 class Recap:
@@ -55,7 +55,7 @@ class Recap:
         self.parts = parts
         self.engine = engine or get_engine(self.settings.database_url, create=create_schema)
         if create_schema:
-            from core.storage.migrate import upgrade
+            from recap.core.storage.migrate import upgrade
 
             upgrade(self.engine)
         else:
@@ -181,7 +181,7 @@ class Recap:
         worker holds the lease this waits for it, then checks again). Returns the object
         ``recap compress --json`` prints, typed. Call it on ``BudgetError`` or on the provider's
         context-overflow error, then retry the request once."""
-        from core.compression.run import compress_now, installed_parts
+        from recap.core.compression.run import compress_now, installed_parts
 
         parts = self.parts or installed_parts()
         return compress_now(self.engine, self.settings, conversation_id, leaf, force, parts=parts)
@@ -224,7 +224,7 @@ class Recap:
         the messages a summary covers, a media part), at most ``max_chars`` (default
         ``RECAP_RECALL_MAX_CHARS``) from ``offset`` on; ``.next_offset`` reads on. The model can
         ask for it through the ``recap_recall`` tool (``core.recall.tool_schema()``)."""
-        from core import recall
+        from recap.core import recall
 
         return recall.recall(
             self.engine, conversation_id, ref, self.settings, offset=offset, max_chars=max_chars
@@ -236,14 +236,14 @@ class Recap:
         tokens are counted as a fixed part of the budget. ``NotFoundError`` when the
         conversation does not hold the message; ``PinLimitError`` when the conversation's
         pinned messages would pass ``RECAP_MAX_PINNED_TOKENS`` (nothing is pinned)."""
-        from core import lifecycle
+        from recap.core import lifecycle
 
         return lifecycle.pin(self.engine, conversation_id, message_id, self.settings)
 
     def unpin(self, conversation_id: str, message_id: int) -> PinResult:
         """Undo ``pin``: the message is summarized, cleared and fitted like any other again
         (a message that was not pinned stays as it is)."""
-        from core import lifecycle
+        from recap.core import lifecycle
 
         return lifecycle.unpin(self.engine, conversation_id, message_id, self.settings)
 
@@ -253,6 +253,6 @@ class Recap:
         for it under ``RECAP_OUTPUT_DIR`` (a file another conversation also uses stays). A
         compression running on it ends as skipped, writing nothing. ``NotFoundError`` for an
         unknown id."""
-        from core import lifecycle
+        from recap.core import lifecycle
 
         return lifecycle.delete(self.engine, conversation_id, self.settings).as_dict()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.errors import InputError
+from recap.core.errors import InputError
 
 LIMIT_SETTING = "RECAP_MAX_INPUT_BYTES"
 READ_CHUNK = 1 << 20  # bytes per read: a large file is never asked for in one allocation

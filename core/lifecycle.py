@@ -15,21 +15,21 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from core import service
-from core.counting import budget as budgets
-from core.errors import InputError, NotFoundError
-from core.request import timeline as timelines
-from core.request.assembly import stored_prompt
-from core.request.refs import message_ref, span_ref
-from core.results import PinResult
-from core.service import conversation_stats
-from core.settings import Settings
-from core.storage import erase, pins, reads, store
-from core.storage import profile as profiles
-from core.storage.db import session_scope
-from core.storage.models import utcnow
-from core.values.records import Msg
-from core.values.request import RequestSpec
+from recap.core import service
+from recap.core.counting import budget as budgets
+from recap.core.errors import InputError, NotFoundError
+from recap.core.request import timeline as timelines
+from recap.core.request.assembly import stored_prompt
+from recap.core.request.refs import message_ref, span_ref
+from recap.core.results import PinResult
+from recap.core.service import conversation_stats
+from recap.core.settings import Settings
+from recap.core.storage import erase, pins, reads, store
+from recap.core.storage import profile as profiles
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import utcnow
+from recap.core.values.records import Msg
+from recap.core.values.request import RequestSpec
 
 EXPIRE_BATCH = 100  # conversations one retention run deletes before it re-enqueues itself
 MAX_PAGE = 1_000  # the largest page ``conversations`` returns

@@ -25,15 +25,15 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from core.counting import media
-from core.counting.tokens import content_text
-from core.errors import InputError, NotFoundError, RecapError
-from core.request import refs
-from core.request.assembly import stored_prompt
-from core.settings import Settings
-from core.storage import outputs, reads, snapshot, store
-from core.storage.db import session_scope
-from core.values.records import Msg
+from recap.core.counting import media
+from recap.core.counting.tokens import content_text
+from recap.core.errors import InputError, NotFoundError, RecapError
+from recap.core.request import refs
+from recap.core.request.assembly import stored_prompt
+from recap.core.settings import Settings
+from recap.core.storage import outputs, reads, snapshot, store
+from recap.core.storage.db import session_scope
+from recap.core.values.records import Msg
 
 RECALL_TOOL_NAME = "recap_recall"
 SPAN_BATCH = 100  # messages of a span read per query

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from core.values.actions import Action
+from recap.core.values.actions import Action
 
 
 class _Readable(Mapping[str, Any]):

@@ -15,24 +15,24 @@ from typing import Any, Unpack
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from core import inputs
-from core.counting import budget as budgets
-from core.counting import media, tokens
-from core.decision import policy
-from core.errors import InputError, SchemaMissingError
-from core.request import assembly
-from core.request.validate import parse_json_line
-from core.results import ExportedConversation, Stats, SummaryInfo, UsageRecorded
-from core.settings import Settings, get_settings
-from core.storage import outputs, reads, recount, spans, store, versions
-from core.storage import profile as profiles
-from core.storage import reuse as reuses
-from core.storage import snapshot as snapshots
-from core.storage.db import is_schema_missing, session_scope
-from core.storage.models import utcnow
-from core.storage.reuse import BranchReuse
-from core.values.records import ClearingRec, Msg, merge_step, steps_of
-from core.values.request import RequestParts, RequestSpec, request_from
+from recap.core import inputs
+from recap.core.counting import budget as budgets
+from recap.core.counting import media, tokens
+from recap.core.decision import policy
+from recap.core.errors import InputError, SchemaMissingError
+from recap.core.request import assembly
+from recap.core.request.validate import parse_json_line
+from recap.core.results import ExportedConversation, Stats, SummaryInfo, UsageRecorded
+from recap.core.settings import Settings, get_settings
+from recap.core.storage import outputs, reads, recount, spans, store, versions
+from recap.core.storage import profile as profiles
+from recap.core.storage import reuse as reuses
+from recap.core.storage import snapshot as snapshots
+from recap.core.storage.db import is_schema_missing, session_scope
+from recap.core.storage.models import utcnow
+from recap.core.storage.reuse import BranchReuse
+from recap.core.values.records import ClearingRec, Msg, merge_step, steps_of
+from recap.core.values.request import RequestParts, RequestSpec, request_from
 
 Prepare = store.Preparer  # the ingest step (core.storage.outputs.Ingest)
 log = logging.getLogger("recap.assemble")
@@ -703,7 +703,7 @@ def _after_recording(
 ) -> dict[int, ClearingRec]:
     """The clearings once what the request learned is recorded (``_record_media``,
     ``recount.record``): media aged, thinking dropped, results sent shortened."""
-    from core.request.shorten import SHORTENED
+    from recap.core.request.shorten import SHORTENED
 
     after = dict(clearings)
     learned = (
@@ -766,9 +766,9 @@ def _record_media(engine: Engine, conversation_id: str, request: assembly.Assemb
     changed anew), so they stay so whatever the next request holds."""
     if not request.media_aged and not request.shortened:
         return
-    from core.request.shorten import SHORTENED
-    from core.storage.sweep import apply_clearings
-    from core.values.clearing import ClearingPlan, PlannedClearing
+    from recap.core.request.shorten import SHORTENED
+    from recap.core.storage.sweep import apply_clearings
+    from recap.core.values.clearing import ClearingPlan, PlannedClearing
 
     with session_scope(engine) as session:
         for reason, done in ((media.RECORDED, request.media_aged), (SHORTENED, request.shortened)):

@@ -11,9 +11,9 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from core.errors import RecapError
-from core.summaries.prompts import DEFAULT_SUMMARY_PROMPT, PREVIOUS_SUMMARY_PLACEHOLDER
-from core.values.limits import INT32_MAX
+from recap.core.errors import RecapError
+from recap.core.summaries.prompts import DEFAULT_SUMMARY_PROMPT, PREVIOUS_SUMMARY_PLACEHOLDER
+from recap.core.values.limits import INT32_MAX
 
 DEFAULT_BROKER_URL = "filesystem://"  # kombu's file transport: works across processes, no server
 DEFAULT_PROTECTED_TOOLS = ("todo_write", "todowrite", "todo", "update_plan", "plan", "think")
@@ -200,7 +200,7 @@ class Settings(BaseSettings):
     def _url_has_scheme(cls, value: str) -> str:
         if "://" not in value:
             raise ValueError("must be an SQLAlchemy URL such as sqlite:///./recap.db")
-        from core.storage.db import url_problem
+        from recap.core.storage.db import url_problem
 
         problem = url_problem(value)
         if problem is not None:

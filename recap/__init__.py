@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from core.aio import AsyncRecap
-from core.client import Recap
-from core.errors import (
+from recap.core.aio import AsyncRecap
+from recap.core.client import Recap
+from recap.core.errors import (
     BudgetError,
     DatabaseUrlError,
     InputError,
@@ -28,8 +28,8 @@ from core.errors import (
     RecapError,
     SchemaMissingError,
 )
-from core.request.assembly import AssembledRequest, ContextFile, TokenBreakdown
-from core.results import (
+from recap.core.request.assembly import AssembledRequest, ContextFile, TokenBreakdown
+from recap.core.results import (
     CompressResult,
     ExportedConversation,
     PinResult,
@@ -37,10 +37,10 @@ from core.results import (
     SummaryInfo,
     UsageRecorded,
 )
-from core.values.request import RequestSpec
+from recap.core.values.request import RequestSpec
 
 if TYPE_CHECKING:
-    from workers.enqueue import compress_later
+    from recap.workers.enqueue import compress_later
 
 __all__ = [
     "AssembledRequest",
@@ -70,7 +70,7 @@ def __getattr__(name: str) -> Any:
     """``compress_later`` on first use: it imports Celery, which a host that only assembles
     never needs."""
     if name == "compress_later":
-        from workers.enqueue import compress_later
+        from recap.workers.enqueue import compress_later
 
         globals()["compress_later"] = compress_later
         return compress_later

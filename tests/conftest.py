@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from core.settings import Settings, get_settings
-from core.storage.db import dispose_engines
+from recap.core.settings import Settings, get_settings
+from recap.core.storage.db import dispose_engines
 from tests.support.data import migrated
 from tests.support.services import (
     SUITE,
@@ -123,7 +123,7 @@ def private_redis() -> Iterator[RedisServer]:
         with RedisServer.started() as server:
             yield server
     finally:
-        from workers.enqueue import reset
+        from recap.workers.enqueue import reset
 
         reset()
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from core.counting import tokens
-from core.decision import policy
-from core.decision.toolresults import (
+from recap.core.counting import tokens
+from recap.core.decision import policy
+from recap.core.decision.toolresults import (
     IDLE,
     POST_SUMMARY,
     PRESSURE,
@@ -27,14 +27,14 @@ from core.decision.toolresults import (
     reclaimable,
     shortened_call,
 )
-from core.errors import BudgetError
-from core.request import shorten
-from core.request.placeholders import aged_note
-from core.request.timeline import AGED as AGED_STATE
-from core.request.timeline import CLEARED as CLEARED_STATE
-from core.request.timeline import FULL, derive
-from core.values.clearing import ClearingPlan, PlannedClearing, describe_steps
-from core.values.records import (
+from recap.core.errors import BudgetError
+from recap.core.request import shorten
+from recap.core.request.placeholders import aged_note
+from recap.core.request.timeline import AGED as AGED_STATE
+from recap.core.request.timeline import CLEARED as CLEARED_STATE
+from recap.core.request.timeline import FULL, derive
+from recap.core.values.clearing import ClearingPlan, PlannedClearing, describe_steps
+from recap.core.values.records import (
     AGED,
     ARGUMENTS,
     CLEARED,

@@ -14,17 +14,17 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
-from core import lifecycle
-from core.client import Recap
-from core.decision import policy
-from core.decision.toolresults import IDLE, POST_SUMMARY, PRESSURE, plan_clearings
-from core.settings import Settings
-from core.storage import reads, snapshot, store
-from core.storage.db import make_engine, session_scope
-from core.storage.migrate import alembic_config, current_revision, upgrade
-from core.storage.models import utcnow
-from core.storage.sweep import apply_clearings, sweep_idle
-from core.values.records import AGED, ARGUMENTS, CLEARED
+from recap.core import lifecycle
+from recap.core.client import Recap
+from recap.core.decision import policy
+from recap.core.decision.toolresults import IDLE, POST_SUMMARY, PRESSURE, plan_clearings
+from recap.core.settings import Settings
+from recap.core.storage import reads, snapshot, store
+from recap.core.storage.db import make_engine, session_scope
+from recap.core.storage.migrate import alembic_config, current_revision, upgrade
+from recap.core.storage.models import utcnow
+from recap.core.storage.sweep import apply_clearings, sweep_idle
+from recap.core.values.records import AGED, ARGUMENTS, CLEARED
 from tests.test_sweep import make_idle
 
 MODEL = "gpt-4o-mini"

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core.client import Recap
-from core.settings import Settings
+from recap.core.client import Recap
+from recap.core.settings import Settings
 
 pytest.importorskip("agents", reason="the openai-agents extra is not installed")
 
@@ -248,7 +248,7 @@ def test_large_output_is_stored_as_its_preview(recap: Recap) -> None:
 def test_conversation_meta(recap: Recap) -> None:
     """``set_meta`` sets and removes one key, refuses the export format's own keys and values
     that are not JSON, and an unknown conversation is a ``NotFoundError``."""
-    from core.errors import InputError, NotFoundError
+    from recap.core.errors import InputError, NotFoundError
 
     recap.new("m")
     assert recap.set_meta("m", "k", [1, "a"]) == {"k": [1, "a"]}

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from sqlmodel import Session, select
 
-from core.client import Recap
-from core.settings import Settings, get_settings
-from core.storage.models import Usage
+from recap.core.client import Recap
+from recap.core.settings import Settings, get_settings
+from recap.core.storage.models import Usage
 from tests.support.frameworks_stack import (
     FrameworkStack,
     carries_summary,
@@ -28,7 +28,7 @@ from tests.support.frameworks_stack import (
     user_text,
 )
 from tests.support.llm_server import LLMServer, Reply
-from workers import enqueue
+from recap.workers import enqueue
 
 agents = pytest.importorskip("agents", reason="the openai-agents extra is not installed")
 

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from core import service
-from core.client import Recap
-from core.errors import InputError, NotFoundError
-from core.request.validate import Step, calls_needed, check_tool_pairing, open_calls_from_tail
-from core.settings import Settings
-from core.storage import store
-from core.storage.db import make_engine
+from recap.core import service
+from recap.core.client import Recap
+from recap.core.errors import InputError, NotFoundError
+from recap.core.request.validate import Step, calls_needed, check_tool_pairing, open_calls_from_tail
+from recap.core.settings import Settings
+from recap.core.storage import store
+from recap.core.storage.db import make_engine
 from tests.support.cli_helpers import assert_one_line_error, recap
 
 PROCESSES = 8

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from core.counting import tokens
-from core.errors import BudgetError, InputError
-from core.request.assembly import GAP_NOTE, AssembledRequest, ContextFile, omittable
-from core.request.branch import applicable_summary, branch_ids
-from core.request.placeholders import cleared_placeholder
-from core.request.render import NO_RESULT_TEXT
-from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.counting import tokens
+from recap.core.errors import BudgetError, InputError
+from recap.core.request.assembly import GAP_NOTE, AssembledRequest, ContextFile, omittable
+from recap.core.request.branch import applicable_summary, branch_ids
+from recap.core.request.placeholders import cleared_placeholder
+from recap.core.request.render import NO_RESULT_TEXT
+from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
 from tests.support.assembling import assemble
 
 MODEL = "gpt-4o-mini"

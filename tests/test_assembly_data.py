@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core import service
-from core.counting import tokens
-from core.errors import BudgetError
-from core.request.assembly import AssembledRequest
-from core.request.placeholders import cleared_placeholder
-from core.request.shorten import SHORTENED
-from core.settings import Settings, load_settings
-from core.storage import reads
-from core.storage.db import make_engine, session_scope
-from core.storage.migrate import upgrade
-from core.storage.models import Clearing, Summary, utcnow
-from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.core import service
+from recap.core.counting import tokens
+from recap.core.errors import BudgetError
+from recap.core.request.assembly import AssembledRequest
+from recap.core.request.placeholders import cleared_placeholder
+from recap.core.request.shorten import SHORTENED
+from recap.core.settings import Settings, load_settings
+from recap.core.storage import reads
+from recap.core.storage.db import make_engine, session_scope
+from recap.core.storage.migrate import upgrade
+from recap.core.storage.models import Clearing, Summary, utcnow
+from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.support.assembling import assemble
 from tests.support.data import DATA_FILES, load_data
 from tests.test_assembly import check_request

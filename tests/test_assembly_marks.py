@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from core.counting import tokens
-from core.errors import BudgetError
-from core.request.assembly.cache_marks import MAX_CACHE_MARKS
+from recap.core.counting import tokens
+from recap.core.errors import BudgetError
+from recap.core.request.assembly.cache_marks import MAX_CACHE_MARKS
 from tests.support.assembling import assemble
 from tests.test_assembly import ENCODING, MODEL, chain, summary_at
 from tests.test_assembly_random import random_case

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from core.counting import tokens
-from core.errors import BudgetError
-from core.request.assembly import AssembledRequest
-from core.request.placeholders import cleared_placeholder
-from core.request.refs import message_ref, summary_note
-from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.counting import tokens
+from recap.core.errors import BudgetError
+from recap.core.request.assembly import AssembledRequest
+from recap.core.request.placeholders import cleared_placeholder
+from recap.core.request.refs import message_ref, summary_note
+from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
 from tests.support.assembling import assemble
 from tests.test_assembly import check_request
 

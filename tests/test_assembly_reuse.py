@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from core import lifecycle, service
-from core.errors import BudgetError, RecapError
-from core.settings import Settings
-from core.storage import reads, recount
-from core.storage import reuse as reuses
-from core.storage.db import session_scope
-from core.storage.models import CLEARINGS, MESSAGES, SUMMARIES, Clearing, Summary, utcnow
-from core.storage.reuse import BranchReuse
-from core.storage.versions import request_version
+from recap.core import lifecycle, service
+from recap.core.errors import BudgetError, RecapError
+from recap.core.settings import Settings
+from recap.core.storage import reads, recount
+from recap.core.storage import reuse as reuses
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CLEARINGS, MESSAGES, SUMMARIES, Clearing, Summary, utcnow
+from recap.core.storage.reuse import BranchReuse
+from recap.core.storage.versions import request_version
 
 SEEDS = 8  # random histories in the suite (python -m bench reuse runs more)
 STEPS = 70  # steps of each

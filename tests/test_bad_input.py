@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core.errors import InputError, SchemaMissingError
-from core.settings import get_settings
-from core.storage.db import dispose_engines, make_engine
-from core.values import limits
+from recap.core.errors import InputError, SchemaMissingError
+from recap.core.settings import get_settings
+from recap.core.storage.db import dispose_engines, make_engine
+from recap.core.values import limits
 from tests.support.cli_helpers import FAILED, assert_refused, recap, run_with_paths, snapshot
 
 USAGE = 2  # click's exit code for a usage error (bad option value, missing option)
@@ -443,7 +443,7 @@ def test_limits_match_the_columns() -> None:
     """The bounds the CLI and the checks use are those of the columns in core.storage.models."""
     from sqlalchemy import BigInteger, Integer
 
-    from core.storage.models import CONVERSATIONS, MESSAGES, SQLModel
+    from recap.core.storage.models import CONVERSATIONS, MESSAGES, SQLModel
 
     assert MESSAGES.c.id.type.__class__ is BigInteger  # 64-bit on PostgreSQL: MESSAGE_ID_MAX
     assert limits.MESSAGE_ID_MAX == 2**63 - 1
@@ -512,8 +512,8 @@ def test_loads_turns_every_bad_document_into_one_input_error(text: str, fragment
 def test_client_on_an_uninitialized_database(tmp_path: Path) -> None:
     """``Recap()`` says run `recap init` in one line and creates no file; ``create_schema``
     creates the schema, after which it works."""
-    from core.client import Recap
-    from core.settings import load_settings
+    from recap.core.client import Recap
+    from recap.core.settings import load_settings
 
     path = tmp_path / "host.db"
     settings = load_settings(database_url=f"sqlite:///{path}")
@@ -532,8 +532,8 @@ def test_client_on_an_uninitialized_database(tmp_path: Path) -> None:
 
 def test_client_on_an_uninitialized_postgres(postgres_url: str) -> None:
     """The same on PostgreSQL: an empty database is refused, then created on request."""
-    from core.client import Recap
-    from core.settings import load_settings
+    from recap.core.client import Recap
+    from recap.core.settings import load_settings
 
     settings = load_settings(database_url=postgres_url)
     with pytest.raises(SchemaMissingError, match="recap init"):

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 import pytest
 
 from tests.support.json_documents import assert_agree, mutated, value
-from workers.serve import bounded
+from recap.workers.serve import bounded
 
 CASES = int(os.environ.get("RECAP_FUZZ_CASES", "6000"))
 SEEDS = (1, 2, 3)

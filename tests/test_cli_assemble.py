@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from core.request.refs import summary_note
-from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.core.request.refs import summary_note
+from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.support.cli_helpers import assert_one_line_error, recap, recap_process
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"c":"ls"}'}}

@@ -14,7 +14,7 @@ from tests.support.data import DATA_DIR
 PROBE = """
 import sys
 from typer.testing import CliRunner
-from workers.cli import app
+from recap.workers.cli import app
 runner = CliRunner()
 for args in ({commands}):
     result = runner.invoke(app, list(args))

@@ -14,12 +14,12 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from core import service
-from core.settings import get_settings
+from recap.core import service
+from recap.core.settings import get_settings
 from tests.support.cli_helpers import recap
 from tests.support.llm_server import LLMServer
 from tests.support.serving import KEY_A, MODEL, WINDOW, reply_to, running_serve
-from workers import runner
+from recap.workers import runner
 
 CHAT = [
     {"role": "system", "content": "You are terse."},

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.settings import Settings
+from recap.core.settings import Settings
 from tests.support.services import need_service
 
 ROOT = Path(__file__).resolve().parent.parent

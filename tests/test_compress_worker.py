@@ -27,13 +27,13 @@ from celery.contrib.testing.worker import start_worker
 from kombu import Connection
 from sqlalchemy import Engine, event, select, text, update
 
-from core import service
-from core.settings import Settings, get_settings
-from core.storage import lease
-from core.storage.db import get_engine, make_engine, session_scope
-from core.storage.migrate import upgrade
-from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
-from core.summaries.prompts import CUTOFF_MARKER, NO_PREVIOUS_SUMMARY, SUMMARY_MESSAGE_PREFIX
+from recap.core import service
+from recap.core.settings import Settings, get_settings
+from recap.core.storage import lease
+from recap.core.storage.db import get_engine, make_engine, session_scope
+from recap.core.storage.migrate import upgrade
+from recap.core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
+from recap.core.summaries.prompts import CUTOFF_MARKER, NO_PREVIOUS_SUMMARY, SUMMARY_MESSAGE_PREFIX
 from tests.support.brokers import (
     broker_url_for,
     result_backend_for,
@@ -45,8 +45,8 @@ from tests.support.llm_server import LLMServer, Reply
 from tests.support.processes import wait_for
 from tests.support.services import redis_database
 from tests.support.worker_stack import CELERY, WorkerProcess
-from workers.app import app, is_redis
-from workers.errors import CompressionFailed
+from recap.workers.app import app, is_redis
+from recap.workers.errors import CompressionFailed
 
 pytestmark = pytest.mark.redis
 

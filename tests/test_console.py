@@ -16,22 +16,22 @@ import pytest
 from sqlalchemy import Engine, update
 from starlette.testclient import TestClient
 
-from core import service
-from core.settings import SettingsError, get_settings, load_settings
-from core.storage.console import list_conversations
-from core.storage.db import session_scope
-from core.storage.models import CONVERSATIONS
-from core.values.records import AGED as AGED_STAGE
-from core.values.records import ARGUMENTS, ClearingRec, Msg
-from core.values.records import CLEARED as CLEARED_STAGE
+from recap.core import service
+from recap.core.settings import SettingsError, get_settings, load_settings
+from recap.core.storage.console import list_conversations
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CONVERSATIONS
+from recap.core.values.records import AGED as AGED_STAGE
+from recap.core.values.records import ARGUMENTS, ClearingRec, Msg
+from recap.core.values.records import CLEARED as CLEARED_STAGE
 from tests.support.cli_helpers import assert_one_line_error, recap, recap_process
 from tests.support.data import DATA_DIR
 from tests.support.processes import free_port, stop_group, wait_for
 from tests.support.serve_stack import ROOT
-from workers.serve.auth import fingerprint
-from workers.ui.app import standalone
-from workers.ui.bar import apportion
-from workers.ui.timeline import AGED, CLEARED, FULL, OMITTED, PINNED, SUMMARIZED, states
+from recap.workers.serve.auth import fingerprint
+from recap.workers.ui.app import standalone
+from recap.workers.ui.bar import apportion
+from recap.workers.ui.timeline import AGED, CLEARED, FULL, OMITTED, PINNED, SUMMARIZED, states
 
 UI_KEY = "console-operator-key"
 KEY_A, KEY_B = "client-key-a", "client-key-b"
@@ -44,7 +44,7 @@ CONV = "swe-agent:trajectories/demonstrations/ctf/crypto/BabyEncryption.traj"
 
 def test_ui_keys_are_split_and_masked() -> None:
     """RECAP_UI_KEYS is comma-separated, and each key is a secret every output masks."""
-    from core.redact import known_secrets
+    from recap.core.redact import known_secrets
 
     settings = load_settings(ui_keys=f" {UI_KEY} , second-console-key ")
     assert [k.get_secret_value() for k in settings.ui_keys] == [UI_KEY, "second-console-key"]
@@ -123,9 +123,9 @@ def _pressure_case(engine: Engine) -> dict[str, Any]:
     """Conversations whose pressure comes from every part the budget reads: sizes, a summary
     with a pinned message in its span, clearings, a host's fixed parts and a provider reading,
     an output reserve of its own, a window from the model map, and a model of no known window."""
-    from core.client import Recap
-    from core.storage.sweep import apply_clearings
-    from core.values.clearing import ClearingPlan, PlannedClearing
+    from recap.core.client import Recap
+    from recap.core.storage.sweep import apply_clearings
+    from recap.core.values.clearing import ClearingPlan, PlannedClearing
 
     client = Recap(get_settings(), engine)
     for index, turns in enumerate((2, 5, 9, 14, 20)):
@@ -171,7 +171,7 @@ def test_the_pressure_sort_is_recap_stats_pressure_worked_out_in_sql(engine: Eng
     """Sorting by pressure orders the conversations in the database as `recap stats` ranks
     them (each row's figure equal to its stats pressure, to rounding), pages cut by the
     database, a conversation of unknown window last either way."""
-    from workers.ui.views import pressure_inputs
+    from recap.workers.ui.views import pressure_inputs
 
     _pressure_case(engine)
     settings = get_settings()
@@ -414,7 +414,7 @@ def test_the_bar_matches_recap_stats_to_the_token(console: Engine) -> None:
 
 def test_recap_serve_mounts_the_console(console: Engine) -> None:
     """`recap serve`'s app serves the console at /ui when UI keys are set (and not without)."""
-    from workers.serve.app import create_app
+    from recap.workers.serve.app import create_app
 
     served = TestClient(create_app(get_settings()), base_url="http://127.0.0.1")
     assert served.get("/ui/login").status_code == 200
@@ -434,7 +434,7 @@ def test_recap_ui_runs_on_its_own(console: Engine, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "ui", "--port", str(port)],
+            [sys.executable, "-m", "recap.workers.cli", "ui", "--port", str(port)],
             env=env,
             cwd=tmp_path,
             stdout=sink,
@@ -532,8 +532,8 @@ def test_the_chart_sums_what_was_sent_as_a_reference_does(seed: int) -> None:
     import random
     from datetime import UTC, datetime, timedelta
 
-    from core.values.records import SummaryRec
-    from workers.ui.chart import History, sent_then
+    from recap.core.values.records import SummaryRec
+    from recap.workers.ui.chart import History, sent_then
 
     rng = random.Random(seed)
     start = datetime(2026, 1, 1, tzinfo=UTC)

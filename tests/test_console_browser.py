@@ -22,10 +22,10 @@ import openai
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core import service
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
-from core.storage.models import CompactionLog, table_of
+from recap.core import service
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
+from recap.core.storage.models import CompactionLog, table_of
 from tests.support.browser import WIDTHS, chromium, missing_browser, screenshot, watch
 from tests.support.cli_helpers import recap_process
 from tests.support.data import DATA_DIR

@@ -16,12 +16,12 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from core import service
-from core.settings import get_settings
+from recap.core import service
+from recap.core.settings import get_settings
 from tests.test_console import KEY_A, UI_KEY, _new, conversation_path, csrf_of, log_in
-from workers import enqueue
-from workers.serve.auth import fingerprint
-from workers.ui.app import standalone
+from recap.workers import enqueue
+from recap.workers.serve.auth import fingerprint
+from recap.workers.ui.app import standalone
 
 INT64_MAX = 2**63 - 1
 
@@ -349,7 +349,7 @@ def test_wrong_keys_are_limited_per_address(
 def test_the_limiter_forgets_after_its_window() -> None:
     """The limiter's window slides: a wrong key older than the window no longer counts, a
     right key clears the address, and the addresses it remembers are bounded."""
-    from workers.ui import auth
+    from recap.workers.ui import auth
 
     now = [1000.0]
     limiter = auth.LoginLimiter(2, window=60, clock=lambda: now[0])

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from core.client import Recap
-from core.settings import Settings
+from recap.core.client import Recap
+from recap.core.settings import Settings
 from tests.test_media import png_bytes
 
 pytest.importorskip("agents", reason="the openai-agents extra is not installed")
@@ -465,7 +465,7 @@ def test_pydantic_ai_table_through_the_store(recap: Recap) -> None:
 def _rows(recap: Recap, cid: str) -> int:
     from sqlalchemy import func, select
 
-    from core.storage.models import MESSAGES
+    from recap.core.storage.models import MESSAGES
 
     with recap.engine.connect() as connection:
         statement = select(func.count()).where(MESSAGES.c.conversation_id == cid)

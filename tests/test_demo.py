@@ -19,7 +19,7 @@ def test_demo_prints_its_table_and_writes_its_chart(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the chart needs the plot extra")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECAP_")}
     done = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "demo", "--window", "6000"],
+        [sys.executable, "-m", "recap.workers.cli", "demo", "--window", "6000"],
         cwd=tmp_path,
         env={**env, "COLUMNS": "120"},
         capture_output=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.serve.direct import env_proxy
+from recap.workers.serve.direct import env_proxy
 
 PROXY = "http://user:secret@proxy.example:3128"
 
@@ -51,7 +51,7 @@ def test_streamed_lines_are_read_whatever_their_ending(ending: bytes, piece: int
     anywhere (between a CR and its LF too). Every chunk is read whole, a long one included."""
     import asyncio
 
-    from workers.serve.direct import DirectClient
+    from recap.workers.serve.direct import DirectClient
 
     long = 70_000 if piece > 1 else 300  # 70 KB: longer than a line aiohttp's readline takes
     texts = ["hello", "x" * long, "bye"]

@@ -49,7 +49,7 @@ def _defined_settings(text: str) -> list[str]:
 def test_every_setting_is_documented_once() -> None:
     """Each field of ``Settings`` is defined by exactly one table row across the README and
     docs/, and no row defines a variable that is not a setting."""
-    from core.settings import Settings
+    from recap.core.settings import Settings
 
     settings = {f"RECAP_{name.upper()}" for name in Settings.model_fields}
     places: dict[str, list[str]] = {}

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from core.counting import tokens
-from core.summaries.extractive import extractive_summary, parse_sections
-from core.summaries.identifiers import identifiers_of_span, retention
-from core.summaries.prompts import EXTRACTIVE_NOTE, SUMMARY_SECTIONS
-from core.values.records import Msg
+from recap.core.counting import tokens
+from recap.core.summaries.extractive import extractive_summary, parse_sections
+from recap.core.summaries.identifiers import identifiers_of_span, retention
+from recap.core.summaries.prompts import EXTRACTIVE_NOTE, SUMMARY_SECTIONS
+from recap.core.values.records import Msg
 from tests.support.data import DATA_FILES, load_data
 
 

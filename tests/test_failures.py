@@ -19,11 +19,11 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, insert, select
 
-from core import service
-from core.settings import get_settings
-from core.storage.db import session_scope
-from core.storage.models import CompactionLog, table_of, utcnow
-from core.storage.store import failed_runs
+from recap.core import service
+from recap.core.settings import get_settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CompactionLog, table_of, utcnow
+from recap.core.storage.store import failed_runs
 from tests.support.brokers import broker_url_for
 from tests.support.celery_helpers import configured_app
 from tests.support.cli_helpers import assert_one_line_error, recap
@@ -39,8 +39,8 @@ from tests.test_operations import (
     free_port,
     stack,
 )
-from workers.app import app
-from workers.errors import CompressionFailed, CompressionRetry
+from recap.workers.app import app
+from recap.workers.errors import CompressionFailed, CompressionRetry
 
 LOG = table_of(CompactionLog)
 API_KEY = "sk-test-echoed-by-the-provider-0123456789abcd"  # sk-shaped, as OpenAI's are
@@ -64,7 +64,7 @@ WINDOW = 3_000  # the worker tests' window: a dozen turns go over the trigger
 )
 def test_durations_parse(text: str, seconds: float) -> None:
     """A number and a unit (s, m, h, d, w) is that many seconds."""
-    from workers.cli import parse_duration
+    from recap.workers.cli import parse_duration
 
     assert parse_duration(text) == timedelta(seconds=seconds)
 
@@ -75,8 +75,8 @@ def test_durations_parse(text: str, seconds: float) -> None:
 )
 def test_bad_durations_are_refused(text: str) -> None:
     """Anything but a positive number and one unit, within ten years, is an input error."""
-    from core.errors import InputError
-    from workers.cli import parse_duration
+    from recap.core.errors import InputError
+    from recap.workers.cli import parse_duration
 
     with pytest.raises(InputError, match="--since"):
         parse_duration(text)

@@ -22,19 +22,19 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core import service
-from core.client import Recap
-from core.settings import Settings
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
-from core.storage.models import CompactionLog, table_of
+from recap.core import service
+from recap.core.client import Recap
+from recap.core.settings import Settings
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
+from recap.core.storage.models import CompactionLog, table_of
 from tests.support.cli_helpers import Result, recap, recap_process
 from tests.support.llm_server import LLMServer
 from tests.support.services import RedisServer, need_redis_server
 from tests.support.worker_stack import WorkerProcess, wait_for, worker_env
 from tests.test_host_loop import agent_turn, assert_cuts_at_step_boundaries
-from workers import replay
-from workers.enqueue import compress_later
+from recap.workers import replay
+from recap.workers.enqueue import compress_later
 
 WINDOW = 7_600  # the window of the report that opened this work
 SYSTEM = "You are a careful assistant."

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from core.client import Recap
-from core.errors import BudgetError
-from core.request.shorten import SHORTENED
-from core.settings import Settings
-from core.storage import store
-from core.storage.db import session_scope
+from recap.core.client import Recap
+from recap.core.errors import BudgetError
+from recap.core.request.shorten import SHORTENED
+from recap.core.settings import Settings
+from recap.core.storage import store
+from recap.core.storage.db import session_scope
 from tests.support.data import load_data
 
 
@@ -157,7 +157,7 @@ def test_swe_agent_runs_at_a_3000_window_never_dead_end(recap: Recap) -> None:
 def test_the_truncation_reports_the_tokens_left_out(recap: Recap, caplog: Any) -> None:
     """Rows skipped unread because they cannot fit still count in what the request reports
     (``truncated_tokens`` and the log line), as the stored tokens of every message left out."""
-    from core.storage import reads
+    from recap.core.storage import reads
 
     cid = recap.new(model="gpt-4o", max_input_tokens=4_000)
     for turn in range(300):
@@ -228,8 +228,8 @@ def test_an_early_skip_reports_what_stats_shows(recap: Recap) -> None:
     """A run that skips from the bound alone (no branch read) reports the history stats shows:
     clearings taken off, the stored system prompt left to the fixed parts (it reported the
     upper bound before)."""
-    from core.storage.sweep import apply_clearings
-    from core.values.clearing import ClearingPlan, PlannedClearing
+    from recap.core.storage.sweep import apply_clearings
+    from recap.core.values.clearing import ClearingPlan, PlannedClearing
 
     cid = recap.new(model="gpt-4o", max_input_tokens=100_000)
     recap.add(cid, {"role": "system", "content": "You are terse. " + _words(300)})

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from core.counting import media
-from core.request import shorten
-from core.request.assembly.tail import fit_tail
-from core.values.draft import Unit
-from core.values.records import Msg
+from recap.core.counting import media
+from recap.core.request import shorten
+from recap.core.request.assembly.tail import fit_tail
+from recap.core.values.draft import Unit
+from recap.core.values.records import Msg
 from tests.support.assembling import assemble
 from tests.test_media import _branch, data_url, image_part, png_bytes
 
@@ -74,8 +74,8 @@ def test_the_current_screenshot_is_sent_in_its_own_turn(
 def test_a_screenshot_sent_through_recap_is_sent_in_its_own_turn(tmp_path: Any) -> None:
     """The reproduced case, with the default settings (RECAP_MAX_MEDIA_TOKENS 16,000): a
     1280x800 screenshot sent to gpt-4o-mini with the current user message, at a 128k window."""
-    from core.client import Recap
-    from core.settings import Settings
+    from recap.core.client import Recap
+    from recap.core.settings import Settings
 
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'f.db'}", output_dir=tmp_path / "o")
     recap = Recap(settings, create_schema=True)
@@ -180,8 +180,8 @@ def test_thirteen_long_results_are_cut_not_dropped(tmp_path: Any) -> None:
     """The reproduced case: 13 tool results of 600 lines each after one user message at a
     3,000 window. Every result is sent, each cut to its head and tail, every call paired with
     its result, and the request fills its room."""
-    from core.client import Recap
-    from core.settings import Settings
+    from recap.core.client import Recap
+    from recap.core.settings import Settings
 
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'f.db'}", output_dir=tmp_path / "o")
     recap = Recap(settings, create_schema=True)
@@ -215,9 +215,9 @@ def test_thirteen_long_results_are_cut_not_dropped(tmp_path: Any) -> None:
 def test_the_shared_agent_runs_are_never_silently_truncated(window: int) -> None:
     """`recap replay` of the shared SWE-agent runs with the host's fixed parts: no request leaves
     history out after a run that decided there was nothing to do."""
-    from core.settings import load_settings
+    from recap.core.settings import load_settings
     from tests.support.data import load_data
-    from workers import replay
+    from recap.workers import replay
 
     records = load_data("swe_agent.jsonl")
     report = replay.replay_records(records, load_settings(summary_model=None), window=window)
@@ -242,7 +242,7 @@ def test_over_the_room_a_span_under_the_minimum_is_summarized(
     """When the history no longer fits the room, a span below the smallest worth summarizing is
     summarized all the same: otherwise the next request leaves it out with nothing covering it
     (a silent truncation). Under the room the minimum holds."""
-    from core.decision import policy
+    from recap.core.decision import policy
     from tests.test_policy import chat, snap
 
     knobs = policy.Knobs(keep_turns=2, recent_min_tokens=200, min_summary_span_tokens=10**6)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kombu import Connection
 
-from workers import filebroker
+from recap.workers import filebroker
 
 MESSAGES = 200
 PAD = "x" * 400_000  # a large message: writing it takes long enough for a consumer to look

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from core.client import Recap
-from core.settings import get_settings
+from recap.core.client import Recap
+from recap.core.settings import get_settings
 from tests.support.frameworks_stack import (
     FrameworkStack,
     carries_summary,
@@ -30,7 +30,7 @@ from tests.support.frameworks_stack import (
     tool_call_reply,
     user_text,
 )
-from workers import enqueue
+from recap.workers import enqueue
 
 agents = pytest.importorskip("agents", reason="the openai-agents extra is not installed")
 pytest.importorskip("langchain.agents", reason="the langchain extra is not installed")

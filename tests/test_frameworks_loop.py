@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 
-from core.client import Recap
-from core.settings import get_settings
+from recap.core.client import Recap
+from recap.core.settings import get_settings
 from recap.integrations import _loop
 from tests.support import framework_loop as loop
 from tests.support.frameworks_stack import FrameworkStack, start_stack
 from tests.support.llm_server import LLMServer
-from workers import enqueue
-from workers.enqueue import compress_later
+from recap.workers import enqueue
+from recap.workers.enqueue import compress_later
 
 pytest.importorskip("langchain.agents", reason="the langchain extra is not installed")
 pytest.importorskip("langchain_openai", reason="langchain-openai is not installed")
@@ -151,7 +151,7 @@ def python_api_talk(
     provider's context-length error and send the new request once)."""
     from openai import AsyncOpenAI, BadRequestError
 
-    from core.errors import BudgetError
+    from recap.core.errors import BudgetError
 
     client = AsyncOpenAI(base_url=server.url, api_key="test-key", max_retries=0)
     tools = [_loop.openai_tool(loop.TOOL_NAME, LOOKUP_DOC, LOOKUP_SCHEMA)]

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from core import service
-from core.client import Recap
-from core.errors import BudgetError
-from core.settings import Settings
-from core.storage.db import session_scope
-from core.storage.models import MESSAGES, SUMMARIES
+from recap.core import service
+from recap.core.client import Recap
+from recap.core.errors import BudgetError
+from recap.core.settings import Settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import MESSAGES, SUMMARIES
 
 STEPS = 400  # tool steps in the one agent turn
 WINDOW = 16_000
@@ -178,7 +178,7 @@ class _Recording:
         return self
 
     def summarize(self, snapshot: Any, split: Any) -> Any:
-        from core.compression.summarizer import SummaryText
+        from recap.core.compression.summarizer import SummaryText
 
         self.spans.append(len(split.older))
         return SummaryText(text="The user asked about things; " * 3, model="host", retention=1.0)
@@ -198,8 +198,8 @@ def _long_conversation(recap: Recap) -> str:
 def test_a_host_passes_its_own_summarizer_and_reporter(tmp_path: Path) -> None:
     """``Recap(parts=...)``: the run (core code) calls the host's summarizer and reports to the
     host's reporter; the stored summary is the host's text."""
-    from core.compression.report import COMPLETED, STARTED
-    from core.compression.run import Parts
+    from recap.core.compression.report import COMPLETED, STARTED
+    from recap.core.compression.run import Parts
 
     host = _Recording()
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'own.db'}")
@@ -221,7 +221,7 @@ def test_core_s_own_parts_never_ignore_a_summary_model(
 ) -> None:
     """Core without the workers' transport summarizes offline, and with a summary model set it
     fails the run with one clear reason instead of silently summarizing offline."""
-    from core.compression.run import Parts
+    from recap.core.compression.run import Parts
 
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'core.db'}", summary_model=summary_model
@@ -236,7 +236,7 @@ def test_core_s_own_parts_never_ignore_a_summary_model(
 
 def test_the_installation_provides_the_workers_parts() -> None:
     """The ``recap.engine`` entry point gives core the workers' summarizer and publisher."""
-    from core.compression.run import installed_parts
-    from workers.compress import PARTS
+    from recap.core.compression.run import installed_parts
+    from recap.workers.compress import PARTS
 
     assert installed_parts() is PARTS

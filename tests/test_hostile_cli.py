@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from core.settings import get_settings
-from core.storage.db import make_engine
+from recap.core.settings import get_settings
+from recap.core.storage.db import make_engine
 from tests.support.cli_helpers import (
     FAILED,
     assert_refused,

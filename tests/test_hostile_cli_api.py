@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from core import service
-from core.client import Recap
-from core.errors import BudgetError, InputError
-from core.inputs import read_bytes, read_text
-from core.request import shape
-from core.settings import (
+from recap.core import service
+from recap.core.client import Recap
+from recap.core.errors import BudgetError, InputError
+from recap.core.inputs import read_bytes, read_text
+from recap.core.request import shape
+from recap.core.settings import (
     BROKER_SCHEMES,
     RESULT_BACKENDS,
     SettingsError,
@@ -35,7 +35,7 @@ from core.settings import (
     load_settings,
     result_backend_problem,
 )
-from core.values.records import ROLES
+from recap.core.values.records import ROLES
 from tests.support.cli_helpers import recap, recap_process, snapshot
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from core.summaries.identifiers import (
+from recap.core.summaries.identifiers import (
     command_of_call,
     identifiers_in_text,
     identifiers_of_message,
     retention,
 )
-from core.values.records import Msg
+from recap.core.values.records import Msg
 
 
 @pytest.mark.parametrize(

@@ -59,18 +59,18 @@ def test_the_lower_floors_import_no_storage() -> None:
         for folder in FLOORS
         for path in files(folder)
         for module in imports_of(path)
-        if module == "core.storage" or module.startswith("core.storage.")
+        if module == "recap.core.storage" or module.startswith("recap.core.storage.")
     ]
     assert bad == []
 
 
 def test_the_bottom_floor_imports_only_errors() -> None:
-    """core.values imports no other core module but core.errors."""
+    """recap.core.values imports no other core module but core.errors."""
     bad = [
         (str(path.relative_to(ROOT)), module)
         for path in files("core/values")
         for module in imports_of(path)
-        if module.startswith("core.") and not module.startswith(("core.values", "core.errors"))
+        if module.startswith("core.") and not module.startswith(("recap.core.values", "recap.core.errors"))
     ]
     assert bad == []
 

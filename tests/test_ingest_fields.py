@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from core import service
-from core.client import Recap
-from core.decision.toolresults import IDLE
-from core.errors import InputError
-from core.settings import Settings
-from core.storage.db import session_scope
-from core.storage.outputs import output_exists, read_output, save_output
-from core.storage.sweep import apply_clearings
-from core.values.clearing import ClearingPlan, PlannedClearing
+from recap.core import service
+from recap.core.client import Recap
+from recap.core.decision.toolresults import IDLE
+from recap.core.errors import InputError
+from recap.core.settings import Settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.outputs import output_exists, read_output, save_output
+from recap.core.storage.sweep import apply_clearings
+from recap.core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.cli_helpers import assert_one_line_error, recap, recap_process
 
 EXPORT_SECONDS = 60  # a FIFO or /dev/zero that were opened would hang or fill memory instead

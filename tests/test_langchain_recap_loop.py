@@ -19,8 +19,8 @@ pytest.importorskip("langchain_openai", reason="langchain-openai is not installe
 
 from sqlalchemy import text
 
-from core.client import Recap
-from core.settings import Settings
+from recap.core.client import Recap
+from recap.core.settings import Settings
 from tests.support.content_meter import ContentMeter
 from tests.support.llm_server import LLMServer, Reply
 

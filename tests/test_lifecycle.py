@@ -18,20 +18,20 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, inspect, text, update
 
-from core import lifecycle, service
-from core.client import Recap
-from core.errors import NotFoundError
-from core.settings import SettingsError, get_settings, load_settings
-from core.storage.db import session_scope
-from core.storage.models import CONVERSATIONS, utcnow
-from core.storage.sweep import apply_clearings
-from core.values.clearing import ClearingPlan, PlannedClearing
+from recap.core import lifecycle, service
+from recap.core.client import Recap
+from recap.core.errors import NotFoundError
+from recap.core.settings import SettingsError, get_settings, load_settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CONVERSATIONS, utcnow
+from recap.core.storage.sweep import apply_clearings
+from recap.core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat, harness_for
 from tests.test_media import data_url, image_part, png_bytes
-from workers.app import TASK_ROUTES, app, beat_schedule
-from workers.compress import DELETED_REASON
-from workers.lifecycle import EXPIRE_TASK
+from recap.workers.app import TASK_ROUTES, app, beat_schedule
+from recap.workers.compress import DELETED_REASON
+from recap.workers.lifecycle import EXPIRE_TASK
 
 WINDOW = 3_000
 RESULT_TIMEOUT = 60
@@ -320,7 +320,7 @@ def test_listing_reads_one_page(sqlite_engine: Engine) -> None:
         )
     event.listen(sqlite_engine, "before_cursor_execute", record)
     try:
-        from core.storage.erase import list_conversations
+        from recap.core.storage.erase import list_conversations
 
         rows, following = list_conversations(sqlite_engine, limit=2)
     finally:

@@ -47,8 +47,8 @@ def test_calibration_learns_the_provider(figures: livefuzz.Figures) -> None:
 def test_a_truncated_reading_does_not_overflow_the_next_request(tmp_path: Path) -> None:
     """The "why" case: a reading of a truncated request, exactly what was sent, keeps the
     factor at 1 instead of comparing it with the whole stored history."""
-    from core.client import Recap
-    from core.settings import Settings
+    from recap.core.client import Recap
+    from recap.core.settings import Settings
 
     recap = Recap(
         Settings(database_url=f"sqlite:///{tmp_path / 'r.db'}", output_dir=tmp_path / "o"),

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, insert, select
 
-from core import service
-from core.settings import Settings, get_settings
-from core.storage.compaction_log import LOG, cuts, doomed, prune_log, record_run
-from core.storage.snapshot import recent_failures
+from recap.core import service
+from recap.core.settings import Settings, get_settings
+from recap.core.storage.compaction_log import LOG, cuts, doomed, prune_log, record_run
+from recap.core.storage.snapshot import recent_failures
 from tests.support.celery_helpers import follow_runs, solo_worker
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -173,8 +173,8 @@ def worker(
 def test_prune_task_on_a_worker(worker: None, sqlite_engine: Engine) -> None:
     """The beat task prunes in batches, re-enqueuing itself until nothing is left; it is on the
     beat schedule and routed to the maintenance queue."""
-    from workers.app import TASK_ROUTES, beat_schedule
-    from workers.maintenance import PRUNE_LOG_TASK, prune_compaction_log
+    from recap.workers.app import TASK_ROUTES, beat_schedule
+    from recap.workers.maintenance import PRUNE_LOG_TASK, prune_compaction_log
 
     settings = get_settings()
     cid = service.new_conversation(sqlite_engine, settings, "w")
@@ -243,7 +243,7 @@ def test_consecutive_skips_share_a_row(engine: Engine, settings: Settings) -> No
 
 def test_runs_that_skip_leave_one_row(sqlite_engine: Engine, settings: Settings) -> None:
     """Twenty production runs that skip, one after another, leave one row counting twenty."""
-    from workers.compress import compress_now
+    from recap.workers.compress import compress_now
 
     cid = service.new_conversation(sqlite_engine, settings, "quiet")
     service.add_message(sqlite_engine, cid, {"role": "user", "content": "hello"})

@@ -23,16 +23,16 @@ import pytest
 from PIL import Image
 from sqlalchemy import Engine, select
 
-from core import service
-from core.counting import media, tokens
-from core.errors import InputError
-from core.settings import Settings, get_settings
-from core.storage.models import CLEARINGS, MESSAGES
-from core.storage.outputs import Ingest
-from core.summaries.extractive import extractive_summary
-from core.summaries.identifiers import identifiers_of_message
-from core.summaries.planning import render_message
-from core.values.records import Msg
+from recap.core import service
+from recap.core.counting import media, tokens
+from recap.core.errors import InputError
+from recap.core.settings import Settings, get_settings
+from recap.core.storage.models import CLEARINGS, MESSAGES
+from recap.core.storage.outputs import Ingest
+from recap.core.summaries.extractive import extractive_summary
+from recap.core.summaries.identifiers import identifiers_of_message
+from recap.core.summaries.planning import render_message
+from recap.core.values.records import Msg
 from tests.support.assembling import assemble
 from tests.support.cli_helpers import assert_one_line_error, recap
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from core import service
-from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.core import service
+from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests import test_compress_worker
 from tests.support.cli_helpers import recap
 from tests.test_compress_worker import Harness

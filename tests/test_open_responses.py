@@ -20,8 +20,8 @@ import pytest
 from tests.support import open_responses as spec
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import KEY_A, MODEL, Serve, running_serve
-from workers.serve import response_objects, responses_api
-from workers.serve.errors import ServeError
+from recap.workers.serve import response_objects, responses_api
+from recap.workers.serve.errors import ServeError
 
 WEATHER_CALL = {
     "id": "call_weather_1",

@@ -19,16 +19,16 @@ import openai
 import pytest
 from sqlalchemy import Engine
 
-from core import service
-from core.errors import NotFoundError
-from core.settings import get_settings
-from core.storage import reads
-from core.storage import requests as history
-from core.storage.outputs import Ingest
+from recap.core import service
+from recap.core.errors import NotFoundError
+from recap.core.settings import get_settings
+from recap.core.storage import reads
+from recap.core.storage import requests as history
+from recap.core.storage.outputs import Ingest
 from tests.support import open_responses as spec
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import KEY_A, KEY_B, MODEL, Serve, running_serve
-from workers.serve import responses_api
+from recap.workers.serve import responses_api
 
 PNG = (
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAE"

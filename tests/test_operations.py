@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from core import service
-from core.settings import get_settings
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
+from recap.core import service
+from recap.core.settings import get_settings
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
 from tests.support.llm_server import LLMServer
 from tests.support.processes import free_port, wait_for
 from tests.support.services import redis_database
@@ -189,7 +189,7 @@ def _flower(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes
                 "-m",
                 "celery",
                 "-A",
-                "workers.app",
+                "recap.workers.app",
                 "flower",
                 f"--port={port}",
                 "--address=127.0.0.1",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from core.decision.cachecost import (
+from recap.core.decision.cachecost import (
     CACHED_PRICE,
     UNCACHED_PRICE,
     RunShape,
@@ -24,7 +24,7 @@ from core.decision.cachecost import (
     shape_of,
     to_msgs,
 )
-from core.decision.policy import Knobs
+from recap.core.decision.policy import Knobs
 
 ENCODING = "o200k_base"
 SEEDS = range(300)

@@ -14,13 +14,13 @@ import pytest
 from sqlalchemy import Engine, text
 from structlog.testing import capture_logs
 
-from core.counting import tokens
-from core.decision.toolresults import IDLE
-from core.settings import get_settings
-from core.storage.db import session_scope
-from core.storage.outputs import Ingest, cleanup_outputs, read_output, save_output
-from core.storage.sweep import apply_clearings
-from core.values.clearing import ClearingPlan, PlannedClearing
+from recap.core.counting import tokens
+from recap.core.decision.toolresults import IDLE
+from recap.core.settings import get_settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.outputs import Ingest, cleanup_outputs, read_output, save_output
+from recap.core.storage.sweep import apply_clearings
+from recap.core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.cli_helpers import assert_one_line_error, recap
 
 DAY = 86_400

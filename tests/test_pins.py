@@ -13,20 +13,20 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core import lifecycle, service
-from core.aio import AsyncRecap
-from core.client import Recap
-from core.decision import policy
-from core.errors import NotFoundError, PinLimitError
-from core.request.timeline import PINNED, SUMMARIZED
-from core.settings import get_settings
-from core.storage import pins as stored_pins
-from core.storage import snapshot as snapshots
-from core.storage.db import session_scope
-from core.storage.models import CLEARINGS, PINS
-from core.storage.sweep import apply_clearings, sweep_idle
-from core.values.clearing import ClearingPlan, PlannedClearing
-from core.values.records import Msg, SummaryRec
+from recap.core import lifecycle, service
+from recap.core.aio import AsyncRecap
+from recap.core.client import Recap
+from recap.core.decision import policy
+from recap.core.errors import NotFoundError, PinLimitError
+from recap.core.request.timeline import PINNED, SUMMARIZED
+from recap.core.settings import get_settings
+from recap.core.storage import pins as stored_pins
+from recap.core.storage import snapshot as snapshots
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CLEARINGS, PINS
+from recap.core.storage.sweep import apply_clearings, sweep_idle
+from recap.core.values.clearing import ClearingPlan, PlannedClearing
+from recap.core.values.records import Msg, SummaryRec
 from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat, turn_text
 from tests.test_lifecycle import remaining_rows, tool_turn
@@ -379,7 +379,7 @@ def test_a_split_does_not_count_its_pinned_messages_as_replaced() -> None:
 
 
 def test_the_state_key_names_the_pins() -> None:
-    from core.values.profile import state_key
+    from recap.core.values.profile import state_key
 
     base = {"model": "m", "leaf_id": 9, "summary_id": None, "clearings": (), "content_hash": "h"}
     assert state_key(**base) == state_key(**base, pins=())

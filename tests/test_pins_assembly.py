@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from core.counting import tokens
-from core.errors import BudgetError
-from core.request import pins as pin_rules
-from core.request.assembly import REASONING_CLEARING, AssembledRequest
-from core.request.render import text_only_call, text_only_results
-from core.request.timeline import PINNED, derive
-from core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.counting import tokens
+from recap.core.errors import BudgetError
+from recap.core.request import pins as pin_rules
+from recap.core.request.assembly import REASONING_CLEARING, AssembledRequest
+from recap.core.request.render import text_only_call, text_only_results
+from recap.core.request.timeline import PINNED, derive
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
 from tests.support.assembling import assemble
 from tests.test_assembly import ENCODING, MODEL, chain, check_request, label, labels
 from tests.test_assembly_random import _clearing, _count_summary, random_case
@@ -276,7 +276,7 @@ def test_the_gap_note_comes_before_a_pinned_message() -> None:
 def test_pinned_media_is_never_aged_and_ages_last_under_the_byte_guard() -> None:
     """A pinned screenshot older than the last ``keep_turns`` user turns is sent in full and
     counted; when the request's bytes are over the guard, the other images age first."""
-    from core.counting import media
+    from recap.core.counting import media
     from tests.test_media import _branch, screenshot_turns
 
     branch = _branch(screenshot_turns(3, pad=100_000))

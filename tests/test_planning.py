@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from core.counting import tokens
-from core.summaries import planning
-from core.summaries.planning import (
+from recap.core.counting import tokens
+from recap.core.summaries import planning
+from recap.core.summaries.planning import (
     build_summary_messages,
     plan_split,
     plan_summary,
     rejection_reason,
     render_message,
 )
-from core.summaries.prompts import CUTOFF_MARKER, DEFAULT_SUMMARY_PROMPT, NO_PREVIOUS_SUMMARY
-from core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.summaries.prompts import CUTOFF_MARKER, DEFAULT_SUMMARY_PROMPT, NO_PREVIOUS_SUMMARY
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
 
 KNOBS: dict[str, Any] = dict(
     safety_margin=0.05,

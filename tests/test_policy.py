@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from core.counting import budget
-from core.decision import policy
-from core.storage.profile import FixedParts, Profile
-from core.summaries.planning import message_tokens
-from core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.counting import budget
+from recap.core.decision import policy
+from recap.core.storage.profile import FixedParts, Profile
+from recap.core.summaries.planning import message_tokens
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 KNOBS = policy.Knobs(keep_turns=0, recent_min_tokens=200, min_summary_span_tokens=100)

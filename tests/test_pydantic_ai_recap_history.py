@@ -23,8 +23,8 @@ from pydantic_ai.messages import SystemPromptPart, ToolReturnPart, UserPromptPar
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from sqlalchemy import text
 
-from core.client import Recap
-from core.settings import Settings
+from recap.core.client import Recap
+from recap.core.settings import Settings
 from recap.integrations.pydantic_ai import RecapHistory
 
 pytestmark = [pytest.mark.anyio]

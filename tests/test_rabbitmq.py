@@ -22,21 +22,21 @@ import pytest
 import structlog
 from kombu import Connection
 
-from core.settings import Settings, load_settings
+from recap.core.settings import Settings, load_settings
 from tests.support.cli_helpers import assert_one_line_error, recap_process
 from tests.support.llm_server import Reply
 from tests.support.services import RabbitNode
 from tests.support.worker_stack import ROOT, wait_for
 from tests.test_restarts import Stack, held_run, stack_on
-from workers import enqueue, events
-from workers.app import (
+from recap.workers import enqueue, events
+from recap.workers.app import (
     COMPRESS_QUEUE,
     DEFAULT_QUEUE,
     MAINTENANCE_QUEUE,
     celery_config,
     whole_countdown,
 )
-from workers.enqueue import compress_later
+from recap.workers.enqueue import compress_later
 
 AMQP = "amqp://guest:guest@rabbit:5672//"
 REDIS = "redis://redis:6379/0"

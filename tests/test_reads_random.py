@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from core import service
-from core.errors import NotFoundError
-from core.settings import Settings
-from core.storage.db import session_scope
-from core.storage.models import MESSAGES, Clearing, Summary, utcnow
+from recap.core import service
+from recap.core.errors import NotFoundError
+from recap.core.settings import Settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import MESSAGES, Clearing, Summary, utcnow
 from tests.test_assembly_data import check_partial_read
 
 TREES = 12

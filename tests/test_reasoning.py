@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from core import service
-from core.counting import reasoning, tokens
-from core.request.assembly import REASONING_CLEARING
-from core.settings import Settings
-from core.storage.db import session_scope
-from core.storage.models import CLEARINGS, MESSAGES
-from core.storage.snapshot import read_snapshot
-from core.summaries.planning import request_history_tokens
-from core.values.records import Msg
+from recap.core import service
+from recap.core.counting import reasoning, tokens
+from recap.core.request.assembly import REASONING_CLEARING
+from recap.core.settings import Settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CLEARINGS, MESSAGES
+from recap.core.storage.snapshot import read_snapshot
+from recap.core.summaries.planning import request_history_tokens
+from recap.core.values.records import Msg
 from tests.support.assembling import assemble
 from tests.support.token_check import assert_counts_cover, plain_count
 

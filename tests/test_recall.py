@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core import recall as recalls
-from core import service
-from core.client import Recap
-from core.errors import InputError, NotFoundError
-from core.request import refs
-from core.settings import get_settings
-from core.storage.db import session_scope
-from core.storage.sweep import apply_clearings
-from core.values.clearing import ClearingPlan, PlannedClearing
+from recap.core import recall as recalls
+from recap.core import service
+from recap.core.client import Recap
+from recap.core.errors import InputError, NotFoundError
+from recap.core.request import refs
+from recap.core.settings import get_settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.sweep import apply_clearings
+from recap.core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat
 from tests.test_lifecycle import big_output, rich_conversation, tool_turn

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core import recall as recalls
-from core import service
-from core.client import Recap
-from core.errors import InputError
-from core.settings import get_settings
+from recap.core import recall as recalls
+from recap.core import service
+from recap.core.client import Recap
+from recap.core.errors import InputError
+from recap.core.settings import get_settings
 from tests.support.cli_helpers import assert_one_line_error, recap
 
 CAP = 2_000  # RECAP_RECALL_MAX_CHARS in these tests

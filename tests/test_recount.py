@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from core import service
-from core.counting import tokens
-from core.settings import Settings
-from core.storage import recount
-from core.storage.db import session_scope
-from core.storage.models import CLEARINGS, MESSAGES
-from core.storage.reads import load_request_branch
-from core.storage.sweep import apply_clearings
-from core.values.clearing import ClearingPlan, PlannedClearing
+from recap.core import service
+from recap.core.counting import tokens
+from recap.core.settings import Settings
+from recap.core.storage import recount
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CLEARINGS, MESSAGES
+from recap.core.storage.reads import load_request_branch
+from recap.core.storage.sweep import apply_clearings
+from recap.core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.token_check import assert_counts_cover
 
 OLD, NEW = "gpt-4o", "gpt-4"  # o200k_base, then cl100k_base
@@ -157,8 +157,8 @@ def test_same_basis_needs_no_recount(moved: tuple[Engine, str]) -> None:
 
 def test_unknown_conversation_and_model(engine: Engine) -> None:
     """Bad input is one clear error and changes nothing."""
-    from core.counting.tokens import UnknownModelError
-    from core.errors import NotFoundError
+    from recap.core.counting.tokens import UnknownModelError
+    from recap.core.errors import NotFoundError
 
     with pytest.raises(NotFoundError):
         recount.set_model(engine, "nope", NEW)

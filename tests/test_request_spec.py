@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 import recap as recap_api
-from core.aio import AsyncRecap
-from core.client import Recap
-from core.errors import InputError
-from core.settings import Settings
-from core.values.request import ContextFile, RequestSpec, request_from
+from recap.core.aio import AsyncRecap
+from recap.core.client import Recap
+from recap.core.errors import InputError
+from recap.core.settings import Settings
+from recap.core.values.request import ContextFile, RequestSpec, request_from
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 

@@ -26,11 +26,11 @@ import structlog
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from sqlalchemy import Engine, select
 
-from core import service
-from core.settings import get_settings
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
-from core.storage.models import CONVERSATIONS, CompactionLog, table_of
+from recap.core import service
+from recap.core.settings import get_settings
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
+from recap.core.storage.models import CONVERSATIONS, CompactionLog, table_of
 from tests.support.llm_server import LLMServer
 from tests.support.services import (
     PostgresCluster,
@@ -40,9 +40,9 @@ from tests.support.services import (
     need_service,
 )
 from tests.support.worker_stack import Gate, WorkerProcess, wait_for, worker_env
-from workers import patches
-from workers.enqueue import compress_later, reset
-from workers.runner import RestartPolicy, Supervisor
+from recap.workers import patches
+from recap.workers.enqueue import compress_later, reset
+from recap.workers.runner import RestartPolicy, Supervisor
 
 WINDOW = 3_000  # small, so a dozen short turns go over the trigger
 TURNS = 12
@@ -407,7 +407,7 @@ def _error_of(url: str, statement: str) -> Exception:
 
 def test_database_unavailable_tells_a_missing_server_from_a_bad_statement(tmp_path: Path) -> None:
     """A refused connection is retried; a missing table, bad SQL or a constraint is not."""
-    from core.compression.dbretry import database_unavailable
+    from recap.core.compression.dbretry import database_unavailable
     from tests.support.processes import free_port
 
     sqlite = f"sqlite:///{tmp_path / 'x.db'}"

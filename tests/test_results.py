@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from core.client import Recap
-from core.results import CompressResult, ExportedConversation, Stats, SummaryInfo, UsageRecorded
-from core.settings import Settings
+from recap.core.client import Recap
+from recap.core.results import CompressResult, ExportedConversation, Stats, SummaryInfo, UsageRecorded
+from recap.core.settings import Settings
 
 
 @pytest.fixture
@@ -63,8 +63,8 @@ def test_the_host_handles_take_what_the_cli_takes(recap: Recap) -> None:
     ``recap assemble --max-input-tokens/--model``, and answer as the service does."""
     import asyncio
 
-    from core import service
-    from core.aio import AsyncRecap
+    from recap.core import service
+    from recap.core.aio import AsyncRecap
 
     cid = recap.new(max_input_tokens=100_000)
     for n in range(30):

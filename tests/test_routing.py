@@ -21,16 +21,16 @@ import pytest
 import redis
 from celery import Celery
 
-from core import service
-from core.settings import get_settings
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
+from recap.core import service
+from recap.core.settings import get_settings
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
 from tests.support.services import RedisServer
 from tests.support.worker_stack import WorkerProcess, wait_for, worker_env
-from workers import enqueue
-from workers.app import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE
-from workers.enqueue import compress_later
-from workers.runner import worker_argv
+from recap.workers import enqueue
+from recap.workers.app import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE
+from recap.workers.enqueue import compress_later
+from recap.workers.runner import worker_argv
 
 WINDOW = 3_000  # small, so a dozen short turns go over the trigger
 SERVED_TIMEOUT = 60.0  # one compression by a running worker, with room for a loaded machine

@@ -27,19 +27,19 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-import core.storage.db
-from core import service
-from core.settings import get_settings
-from core.storage.db import make_engine, pool_settings, size_pool
-from core.storage.migrate import upgrade
-from core.storage.models import CONVERSATIONS, SUMMARIES, CompactionLog, table_of
+import recap.core.storage.db
+from recap.core import service
+from recap.core.settings import get_settings
+from recap.core.storage.db import make_engine, pool_settings, size_pool
+from recap.core.storage.migrate import upgrade
+from recap.core.storage.models import CONVERSATIONS, SUMMARIES, CompactionLog, table_of
 from tests.support.llm_server import LLMServer, stand_in_summary
 from tests.support.processes import children_of
 from tests.support.services import RedisServer, need_redis_server
 from tests.support.worker_stack import WorkerProcess, stop_workers, wait_for, worker_env
-from workers.enqueue import compress_later, producer_app, reset
-from workers.queues import MAINTENANCE_QUEUE
-from workers.tasks import consumes_compressions, pool_connections
+from recap.workers.enqueue import compress_later, producer_app, reset
+from recap.workers.queues import MAINTENANCE_QUEUE
+from recap.workers.tasks import consumes_compressions, pool_connections
 
 LOG = table_of(CompactionLog)
 IMPORT_HEADER = "import time: self [us] | cumulative | imported package"
@@ -144,7 +144,7 @@ def test_the_maintenance_worker_runs_its_tasks_without_litellm_or_forked_childre
     # the command line (settings checked), the supervisor it becomes, then the worker
     assert len(processes) == 4, len(processes)
     supervisor = processes[2]
-    assert imported(supervisor, "workers.queues")  # what `python -m workers.runner` imports
+    assert imported(supervisor, "recap.workers.queues")  # what `python -m workers.runner` imports
     for heavy in ("celery", "kombu", "sqlalchemy", "litellm"):
         assert not imported(supervisor, heavy), heavy
 

@@ -15,16 +15,16 @@ import redis
 from pydantic import SecretStr
 from sqlalchemy import Engine, select
 
-from core import service
-from core.redact import MASK, error_text, known_secrets, mask_value, redact
-from core.settings import Settings, load_settings
-from core.storage.db import session_scope
-from core.storage.models import CompactionLog, table_of
+from recap.core import service
+from recap.core.redact import MASK, error_text, known_secrets, mask_value, redact
+from recap.core.settings import Settings, load_settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CompactionLog, table_of
 from tests.support.cli_helpers import recap, recap_process
 from tests.support.llm_server import LLMServer, Reply
 from tests.test_compress_worker import WINDOW, chat
 from tests.test_operations import DB_PASSWORD, _wait, stack
-from workers.events import CHANNEL
+from recap.workers.events import CHANNEL
 
 LOG = table_of(CompactionLog)
 KEY = "sk-proj-echoed0key0of0the0test0provider0wxyz"  # sk-shaped, as OpenAI's are

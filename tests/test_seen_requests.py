@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from core.errors import InputError
-from core.storage.requests import Seen, checked_and_hashed
+from recap.core.errors import InputError
+from recap.core.storage.requests import Seen, checked_and_hashed
 
 ROUNDS = 300
 

@@ -22,11 +22,11 @@ import httpx
 import openai
 import pytest
 
-from core.errors import InputError
-from core.request.prefix import longest_stored_prefix, open_calls, split_system
-from core.storage.hashing import message_hash
-from core.storage.requests import SeenRequests, checked_and_hashed, known_path
-from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.core.errors import InputError
+from recap.core.request.prefix import longest_stored_prefix, open_calls, split_system
+from recap.core.storage.hashing import message_hash
+from recap.core.storage.requests import SeenRequests, checked_and_hashed, known_path
+from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import (
     BODY_LIMIT,
@@ -44,8 +44,8 @@ from tests.support.serving import (
     turn,
     wait_until,
 )
-from workers.serve import direct, upstream
-from workers.serve.turns import ConversationLocks
+from recap.workers.serve import direct, upstream
+from recap.workers.serve.turns import ConversationLocks
 
 # --- the pure parts ----------------------------------------------------------------------------
 
@@ -679,9 +679,9 @@ def test_forty_turns_resent_stored_once_and_requests_shrink(
     upstream request shrinks once the worker (a real one, on the file broker) has summarized."""
     from celery.contrib.testing.worker import start_worker
 
-    from core.settings import get_settings
+    from recap.core.settings import get_settings
     from tests.support.celery_helpers import configured_app
-    from workers.app import app
+    from recap.workers.app import app
 
     url = f"sqlite:///{tmp_path / 'recap.db'}"
     env = {

@@ -21,9 +21,9 @@ import httpx
 import openai
 import pytest
 
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
-from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
+from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.processes import free_port
 from tests.support.serve_stack import ROOT, serve_process
@@ -40,8 +40,8 @@ from tests.support.serving import (
     wait_until,
 )
 from tests.support.worker_stack import WorkerProcess, worker_env
-from workers.serve import messages_api, responses_api
-from workers.serve.errors import ServeError
+from recap.workers.serve import messages_api, responses_api
+from recap.workers.serve.errors import ServeError
 
 # --- the conversions ---------------------------------------------------------------------------
 
@@ -818,7 +818,7 @@ def test_a_missing_database_is_created_and_the_start_is_said(
 def test_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
     """A database that cannot be opened: one line on stderr, a non-zero exit, no traceback."""
     done = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "serve", "--port", str(free_port())],
+        [sys.executable, "-m", "recap.workers.cli", "serve", "--port", str(free_port())],
         env={
             **os.environ,
             "PYTHONPATH": str(ROOT),

@@ -25,9 +25,9 @@ import openai
 import pytest
 from sqlalchemy import Engine, select
 
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
-from core.storage.models import MESSAGES
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
+from recap.core.storage.models import MESSAGES
 from tests.support.hostile_upstream import (
     Answer,
     HostileUpstream,
@@ -72,8 +72,8 @@ TRACEBACK = re.compile(r"Traceback|File \"|\.py\b|site-packages|/usr/|/home/|/tm
 )
 def test_the_reader_refuses_with_one_line(body: bytes, fragment: str) -> None:
     """Each hostile body is one 400 naming why, raised while parsing or right after."""
-    from workers.serve.errors import ServeError
-    from workers.serve.reader import parse_object
+    from recap.workers.serve.errors import ServeError
+    from recap.workers.serve.reader import parse_object
 
     with pytest.raises(ServeError) as caught:
         parse_object(body)
@@ -82,7 +82,7 @@ def test_the_reader_refuses_with_one_line(body: bytes, fragment: str) -> None:
 
 def test_the_reader_takes_what_clients_send() -> None:
     """Ordinary bodies: 64-bit integers, floats, 64 levels, any script, a BOM."""
-    from workers.serve.reader import parse_object
+    from recap.workers.serve.reader import parse_object
 
     deep = "[" * 63 + "]" * 63
     body = f'{{"seed": {-(2**63)}, "t": 0.7, "d": {deep}, "s": "会话 🙂"}}'
@@ -103,7 +103,7 @@ def test_the_reader_takes_what_clients_send() -> None:
 def test_header_values_round_trip(value: str, written: str) -> None:
     """The header rule: printable ASCII but space and % as it is, the rest percent-encoded
     UTF-8; decoding gives the value back, and raw UTF-8 (as Latin-1) is read too."""
-    from workers.serve import headers
+    from recap.workers.serve import headers
 
     assert headers.encode(value) == written
     assert headers.decode(written) == value
@@ -112,7 +112,7 @@ def test_header_values_round_trip(value: str, written: str) -> None:
 
 
 def test_a_header_that_is_not_utf8_is_refused() -> None:
-    from workers.serve import headers
+    from recap.workers.serve import headers
 
     for raw in ("\xff\xfe", "%FF%FE"):
         with pytest.raises(ValueError):
@@ -124,7 +124,7 @@ def test_a_stream_masker_equals_masking_the_whole_text() -> None:
     out, joined, equal the whole text masked at once."""
     import random
 
-    from core.redact import StreamMasker, mask_known
+    from recap.core.redact import StreamMasker, mask_known
 
     secrets = [UPSTREAM_KEY, SUMMARY_KEY, DB_PASSWORD]
     words = [*secrets, "sk-", "s", "postgres://", "u:p@h", "db-", "Note:", "x", " ", "//", "@"]
@@ -170,8 +170,8 @@ def test_a_secret_in_a_chunks_other_strings_is_masked(spelled: str) -> None:
     name), however the upstream's JSON spells it: masked in what the relay lets out."""
     import asyncio
 
-    from workers.serve.direct import Chunk
-    from workers.serve.streaming import Relay
+    from recap.workers.serve.direct import Chunk
+    from recap.workers.serve.streaming import Relay
 
     call = '{"index":0,"id":"k","function":{"name":"SPELLED","arguments":""}}'
     raw = (
@@ -203,7 +203,7 @@ def test_streamed_thinking_blocks_join_as_litellm_joins_them() -> None:
 
     from litellm.litellm_core_utils.streaming_chunk_builder_utils import ChunkProcessor
 
-    from workers.serve.direct import Chunk, build_from_chunks
+    from recap.workers.serve.direct import Chunk, build_from_chunks
 
     rng = random.Random(31)
     for _ in range(300):
@@ -236,7 +236,7 @@ def test_streamed_thinking_blocks_join_as_litellm_joins_them() -> None:
     ],
 )
 def test_client_text_drops_tracebacks_and_paths(text: str, shown: str) -> None:
-    from workers.serve.errors import client_text
+    from recap.workers.serve.errors import client_text
 
     assert client_text(text) == shown
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
 from tests.support.hostile_clients import first_turn_rounds
 from tests.support.hostile_upstream import HostileUpstream
 from tests.support.serve_stack import serve_env, serve_process

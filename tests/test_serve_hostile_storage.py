@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import Engine, func, select, update
 from sqlmodel import Session
 
-from core.errors import InputError, NotFoundError
-from core.settings import get_settings
-from core.storage import requests as history
-from core.storage import store
-from core.storage.models import CONVERSATIONS, utcnow
-from core.storage.outputs import Ingest
+from recap.core.errors import InputError, NotFoundError
+from recap.core.settings import get_settings
+from recap.core.storage import requests as history
+from recap.core.storage import store
+from recap.core.storage.models import CONVERSATIONS, utcnow
+from recap.core.storage.outputs import Ingest
 from tests.support.data import migrated
 
 MODEL = "gpt-4o-mini"

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from core.storage.db import session_scope
-from core.storage.models import CLEARINGS
-from core.storage.sweep import apply_clearings
-from core.values.clearing import ClearingPlan, PlannedClearing
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CLEARINGS
+from recap.core.storage.sweep import apply_clearings
+from recap.core.values.clearing import ClearingPlan, PlannedClearing
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import (
     KEY_B,
@@ -164,8 +164,8 @@ def test_a_result_a_real_worker_cleared_is_recalled_through_serve(
     ``recap_recall`` for it, serve answers the call, the upstream's next request carries the
     original output and the client's reply shows no recall call."""
     from tests.support.worker_stack import WorkerProcess, worker_env
-    from workers.enqueue import producer_app
-    from workers.queues import MAINTENANCE_QUEUE
+    from recap.workers.enqueue import producer_app
+    from recap.workers.queues import MAINTENANCE_QUEUE
 
     url = f"sqlite:///{tmp_path / 'recap.db'}"
     idle = {"RECAP_IDLE_MINUTES": "0.001", "RECAP_IDLE_KEEP_TOOL_RESULTS": "0",

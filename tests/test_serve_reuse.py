@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from core import service
-from core.settings import Settings
-from core.storage.db import session_scope
-from core.storage.models import MESSAGES, Clearing, Summary, utcnow
+from recap.core import service
+from recap.core.settings import Settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import MESSAGES, Clearing, Summary, utcnow
 from tests.support.llm_server import LLMServer
 from tests.test_serve import (
     CALL,

@@ -24,9 +24,9 @@ import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from core.errors import NotFoundError
-from core.storage import store
-from core.storage.requests import resolve, scoped_id
+from recap.core.errors import NotFoundError
+from recap.core.storage import store
+from recap.core.storage.requests import resolve, scoped_id
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import (
     KEY_A,
@@ -39,8 +39,8 @@ from tests.support.serving import (
     turn,
     wait_until,
 )
-from workers.serve import responses_api
-from workers.serve.auth import fingerprint
+from recap.workers.serve import responses_api
+from recap.workers.serve.auth import fingerprint
 
 PROMPT_SECONDS = 3.0  # another key's request answers within this while one key's is stalled
 ROUNDS = 100  # stream-then-continue rounds per API

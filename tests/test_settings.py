@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.settings import SettingsError, load_settings
+from recap.core.settings import SettingsError, load_settings
 
 
 def test_contract_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, insert
 
-from core.client import Recap
-from core.decision import policy
-from core.settings import Settings
-from core.storage.db import session_scope
-from core.storage.models import SUMMARIES, utcnow
-from core.storage.snapshot import history_bound, read_snapshot
-from workers.compress import compress_now
+from recap.core.client import Recap
+from recap.core.decision import policy
+from recap.core.settings import Settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import SUMMARIES, utcnow
+from recap.core.storage.snapshot import history_bound, read_snapshot
+from recap.workers.compress import compress_now
 
 MODEL = "gpt-4o-mini"
 SEEDS = range(4)

@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy import Engine, func, inspect, select, text
 from sqlmodel import Session
 
-from core import service
-from core.counting import tokens
-from core.settings import Settings
-from core.storage.db import session_scope
-from core.storage.migrate import current_revision, head_revision, schema_drift
-from core.storage.models import Message, Summary, utcnow
+from recap.core import service
+from recap.core.counting import tokens
+from recap.core.settings import Settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.migrate import current_revision, head_revision, schema_drift
+from recap.core.storage.models import Message, Summary, utcnow
 from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.support.data import DATA_FILES, load_data
 
@@ -83,8 +83,8 @@ def test_every_shared_conversation_roundtrips(sqlite_engine: Engine, settings: S
 
 def test_roundtrip_on_postgres(postgres_url: str, settings: Settings) -> None:
     """The same round trip holds on PostgreSQL (one file of each source)."""
-    from core.storage.db import make_engine
-    from core.storage.migrate import upgrade
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
 
     engine = make_engine(postgres_url)
     upgrade(engine)
@@ -249,7 +249,7 @@ def test_stats_count_what_the_request_carries(sqlite_engine: Engine, settings: S
 def test_the_request_version_reads_the_messages_index_alone(sqlite_engine: Engine) -> None:
     """Each assembly's version read (per basis: count, highest id, token sum) is answered from
     the covering index of migration 0011, never from the message rows."""
-    from core.storage.versions import _BASES
+    from recap.core.storage.versions import _BASES
 
     statement = select(_BASES).params(conversation_id="any")
     compiled = statement.compile(sqlite_engine, compile_kwargs={"literal_binds": True})
@@ -263,7 +263,7 @@ def test_the_tree_is_read_from_its_index_alone(sqlite_engine: Engine) -> None:
     """Each request's path read (every id, parent and stored count of the conversation, which
     tell what the budget can hold before a row is read) is answered from the tree index of
     migration 0012, never from the message rows."""
-    from core.storage import reads
+    from recap.core.storage import reads
 
     for statement in (reads._AGGREGATED_PARENTS["sqlite"], reads._PARENTS):
         bound = statement.params(conversation_id="any")

@@ -16,7 +16,7 @@ import random
 
 import pytest
 
-from core.storage.reads import stored_json
+from recap.core.storage.reads import stored_json
 from tests.support.json_documents import assert_agree, mutated, same, value
 
 CASES = int(os.environ.get("RECAP_FUZZ_CASES", "6000"))

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from core.client import Recap
-from core.counting import tokens
-from core.settings import Settings
-from core.summaries.extractive import extractive_summary
-from core.summaries.sizing import cut_summary, summary_limit
-from core.values.records import Msg
+from recap.core.client import Recap
+from recap.core.counting import tokens
+from recap.core.settings import Settings
+from recap.core.summaries.extractive import extractive_summary
+from recap.core.summaries.sizing import cut_summary, summary_limit
+from recap.core.values.records import Msg
 from tests.support.llm_server import LLMServer, Reply
-from workers.summarizers import SHORTER, stated_window
+from recap.workers.summarizers import SHORTER, stated_window
 
 ENCODING = "o200k_base"
 

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text, update
 
-from core import service
-from core.counting import tokens
-from core.decision.toolresults import IDLE, plan_clearings
-from core.settings import get_settings, load_settings
-from core.storage import reads, store
-from core.storage.db import session_scope
-from core.storage.models import CONVERSATIONS, utcnow
-from core.storage.sweep import apply_clearings, sweep_idle
+from recap.core import service
+from recap.core.counting import tokens
+from recap.core.decision.toolresults import IDLE, plan_clearings
+from recap.core.settings import get_settings, load_settings
+from recap.core.storage import reads, store
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CONVERSATIONS, utcnow
+from recap.core.storage.sweep import apply_clearings, sweep_idle
 from tests.support.celery_helpers import follow_runs, solo_worker
 from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.support.data import load_data
@@ -244,7 +244,7 @@ def worker(
 
 def test_sweep_task_on_a_worker_reenqueues_until_done(worker: None, sqlite_engine: Engine) -> None:
     """The beat task clears one batch per run and re-enqueues itself until nothing is left."""
-    from workers.maintenance import sweep_idle_tool_results
+    from recap.workers.maintenance import sweep_idle_tool_results
 
     records = [agent_record(f"w{i}", ["bash"] * 5) for i in range(3)]
     service.import_conversations(sqlite_engine, records, get_settings())
@@ -260,8 +260,8 @@ def test_sweep_task_on_a_worker_reenqueues_until_done(worker: None, sqlite_engin
 
 def test_cleanup_task_on_a_worker(worker: None, tmp_path: Path) -> None:
     """The beat cleanup deletes expired saved outputs and reports what it deleted."""
-    from core.storage.outputs import save_output
-    from workers.maintenance import cleanup_truncated_outputs
+    from recap.core.storage.outputs import save_output
+    from recap.workers.maintenance import cleanup_truncated_outputs
 
     old = save_output(Path(get_settings().output_dir), "old " * 300)
     moment = time.time() - 30 * 86_400

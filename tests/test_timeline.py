@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from core import lifecycle, service
-from core.client import Recap
-from core.counting import media
-from core.request.timeline import STATES, derive
-from core.settings import get_settings
-from core.storage.db import session_scope
-from core.storage.models import REQUEST_PROFILES
-from core.storage.sweep import apply_clearings
-from core.values.clearing import ClearingPlan, PlannedClearing
-from core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core import lifecycle, service
+from recap.core.client import Recap
+from recap.core.counting import media
+from recap.core.request.timeline import STATES, derive
+from recap.core.settings import get_settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import REQUEST_PROFILES
+from recap.core.storage.sweep import apply_clearings
+from recap.core.values.clearing import ClearingPlan, PlannedClearing
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
 from tests.support import assembling
 from tests.support.cli_helpers import assert_one_line_error, recap
 from tests.test_compress_worker import chat

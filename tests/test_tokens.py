@@ -9,8 +9,8 @@ import sys
 import pytest
 import tiktoken
 
-from core.counting import tokens
-from core.counting.tokens import CL100K, O200K
+from recap.core.counting import tokens
+from recap.core.counting.tokens import CL100K, O200K
 
 tokens.ensure_offline_encodings()  # the comparisons below call tiktoken itself: no download
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from core.counting import tokens
-from core.decision.toolresults import (
+from recap.core.counting import tokens
+from recap.core.decision.toolresults import (
     IDLE,
     POST_SUMMARY,
     PRESSURE,
@@ -16,9 +16,9 @@ from core.decision.toolresults import (
     placeholder_tokens_bound,
     plan_clearings,
 )
-from core.request.placeholders import cleared_placeholder
-from core.request.refs import message_ref
-from core.request.truncation import (
+from recap.core.request.placeholders import cleared_placeholder
+from recap.core.request.refs import message_ref
+from recap.core.request.truncation import (
     Limits,
     byte_size,
     head_tail,
@@ -28,7 +28,7 @@ from core.request.truncation import (
     output_preview,
     trim_arguments,
 )
-from core.values.records import ClearingRec, Msg
+from recap.core.values.records import ClearingRec, Msg
 from tests.support.data import DATA_FILES, load_data
 
 LIMITS = Limits(max_lines=2_000, max_bytes=50_000)

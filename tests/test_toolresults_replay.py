@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from core.decision.cachecost import (
+from recap.core.decision.cachecost import (
     CACHED_PRICE,
     UNCACHED_PRICE,
     keep_last_every_request,
@@ -16,7 +16,7 @@ from core.decision.cachecost import (
     replay,
     to_msgs,
 )
-from core.decision.policy import Knobs
+from recap.core.decision.policy import Knobs
 
 ENCODING = "o200k_base"
 

@@ -29,11 +29,11 @@ import structlog
 from celery import Celery, Task
 from kombu.entity import Exchange, Queue
 
-from core.redact import known_secrets, redact
-from core.settings import Settings, get_settings
-from core.storage import private
-from workers import filebroker, patches
-from workers.celery_types import (
+from recap.core.redact import known_secrets, redact
+from recap.core.settings import Settings, get_settings
+from recap.core.storage import private
+from recap.workers import filebroker, patches
+from recap.workers.celery_types import (
     TaskHandle,
     celeryd_init,
     setup_logging,
@@ -41,11 +41,11 @@ from workers.celery_types import (
     task_prerun,
     worker_init,
 )
-from workers.logs import configure_logging, register_secrets
-from workers.queues import COMPRESS_QUEUE as COMPRESS_QUEUE
-from workers.queues import COMPRESS_TASK as COMPRESS_TASK
-from workers.queues import DEFAULT_QUEUE as DEFAULT_QUEUE
-from workers.queues import MAINTENANCE_QUEUE as MAINTENANCE_QUEUE
+from recap.workers.logs import configure_logging, register_secrets
+from recap.workers.queues import COMPRESS_QUEUE as COMPRESS_QUEUE
+from recap.workers.queues import COMPRESS_TASK as COMPRESS_TASK
+from recap.workers.queues import DEFAULT_QUEUE as DEFAULT_QUEUE
+from recap.workers.queues import MAINTENANCE_QUEUE as MAINTENANCE_QUEUE
 
 TASK_ROUTES = {
     COMPRESS_TASK: {"queue": COMPRESS_QUEUE},
@@ -223,7 +223,7 @@ def create_app(settings: Settings | None = None) -> Celery:
     patches.apply()
     celery = Celery("recap", task_cls=RecapTask)
     celery.conf.update(celery_config(settings or get_settings()))
-    celery.conf.imports = ("workers.tasks", "workers.maintenance", "workers.lifecycle")
+    celery.conf.imports = ("recap.workers.tasks", "recap.workers.maintenance", "recap.workers.lifecycle")
     return celery
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from functools import partial
 
-from core.compression import run
-from core.compression.run import COMPACTION_LOG as COMPACTION_LOG
-from core.compression.run import DELETED_REASON as DELETED_REASON
-from core.compression.run import Outcome as Outcome
-from core.compression.run import Parts
-from core.compression.summarizer import RetryLater as RetryLater
-from workers.events import Publisher
-from workers.summarizers import summarizer_for
+from recap.core.compression import run
+from recap.core.compression.run import COMPACTION_LOG as COMPACTION_LOG
+from recap.core.compression.run import DELETED_REASON as DELETED_REASON
+from recap.core.compression.run import Outcome as Outcome
+from recap.core.compression.run import Parts
+from recap.core.compression.summarizer import RetryLater as RetryLater
+from recap.workers.events import Publisher
+from recap.workers.summarizers import summarizer_for
 
 PARTS = Parts(summarizers=summarizer_for, reporter=Publisher())
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.storage.private import make_folder
-from core.values.actions import ACTED, Action
+from recap.core.storage.private import make_folder
+from recap.core.values.actions import ACTED, Action
 
 DEMO_FILE = Path(__file__).parent / "data" / "demo.jsonl"
 DEMO_DIR = Path(".recap") / "demo"
@@ -90,22 +90,22 @@ def run(window: int = DEMO_WINDOW, folder: Path = DEMO_DIR, progress: Any = None
     make_folder(folder / "results")
     os.environ.update(demo_environment(folder))
 
-    from core import service
-    from core.counting import tokens
-    from core.settings import get_settings
-    from core.storage.db import get_engine
-    from core.storage.migrate import upgrade
+    from recap.core import service
+    from recap.core.counting import tokens
+    from recap.core.settings import get_settings
+    from recap.core.storage.db import get_engine
+    from recap.core.storage.migrate import upgrade
 
     get_settings.cache_clear()
     settings = get_settings()
-    from workers.app import app, configure
-    from workers.enqueue import CompressJob, send
+    from recap.workers.app import app, configure
+    from recap.workers.enqueue import CompressJob, send
 
     configure(app, settings)
     options = {**app.conf.broker_transport_options, "polling_interval": POLL_SECONDS}
     app.conf.broker_transport_options = options  # the file broker looks for messages this often
-    import workers.maintenance
-    import workers.tasks  # noqa: F401  (registers the compression tasks)
+    import recap.workers.maintenance
+    import recap.workers.tasks  # noqa: F401  (registers the compression tasks)
 
     engine = get_engine(settings.database_url)
     upgrade(engine)

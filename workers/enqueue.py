@@ -1,6 +1,6 @@
 """Enqueue compression from a host app, on the right queue, without a Celery app of its own.
 
-    from workers.enqueue import compress_later
+    from recap.workers.enqueue import compress_later
 
     compress_later(conversation_id)  # after each turn; never waits; returns the task id
 
@@ -27,7 +27,7 @@ from typing import Any
 from celery import Celery
 from celery.result import AsyncResult
 
-from workers.queues import COMPRESS_QUEUE, COMPRESS_TASK
+from recap.workers.queues import COMPRESS_QUEUE, COMPRESS_TASK
 
 __all__ = ["COMPRESS_TASK", "CompressJob", "compress_later", "producer_app", "reset", "send"]
 _apps: dict[str, Celery] = {}
@@ -80,7 +80,7 @@ def compress_later(
 
 def producer_app(broker_url: str | None = None) -> Celery:
     """The cached sending app for ``broker_url`` (default: the configured broker)."""
-    from core.settings import get_settings
+    from recap.core.settings import get_settings
 
     settings = get_settings()
     url = broker_url or settings.broker_url
@@ -92,8 +92,8 @@ def producer_app(broker_url: str | None = None) -> Celery:
 
 
 def _make_app(url: str) -> Celery:
-    from core.settings import get_settings
-    from workers.app import task_queue, transport_options
+    from recap.core.settings import get_settings
+    from recap.workers.app import task_queue, transport_options
 
     settings = get_settings().model_copy(update={"broker_url": url})
     queue = task_queue(COMPRESS_QUEUE, settings)

@@ -12,13 +12,13 @@ import json
 import threading
 from typing import Any
 
-from core.compression.report import COMPLETED as COMPLETED
-from core.compression.report import FAILED as FAILED
-from core.compression.report import STARTED as STARTED
-from core.compression.report import LogReporter, masked
-from core.compression.report import log as log
-from core.redact import known_secrets, redact
-from core.settings import Settings
+from recap.core.compression.report import COMPLETED as COMPLETED
+from recap.core.compression.report import FAILED as FAILED
+from recap.core.compression.report import STARTED as STARTED
+from recap.core.compression.report import LogReporter, masked
+from recap.core.compression.report import log as log
+from recap.core.redact import known_secrets, redact
+from recap.core.settings import Settings
 
 CHANNEL = "recap:events"  # hosts SUBSCRIBE here; one JSON object per message
 PUBLISH_TIMEOUT_SECONDS = 2.0  # an unreachable Redis must not hold a compression up

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from time import monotonic
 from typing import Any
 
-from core.storage.private import private_opener
+from recap.core.storage.private import private_opener
 
 PATCHED_FLAG = "_recap_private_open"
 PARTIAL_PREFIX = ".partial-"  # a message being written: no consumer takes a name without .msg

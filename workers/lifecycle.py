@@ -10,11 +10,11 @@ from typing import Any
 
 import structlog
 
-from core import lifecycle
-from core.settings import get_settings
-from core.storage.db import get_engine
-from workers.app import task
-from workers.celery_types import TaskHandle
+from recap.core import lifecycle
+from recap.core.settings import get_settings
+from recap.core.storage.db import get_engine
+from recap.workers.app import task
+from recap.workers.celery_types import TaskHandle
 
 EXPIRE_TASK = "recap.expire_conversations"
 

@@ -17,7 +17,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote price
 
 import litellm
 
-from core.settings import Settings
+from recap.core.settings import Settings
 
 litellm.suppress_debug_info = True
 litellm.telemetry = False

@@ -17,8 +17,8 @@ from typing import Any
 
 import structlog
 
-from core.redact import MASK, MIN_SECRET_CHARS
-from core.redact import redact as redact_text
+from recap.core.redact import MASK, MIN_SECRET_CHARS
+from recap.core.redact import redact as redact_text
 
 SECRET_KEY = re.compile(r"(api[_-]?key|password|passwd|secret|authorization|token)$", re.I)
 _secrets: set[str] = set()

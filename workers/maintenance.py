@@ -15,15 +15,15 @@ from typing import Any
 
 import structlog
 
-from core.settings import get_settings
-from core.storage.compaction_log import PRUNE_BATCH, prune_log
-from core.storage.db import get_engine
-from core.storage.models import utcnow
-from core.storage.outputs import cleanup_outputs
-from core.storage.recount import recount_conversation
-from core.storage.sweep import sweep_idle
-from workers.app import task
-from workers.celery_types import TaskHandle
+from recap.core.settings import get_settings
+from recap.core.storage.compaction_log import PRUNE_BATCH, prune_log
+from recap.core.storage.db import get_engine
+from recap.core.storage.models import utcnow
+from recap.core.storage.outputs import cleanup_outputs
+from recap.core.storage.recount import recount_conversation
+from recap.core.storage.sweep import sweep_idle
+from recap.workers.app import task
+from recap.workers.celery_types import TaskHandle
 
 SWEEP_TASK = "recap.sweep_idle_tool_results"
 CLEANUP_TASK = "recap.cleanup_truncated_outputs"

@@ -16,12 +16,12 @@ from typing import Any
 
 from sqlalchemy import Engine, or_, select, update
 
-from core.counting import tokens
-from core.decision import policy
-from core.settings import Settings
-from core.storage import snapshot as snapshots
-from core.storage.db import session_scope
-from core.storage.models import CONVERSATIONS, utcnow
+from recap.core.counting import tokens
+from recap.core.decision import policy
+from recap.core.settings import Settings
+from recap.core.storage import snapshot as snapshots
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CONVERSATIONS, utcnow
 
 RECONCILE_BATCH = 500  # conversations examined per reconcile pass
 

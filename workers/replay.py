@@ -39,18 +39,18 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 
-from core import service
-from core.counting import tokens
-from core.decision import cachecost as pricing
-from core.errors import BudgetError, InputError
-from core.request.validate import check_record
-from core.settings import Settings
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
-from core.storage.models import CLEARINGS, REQUEST_PROFILES, CompactionLog, table_of, utcnow
-from core.storage.sweep import sweep_idle
-from core.values import actions
-from core.values.request import RequestSpec
+from recap.core import service
+from recap.core.counting import tokens
+from recap.core.decision import cachecost as pricing
+from recap.core.errors import BudgetError, InputError
+from recap.core.request.validate import check_record
+from recap.core.settings import Settings
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
+from recap.core.storage.models import CLEARINGS, REQUEST_PROFILES, CompactionLog, table_of, utcnow
+from recap.core.storage.sweep import sweep_idle
+from recap.core.values import actions
+from recap.core.values.request import RequestSpec
 
 KEEP_LAST_BASELINE = 3  # the common default elsewhere: all but the last 3 results, every request
 LOG = table_of(CompactionLog)
@@ -467,7 +467,7 @@ def replay_records(
     host: Host | None = None,
 ) -> dict[str, Any]:
     """``run`` over records already read (the benchmarks replay the shared data this way)."""
-    from workers.compress import compress_now
+    from recap.workers.compress import compress_now
 
     for index, record in enumerate(records):
         check_record(record, f"conversation {index + 1}")

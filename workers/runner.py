@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from workers.queues import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE
+from recap.workers.queues import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE
 
 COMPRESS_CONCURRENCY = 16  # threads: each mostly waits on the model's reply
 MAINTENANCE_CONCURRENCY = 2  # threads: short, CPU-light database batches
@@ -115,7 +115,7 @@ def worker_argv(queue: str, *, beat: bool, extra: Sequence[str]) -> list[str]:
 
 def global_argv() -> list[str]:
     """Options before the subcommand: no start banner when the log stream must be pure JSON."""
-    from core.settings import get_settings
+    from recap.core.settings import get_settings
 
     return ["--quiet"] if get_settings().log_json else []
 
@@ -123,7 +123,7 @@ def global_argv() -> list[str]:
 def child_command(queue: str, *, beat: bool, extra: Sequence[str]) -> list[str]:
     """The command line of one worker child."""
     argv = worker_argv(queue, beat=beat, extra=extra)
-    return [sys.executable, "-m", "celery", "-A", "workers.app", *global_argv(), *argv]
+    return [sys.executable, "-m", "celery", "-A", "recap.workers.app", *global_argv(), *argv]
 
 
 def run_one(queue: str, *, beat: bool, extra: Sequence[str]) -> int:
@@ -141,8 +141,8 @@ def run_queues(queues: Sequence[str], *, beat: bool, extra: Sequence[str]) -> in
     """Build the children's command lines here (the settings are checked and read), then
     become the supervisor: this process is replaced by ``python -m workers.runner``, which
     imports only what supervising needs (see ``become_supervisor``)."""
-    from core.settings import get_settings
-    from core.storage.private import make_folder
+    from recap.core.settings import get_settings
+    from recap.core.storage.private import make_folder
 
     if beat:
         make_folder(".recap")  # beat's schedule file; 0700 like every folder Recap makes
@@ -165,13 +165,13 @@ def become_supervisor(plan: dict[str, Any]) -> NoReturn:
     """
     sys.stdout.flush()
     sys.stderr.flush()
-    argv = [sys.executable, "-m", "workers.runner", json.dumps(plan)]
+    argv = [sys.executable, "-m", "recap.workers.runner", json.dumps(plan)]
     os.execv(sys.executable, argv)
 
 
 def main(argv: Sequence[str]) -> int:
     """``python -m workers.runner PLAN``: supervise the children the JSON plan names."""
-    from workers.logs import configure_logging
+    from recap.workers.logs import configure_logging
 
     plan = json.loads(argv[0])
     configure_logging(json_output=bool(plan["log_json"]), level=str(plan["log_level"]))

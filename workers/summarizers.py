@@ -15,20 +15,20 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from core.compression.report import log
-from core.compression.summarizer import EXTRACTIVE_MODEL as EXTRACTIVE_MODEL
-from core.compression.summarizer import ExtractiveSummarizer as ExtractiveSummarizer
-from core.compression.summarizer import OutOfTime as OutOfTime
-from core.compression.summarizer import RetryLater as RetryLater
-from core.compression.summarizer import Summarizer as Summarizer
-from core.compression.summarizer import SummaryFailed as SummaryFailed
-from core.compression.summarizer import SummaryText as SummaryText
-from core.counting import tokens
-from core.decision import policy
-from core.settings import Settings
-from core.summaries import planning, sizing
-from core.summaries.identifiers import identifiers_of_span, retention
-from core.summaries.planning import Rendered, Split
+from recap.core.compression.report import log
+from recap.core.compression.summarizer import EXTRACTIVE_MODEL as EXTRACTIVE_MODEL
+from recap.core.compression.summarizer import ExtractiveSummarizer as ExtractiveSummarizer
+from recap.core.compression.summarizer import OutOfTime as OutOfTime
+from recap.core.compression.summarizer import RetryLater as RetryLater
+from recap.core.compression.summarizer import Summarizer as Summarizer
+from recap.core.compression.summarizer import SummaryFailed as SummaryFailed
+from recap.core.compression.summarizer import SummaryText as SummaryText
+from recap.core.counting import tokens
+from recap.core.decision import policy
+from recap.core.settings import Settings
+from recap.core.summaries import planning, sizing
+from recap.core.summaries.identifiers import identifiers_of_span, retention
+from recap.core.summaries.planning import Rendered, Split
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -128,7 +128,7 @@ class ModelSummarizer:
         self.count: planning.Counter = _counter("o200k_base")  # the summary model's, once known
 
     def summarize(self, snapshot: policy.Snapshot, split: Split) -> SummaryText:
-        from workers import llm
+        from recap.workers import llm
 
         settings = self.settings
         window = summarizer_window(settings)

@@ -15,18 +15,18 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from core.counting.tokens import UnknownModelError
-from core.errors import NotFoundError, RecapError
-from core.redact import error_text, known_secrets, redact
-from core.settings import Settings, get_settings
-from core.storage.db import dispose_engines, get_engine, size_pool
-from core.values.actions import Action
-from workers import compress, events
-from workers.app import app, task
-from workers.celery_types import TaskHandle, celeryd_init, task_received, worker_process_init
-from workers.errors import CompressionFailed, CompressionRetry
-from workers.queues import COMPRESS_QUEUE, COMPRESS_TASK, DEFAULT_QUEUE, RECONCILE_TASK
-from workers.reconcile import reconcile as reconcile_pass
+from recap.core.counting.tokens import UnknownModelError
+from recap.core.errors import NotFoundError, RecapError
+from recap.core.redact import error_text, known_secrets, redact
+from recap.core.settings import Settings, get_settings
+from recap.core.storage.db import dispose_engines, get_engine, size_pool
+from recap.core.values.actions import Action
+from recap.workers import compress, events
+from recap.workers.app import app, task
+from recap.workers.celery_types import TaskHandle, celeryd_init, task_received, worker_process_init
+from recap.workers.errors import CompressionFailed, CompressionRetry
+from recap.workers.queues import COMPRESS_QUEUE, COMPRESS_TASK, DEFAULT_QUEUE, RECONCILE_TASK
+from recap.workers.reconcile import reconcile as reconcile_pass
 
 
 def engine() -> Engine:
@@ -40,7 +40,7 @@ def _load_model_client(options: dict[str, Any] | None = None, **_: Any) -> None:
     first compression; a worker that consumes no compression queue never imports it (litellm
     is most of a worker's memory)."""
     if get_settings().summary_model and consumes_compressions(options or {}):
-        from workers import llm  # noqa: F401
+        from recap.workers import llm  # noqa: F401
 
 
 @celeryd_init.connect
@@ -135,7 +135,7 @@ def _unknown(settings: Settings, conversation_id: str, exc: NotFoundError) -> co
     """A queued run whose conversation is not stored (deleted since it was enqueued, by
     ``recap delete`` or the retention policy) ends as skipped, writing nothing; an unknown leaf
     of a stored conversation is still a failure."""
-    from core.storage.erase import conversation_exists
+    from recap.core.storage.erase import conversation_exists
 
     reason = redact(str(exc), known_secrets(settings))
     if conversation_exists(engine(), conversation_id):
@@ -166,6 +166,6 @@ def reconcile() -> dict[str, Any]:
 
 def enqueue(conversation_id: str, *, force: bool = False) -> str:
     """Send ``recap.compress_session`` for one conversation; the task id."""
-    from workers.enqueue import CompressJob, send
+    from recap.workers.enqueue import CompressJob, send
 
     return str(send(app, CompressJob(conversation_id, force=force)).id)

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from core.redact import known_secrets, redact
-from core.settings import Settings
+from recap.core.redact import known_secrets, redact
+from recap.core.settings import Settings
 
 STARTED = "compression_started"
 COMPLETED = "compression_completed"

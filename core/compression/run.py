@@ -33,30 +33,30 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from core.compression import report
-from core.compression.dbretry import DB_RETRY_MAX_SECONDS, database_unavailable, durably, first_line
-from core.compression.dbretry import retry_window as _window
-from core.compression.report import LogReporter, Reporter
-from core.compression.summarizer import RetryLater, Summarizers, SummaryFailed, SummaryText, offline
-from core.counting import tokens
-from core.decision import policy
-from core.errors import ConversationGone, NotFoundError
-from core.redact import known_secrets, redact
-from core.request.refs import summary_note
-from core.results import CompressResult
-from core.settings import Settings
-from core.storage import lease, store, sweep
-from core.storage import snapshot as snapshots
-from core.storage.db import session_scope
-from core.storage.models import CompactionLog, table_of, utcnow
-from core.storage.summaries import Written
-from core.storage.summaries import write_run as write_transaction
-from core.summaries import planning, sizing
-from core.summaries.planning import Split
-from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from core.values.actions import Action
-from core.values.clearing import ClearingPlan
-from core.values.records import ClearingRec, Msg
+from recap.core.compression import report
+from recap.core.compression.dbretry import DB_RETRY_MAX_SECONDS, database_unavailable, durably, first_line
+from recap.core.compression.dbretry import retry_window as _window
+from recap.core.compression.report import LogReporter, Reporter
+from recap.core.compression.summarizer import RetryLater, Summarizers, SummaryFailed, SummaryText, offline
+from recap.core.counting import tokens
+from recap.core.decision import policy
+from recap.core.errors import ConversationGone, NotFoundError
+from recap.core.redact import known_secrets, redact
+from recap.core.request.refs import summary_note
+from recap.core.results import CompressResult
+from recap.core.settings import Settings
+from recap.core.storage import lease, store, sweep
+from recap.core.storage import snapshot as snapshots
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CompactionLog, table_of, utcnow
+from recap.core.storage.summaries import Written
+from recap.core.storage.summaries import write_run as write_transaction
+from recap.core.summaries import planning, sizing
+from recap.core.summaries.planning import Split
+from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.core.values.actions import Action
+from recap.core.values.clearing import ClearingPlan
+from recap.core.values.records import ClearingRec, Msg
 
 __all__ = [  # what the workers' wiring (workers.compress) and the host API import from here
     "COMPACTION_LOG",
@@ -544,7 +544,7 @@ def _passes_unless_deleted(run: Run, held: lease.Lease, started: float) -> Outco
     """``_passes``, ending as skipped with nothing written when the conversation is deleted
     while the run works on it (``recap delete``, the retention policy): its lease went with
     its row, and its write transaction finds it gone (``ConversationGone``)."""
-    from core.storage.erase import conversation_exists
+    from recap.core.storage.erase import conversation_exists
 
     try:
         return _passes(run, held, started)

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from core.decision import policy
-from core.settings import Settings
-from core.summaries.extractive import extractive_summary
-from core.summaries.identifiers import identifiers_of_span, retention
-from core.summaries.planning import Split
+from recap.core.decision import policy
+from recap.core.settings import Settings
+from recap.core.summaries.extractive import extractive_summary
+from recap.core.summaries.identifiers import identifiers_of_span, retention
+from recap.core.summaries.planning import Split
 
 EXTRACTIVE_MODEL = "extractive"
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from core.counting.tokens import CALIBRATION_MAX, CALIBRATION_MIN
-from core.values.profile import Reading
+from recap.core.counting.tokens import CALIBRATION_MAX, CALIBRATION_MIN
+from recap.core.values.profile import Reading
 
 # A reading older than this starts to lose weight; at the stale age it is ignored.
 CALIBRATION_FRESH = timedelta(hours=24)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from core.counting import providers
+from recap.core.counting import providers
 
 ANTHROPIC = "anthropic"
 DEEPSEEK = "deepseek"

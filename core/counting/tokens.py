@@ -17,8 +17,8 @@ from typing import Any
 
 import tiktoken
 
-from core.counting import media, reasoning
-from core.errors import RecapError
+from recap.core.counting import media, reasoning
+from recap.core.errors import RecapError
 
 O200K = "o200k_base"
 CL100K = "cl100k_base"

@@ -26,12 +26,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from core.counting import tokens
-from core.decision.policy import Knobs, Snapshot, decide, idle_clearing, with_plan
-from core.decision.toolresults import IDLE, plan_clearings, reclaimable, tool_names
-from core.request.assembly import render_stored
-from core.values.clearing import ClearingPlan
-from core.values.records import AGED, ARGUMENTS, CLEARED, ClearingRec, Msg
+from recap.core.counting import tokens
+from recap.core.decision.policy import Knobs, Snapshot, decide, idle_clearing, with_plan
+from recap.core.decision.toolresults import IDLE, plan_clearings, reclaimable, tool_names
+from recap.core.request.assembly import render_stored
+from recap.core.values.clearing import ClearingPlan
+from recap.core.values.records import AGED, ARGUMENTS, CLEARED, ClearingRec, Msg
 
 UNCACHED_PRICE = 1.25  # writing the prompt cache costs a quarter more than plain input
 CACHED_PRICE = 0.1  # reading it costs a tenth

@@ -44,11 +44,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from core.counting import budget as budgets
-from core.counting import tokens
-from core.decision.toolresults import IDLE, POST_SUMMARY, PRESSURE, min_tokens_for, plan_clearings
-from core.request.branch import effective_history_tokens
-from core.summaries.planning import (
+from recap.core.counting import budget as budgets
+from recap.core.counting import tokens
+from recap.core.decision.toolresults import IDLE, POST_SUMMARY, PRESSURE, min_tokens_for, plan_clearings
+from recap.core.request.branch import effective_history_tokens
+from recap.core.summaries.planning import (
     REJECTED_NOT_SMALLER,
     Split,
     cooldown_until,
@@ -58,9 +58,9 @@ from core.summaries.planning import (
     replaced_tokens,
     split_root,
 )
-from core.values.clearing import ClearingPlan
-from core.values.profile import Profile
-from core.values.records import AGED, CLEARED, ClearingRec, Msg, SummaryRec, merge_step
+from recap.core.values.clearing import ClearingPlan
+from recap.core.values.profile import Profile
+from recap.core.values.records import AGED, CLEARED, ClearingRec, Msg, SummaryRec, merge_step
 
 SKIP = "skip"
 REST = "rest"

@@ -19,18 +19,18 @@ from collections.abc import Collection, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from core.counting import tokens
-from core.counting.tokens import TOKENS_PER_NAME
-from core.request.placeholders import (
+from recap.core.counting import tokens
+from recap.core.counting.tokens import TOKENS_PER_NAME
+from recap.core.request.placeholders import (
     DEFAULT_TOOL_NAME,
     aged_note_frames,
     arguments_note,
     placeholder_frames,
 )
-from core.request.refs import REF_VALUE_TOKENS, message_ref
-from core.request.truncation import trim_arguments
-from core.values.clearing import ClearingPlan, PlannedClearing
-from core.values.records import AGED, ARGUMENTS, CLEARED, ClearingRec, Msg
+from recap.core.request.refs import REF_VALUE_TOKENS, message_ref
+from recap.core.request.truncation import trim_arguments
+from recap.core.values.clearing import ClearingPlan, PlannedClearing
+from recap.core.values.records import AGED, ARGUMENTS, CLEARED, ClearingRec, Msg
 
 # --- clearing ----------------------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ from alembic import context
 from sqlalchemy import Connection
 from sqlmodel import SQLModel
 
-import core.storage.models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from core.storage.db import make_engine
+import recap.core.storage.models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from recap.core.storage.db import make_engine
 
 config = context.config
 target_metadata = SQLModel.metadata

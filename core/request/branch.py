@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
 
 
 class UnknownMessageError(LookupError):

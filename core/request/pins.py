@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from core.counting import reasoning
-from core.request import render
-from core.values.records import ClearingRec, Msg
+from recap.core.counting import reasoning
+from recap.core.request import render
+from recap.core.values.records import ClearingRec, Msg
 
 # The clearing a pin does not undo: an old assistant turn's thinking is not sent back to the
 # provider, pinned or not (``core.request.assembly.REASONING_CLEARING``).

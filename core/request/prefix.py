@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from core.values.records import SYSTEM_ROLES
+from recap.core.values.records import SYSTEM_ROLES
 
 Node = tuple[int, int | None, str | None]
 """A stored message as the lookup reads it: its id, its parent and its content hash."""

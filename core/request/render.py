@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from core.counting.tokens import content_text
+from recap.core.counting.tokens import content_text
 
 NO_RESULT_TEXT = "[No result was recorded for this tool call.]"
 CACHE_CONTROL: dict[str, str] = {"type": "ephemeral"}  # Anthropic's only cache type

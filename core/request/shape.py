@@ -23,8 +23,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from core.errors import InputError
-from core.values.records import ROLES as ROLES  # one list of the roles a message may have
+from recap.core.errors import InputError
+from recap.core.values.records import ROLES as ROLES  # one list of the roles a message may have
 
 TEXT_PART = "text"
 REFUSAL_PART = "refusal"

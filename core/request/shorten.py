@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from core.counting import tokens
-from core.decision.toolresults import AGED_HEAD_SHARE
-from core.request.placeholders import aged_note
+from recap.core.counting import tokens
+from recap.core.decision.toolresults import AGED_HEAD_SHARE
+from recap.core.request.placeholders import aged_note
 
 SHORTENED = "shortened"  # the clearing reason of a result sent as its head and tail
 NOTE_ALLOWANCE = 80  # the note, the message overhead and token merges at the two cuts, at most

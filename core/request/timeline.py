@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from core.counting import media
-from core.request.assembly import REASONING_CLEARING, AssembledRequest, stored_prompt
-from core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.counting import media
+from recap.core.request.assembly import REASONING_CLEARING, AssembledRequest, stored_prompt
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
 
 FULL, AGED, CLEARED, SUMMARIZED, PINNED, OMITTED = (
     "full",

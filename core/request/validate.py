@@ -6,10 +6,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from core.counting import media
-from core.errors import InputError
-from core.request import shape
-from core.values import limits
+from recap.core.counting import media
+from recap.core.errors import InputError
+from recap.core.request import shape
+from recap.core.values import limits
 
 KNOWN_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name", "id"}
 # Keys starting with this are Recap's own (file paths, sizes): refused in input, never stored.

@@ -34,10 +34,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, delete, insert, select, update
 
-from core.storage.db import session_scope
-from core.storage.models import CompactionLog, table_of
-from core.storage.store import as_utc
-from core.values.actions import Action
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CompactionLog, table_of
+from recap.core.storage.store import as_utc
+from recap.core.values.actions import Action
 
 LOG = table_of(CompactionLog)
 SKIPPED = Action.SKIPPED

@@ -40,9 +40,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import ColumnElement
 
-from core.counting import budget as budgets
-from core.counting.tokens import CALIBRATION_MAX, CALIBRATION_MIN
-from core.storage.models import (
+from recap.core.counting import budget as budgets
+from recap.core.counting.tokens import CALIBRATION_MAX, CALIBRATION_MIN
+from recap.core.storage.models import (
     CLEARINGS,
     CONVERSATIONS,
     MESSAGES,
@@ -54,9 +54,9 @@ from core.storage.models import (
     table_of,
     utcnow,
 )
-from core.storage.store import as_utc
-from core.values.actions import Action
-from core.values.records import SYSTEM_ROLES
+from recap.core.storage.store import as_utc
+from recap.core.values.actions import Action
+from recap.core.values.records import SYSTEM_ROLES
 
 LOG = table_of(CompactionLog)
 USAGE = table_of(Usage)

@@ -22,8 +22,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, NoSuchModuleError
 from sqlmodel import Session
 
-from core.errors import DatabaseUrlError, InputError, SchemaMissingError
-from core.storage import private
+from recap.core.errors import DatabaseUrlError, InputError, SchemaMissingError
+from recap.core.storage import private
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000  # writers wait for each other instead of failing at once
 URL_SETTING = "RECAP_DATABASE_URL"

@@ -33,12 +33,12 @@ from typing import Any
 from sqlalchemy import Engine, Table, Text, cast, delete, func, select
 from sqlmodel import SQLModel
 
-from core.counting import media
-from core.errors import NotFoundError
-from core.storage import store
-from core.storage.db import session_scope
-from core.storage.models import CONVERSATIONS, MESSAGES
-from core.storage.outputs import saved_name, saved_path
+from recap.core.counting import media
+from recap.core.errors import NotFoundError
+from recap.core.storage import store
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CONVERSATIONS, MESSAGES
+from recap.core.storage.outputs import saved_name, saved_path
 
 CHUNK = 500  # file names checked per query: well under any bound-parameter limit
 MEDIA_NAME_RE = re.compile(re.escape(media.REF_SCHEME) + r"([0-9a-f]{32})")

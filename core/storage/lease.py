@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, or_, select, update
 
-from core.errors import NotFoundError
-from core.storage.db import session_scope
-from core.storage.models import CONVERSATIONS
+from recap.core.errors import NotFoundError
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CONVERSATIONS
 
 ACQUIRE_TRIES = 3  # the holder may let go between a failed take and marking dirty: try again
 

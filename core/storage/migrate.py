@@ -10,7 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from core.errors import RecapError, SchemaMissingError
+from recap.core.errors import RecapError, SchemaMissingError
 
 MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 
@@ -54,7 +54,7 @@ def schema_drift(engine: Engine) -> list[object]:
     from alembic.autogenerate import compare_metadata
     from sqlmodel import SQLModel
 
-    import core.storage.models  # noqa: F401  (registers the tables)
+    import recap.core.storage.models  # noqa: F401  (registers the tables)
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
@@ -65,7 +65,7 @@ def prepare(url: str) -> str | None:
     """Create the schema when the database at ``url`` has none (``recap init``'s migration): the
     revision it was brought to, or None when it was there already. A database that cannot be
     reached is one ``RecapError`` line, its password hidden."""
-    from core.storage.db import display_url, make_engine, require_schema
+    from recap.core.storage.db import display_url, make_engine, require_schema
 
     engine = make_engine(url, create=True)
     try:

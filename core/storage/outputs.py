@@ -22,13 +22,13 @@ from typing import Any
 
 import structlog
 
-from core.counting import media
-from core.errors import InputError
-from core.request.truncation import Limits, byte_size, is_oversized, output_preview, trim_arguments
-from core.settings import Settings
-from core.storage import private
-from core.storage.store import Prepared
-from core.values.records import Msg
+from recap.core.counting import media
+from recap.core.errors import InputError
+from recap.core.request.truncation import Limits, byte_size, is_oversized, output_preview, trim_arguments
+from recap.core.settings import Settings
+from recap.core.storage import private
+from recap.core.storage.store import Prepared
+from recap.core.values.records import Msg
 
 DIGEST_CHARS = 32  # 128 bits of SHA-256: collisions are out of reach, and names stay short
 SUFFIX = ".txt"
@@ -224,7 +224,7 @@ def output_exists(path: str | None, root: Path | None = None) -> bool:
 def _output_root(root: Path | None) -> Path:
     if root is not None:
         return root
-    from core.settings import get_settings
+    from recap.core.settings import get_settings
 
     return get_settings().output_dir
 

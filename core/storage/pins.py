@@ -16,11 +16,11 @@ from datetime import datetime
 from sqlalchemy import Connection, Engine, bindparam, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from core.errors import NotFoundError, PinLimitError
-from core.results import PinResult
-from core.storage import store
-from core.storage.db import session_scope
-from core.storage.models import MESSAGES, PINS, utcnow
+from recap.core.errors import NotFoundError, PinLimitError
+from recap.core.results import PinResult
+from recap.core.storage import store
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import MESSAGES, PINS, utcnow
 
 P, M = PINS.c, MESSAGES.c
 _PINS_OF = select(P.message_id).where(P.conversation_id == bindparam("conversation_id"))

@@ -19,15 +19,15 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from core.storage.models import REQUEST_PROFILES
-from core.storage.store import as_utc
-from core.values.profile import HASH_BYTES as HASH_BYTES
-from core.values.profile import FixedParts as FixedParts
-from core.values.profile import Profile as Profile
-from core.values.profile import Reading as Reading
-from core.values.profile import Sent as Sent
-from core.values.profile import fingerprint as fingerprint
-from core.values.profile import state_key as state_key
+from recap.core.storage.models import REQUEST_PROFILES
+from recap.core.storage.store import as_utc
+from recap.core.values.profile import HASH_BYTES as HASH_BYTES
+from recap.core.values.profile import FixedParts as FixedParts
+from recap.core.values.profile import Profile as Profile
+from recap.core.values.profile import Reading as Reading
+from recap.core.values.profile import Sent as Sent
+from recap.core.values.profile import fingerprint as fingerprint
+from recap.core.values.profile import state_key as state_key
 
 EMPTY_PARTS = {"system_tokens": 0, "tools_tokens": 0, "reminder_tokens": 0, "context_tokens": 0}
 

@@ -23,15 +23,15 @@ from sqlalchemy import Connection, Select, Text, and_, bindparam, func, or_, sel
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlmodel import Session
 
-from core.counting import media
-from core.errors import NotFoundError
-from core.request import assembly
-from core.request.branch import applicable_summary, branch_ids
-from core.request.pins import effective_clearings
-from core.storage import store
-from core.storage.models import CONVERSATIONS, MESSAGES, Usage, table_of
-from core.storage.pins import load_pins
-from core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
+from recap.core.counting import media
+from recap.core.errors import NotFoundError
+from recap.core.request import assembly
+from recap.core.request.branch import applicable_summary, branch_ids
+from recap.core.request.pins import effective_clearings
+from recap.core.storage import store
+from recap.core.storage.models import CONVERSATIONS, MESSAGES, Usage, table_of
+from recap.core.storage.pins import load_pins
+from recap.core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
 
 READ_MARGIN = 32  # rows read beyond those the budget's tokens reach: a unit's call and results
 JSON_COLUMNS = frozenset({"tool_calls", "content_parts", "extra"})

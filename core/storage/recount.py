@@ -30,14 +30,14 @@ from typing import Any
 from sqlalchemy import Connection, Engine, bindparam, select, update
 from sqlmodel import Session
 
-from core.counting import reasoning, tokens
-from core.errors import NotFoundError
-from core.request.assembly import REASONING_CLEARING
-from core.storage import store
-from core.storage.db import session_scope
-from core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES
-from core.storage.reads import RequestBranch
-from core.values.records import ARGUMENTS, CLEARED, Msg
+from recap.core.counting import reasoning, tokens
+from recap.core.errors import NotFoundError
+from recap.core.request.assembly import REASONING_CLEARING
+from recap.core.storage import store
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES
+from recap.core.storage.reads import RequestBranch
+from recap.core.values.records import ARGUMENTS, CLEARED, Msg
 
 RECOUNT_BATCH = 500  # rows per transaction: a few ms of counting, a short write lock on SQLite
 
@@ -256,8 +256,8 @@ def record(
     no longer sent (``reasoning`` clearings)."""
     if not changes and not dropped:
         return
-    from core.storage.sweep import apply_clearings
-    from core.values.clearing import ClearingPlan, PlannedClearing
+    from recap.core.storage.sweep import apply_clearings
+    from recap.core.values.clearing import ClearingPlan, PlannedClearing
 
     with session_scope(engine) as session:
         write(session.connection(), changes)

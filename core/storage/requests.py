@@ -16,15 +16,15 @@ from sqlalchemy import ColumnElement, Engine, and_, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from core.errors import NotFoundError
-from core.request.prefix import Node, longest_stored_prefix, open_calls
-from core.request.validate import check_message, check_tool_pairing
-from core.storage import store
-from core.storage.db import session_scope
-from core.storage.hashing import message_hash
-from core.storage.models import CONVERSATIONS, MESSAGES
-from core.storage.outputs import Ingest
-from core.values.records import SYSTEM_ROLES
+from recap.core.errors import NotFoundError
+from recap.core.request.prefix import Node, longest_stored_prefix, open_calls
+from recap.core.request.validate import check_message, check_tool_pairing
+from recap.core.storage import store
+from recap.core.storage.db import session_scope
+from recap.core.storage.hashing import message_hash
+from recap.core.storage.models import CONVERSATIONS, MESSAGES
+from recap.core.storage.outputs import Ingest
+from recap.core.values.records import SYSTEM_ROLES
 
 HASH_BATCH = 500  # hashes per IN list: far below every driver's parameter limit
 CREATE_ATTEMPTS = 2  # a write that still meets another's new row is retried once
@@ -438,8 +438,8 @@ def forget_response(engine: Engine, conversation_id: str, reply_id: int, owner: 
     """``DELETE /v1/responses/{id}``: the stored reply's response is marked deleted (its id then
     names nothing: ``reads.reply_to_continue``); its messages stay in the history. A
     ``NotFoundError`` for another owner's conversation or a response deleted already."""
-    from core.storage.models import Conversation
-    from core.storage.reads import DELETED_RESPONSES
+    from recap.core.storage.models import Conversation
+    from recap.core.storage.reads import DELETED_RESPONSES
 
     with engine.connect() as connection:  # ownership first, before any lock
         if not store.owned_by(connection, conversation_id, owner):

@@ -31,11 +31,11 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select
 from sqlmodel import Session
 
-from core.storage import reads, store
-from core.storage.models import MESSAGES
-from core.storage.pins import load_pins
-from core.storage.versions import RequestVersion, grown_by
-from core.values.records import ClearingRec, SummaryRec
+from recap.core.storage import reads, store
+from recap.core.storage.models import MESSAGES
+from recap.core.storage.pins import load_pins
+from recap.core.storage.versions import RequestVersion, grown_by
+from recap.core.values.records import ClearingRec, SummaryRec
 
 SIZE = 64  # conversations whose last read is kept
 _AFTER = select(*reads.COLUMNS).where(  # the rows stored since a read: one index range

@@ -22,19 +22,19 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, bindparam, select, text
 from sqlmodel import Session
 
-from core.decision import policy
-from core.decision.toolresults import ARGUMENT_AGED_CHARS
-from core.errors import NotFoundError
-from core.request.branch import applicable_summary
-from core.request.pins import effective_clearings
-from core.storage import store
-from core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
-from core.storage.pins import load_pins, pinned_tokens_up_to
-from core.storage.profile import load_profile
-from core.storage.reads import branch_path
-from core.summaries.planning import COOLDOWN_MAX_FACTOR
-from core.values.actions import Action
-from core.values.records import SYSTEM_ROLES, Msg
+from recap.core.decision import policy
+from recap.core.decision.toolresults import ARGUMENT_AGED_CHARS
+from recap.core.errors import NotFoundError
+from recap.core.request.branch import applicable_summary
+from recap.core.request.pins import effective_clearings
+from recap.core.storage import store
+from recap.core.storage.models import CONVERSATIONS, MESSAGES, SUMMARIES, CompactionLog, table_of, utcnow
+from recap.core.storage.pins import load_pins, pinned_tokens_up_to
+from recap.core.storage.profile import load_profile
+from recap.core.storage.reads import branch_path
+from recap.core.summaries.planning import COOLDOWN_MAX_FACTOR
+from recap.core.values.actions import Action
+from recap.core.values.records import SYSTEM_ROLES, Msg
 
 COMPACTION_LOG = table_of(CompactionLog)
 COOLDOWN_DOUBLINGS = COOLDOWN_MAX_FACTOR.bit_length()  # failures read past the streak

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from sqlmodel import Session
 
-from core.counting import media
-from core.storage import reads
-from core.values.records import SummaryRec
+from recap.core.counting import media
+from recap.core.storage import reads
+from recap.core.values.records import SummaryRec
 
 SPAN_CACHE_SIZE = 1_024  # summaries whose span's files are kept listed in this process
 _span_cache: OrderedDict[tuple[str, str, int, int, str], tuple[tuple[str, ...], ...]] = (

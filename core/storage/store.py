@@ -17,9 +17,9 @@ from sqlalchemy import Connection, Engine, TextClause, bindparam, event, func, i
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from core.counting import tokens
-from core.errors import InputError, NotFoundError
-from core.request.validate import (
+from recap.core.counting import tokens
+from recap.core.errors import InputError, NotFoundError
+from recap.core.request.validate import (
     DERIVED_PREFIX,
     KNOWN_KEYS,
     Step,
@@ -29,8 +29,8 @@ from core.request.validate import (
     check_tool_pairing,
     open_calls_from_tail,
 )
-from core.storage.hashing import message_hash
-from core.storage.models import (
+from recap.core.storage.hashing import message_hash
+from recap.core.storage.models import (
     CLEARINGS,
     CONVERSATIONS,
     MESSAGES,
@@ -39,10 +39,10 @@ from core.storage.models import (
     Usage,
     utcnow,
 )
-from core.values import limits
-from core.values.actions import SETTLING, Action
-from core.values.limits import MESSAGE_ID_MAX as MAX_ID
-from core.values.records import ClearingRec, Msg, SummaryRec, merge_step
+from recap.core.values import limits
+from recap.core.values.actions import SETTLING, Action
+from recap.core.values.limits import MESSAGE_ID_MAX as MAX_ID
+from recap.core.values.records import ClearingRec, Msg, SummaryRec, merge_step
 
 MESSAGE_COLUMNS = tuple(
     MESSAGES.c[name]
@@ -646,7 +646,7 @@ def failed_runs(
 ) -> list[FailedRun]:
     """Conversations whose latest failed run is at or after ``since`` and that no later run
     summarized or cleared: that run of each, newest first."""
-    from core.storage.models import CompactionLog, table_of
+    from recap.core.storage.models import CompactionLog, table_of
 
     log = table_of(CompactionLog)
     run, later, retry = log.alias("run"), log.alias("later"), log.alias("retry")

@@ -18,12 +18,12 @@ from sqlalchemy import Connection, Engine, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from core.errors import ConversationGone
-from core.storage import compaction_log, store, sweep
-from core.storage.db import session_scope
-from core.storage.lease import Lease, release_on
-from core.storage.models import SUMMARIES
-from core.values.clearing import ClearingPlan
+from recap.core.errors import ConversationGone
+from recap.core.storage import compaction_log, store, sweep
+from recap.core.storage.db import session_scope
+from recap.core.storage.lease import Lease, release_on
+from recap.core.storage.models import SUMMARIES
+from recap.core.values.clearing import ClearingPlan
 
 _KEY = ["conversation_id", "cutoff_message_id"]
 

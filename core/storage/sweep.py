@@ -34,16 +34,16 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session
 
-from core.counting.tokens import TOKENS_PER_NAME
-from core.decision.policy import Knobs
-from core.decision.toolresults import DIGIT_RUN_BOUNDS, IDLE, placeholder_base_tokens
-from core.errors import InputError
-from core.request.placeholders import DEFAULT_TOOL_NAME
-from core.settings import Settings
-from core.storage.db import session_scope
-from core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, PINS, SUMMARIES, utcnow
-from core.values.clearing import ClearingPlan, describe_steps
-from core.values.records import AGED, ARGUMENTS, CLEARED, STAGES
+from recap.core.counting.tokens import TOKENS_PER_NAME
+from recap.core.decision.policy import Knobs
+from recap.core.decision.toolresults import DIGIT_RUN_BOUNDS, IDLE, placeholder_base_tokens
+from recap.core.errors import InputError
+from recap.core.request.placeholders import DEFAULT_TOOL_NAME
+from recap.core.settings import Settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, PINS, SUMMARIES, utcnow
+from recap.core.values.clearing import ClearingPlan, describe_steps
+from recap.core.values.records import AGED, ARGUMENTS, CLEARED, STAGES
 
 # The tool role as an SQL literal, the words of the partial index of tool results
 # (``core.storage.models.TOOL_ONLY``): a bound parameter would keep either database from using it.

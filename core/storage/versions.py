@@ -40,8 +40,8 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Table, bindparam, func, select, true
 
-from core.errors import NotFoundError
-from core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, PINS, SUMMARIES
+from recap.core.errors import NotFoundError
+from recap.core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, PINS, SUMMARIES
 
 
 def aggregates(table: Table, *summed: Any) -> tuple[ColumnElement[Any], ...]:

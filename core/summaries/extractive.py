@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from core.counting import media
-from core.summaries.identifiers import ERROR_RE, identifiers_of_span
-from core.summaries.planning import describe_calls, tool_names, trim_text
-from core.summaries.prompts import EXTRACTIVE_NOTE
-from core.values.records import ClearingRec, Msg
+from recap.core.counting import media
+from recap.core.summaries.identifiers import ERROR_RE, identifiers_of_span
+from recap.core.summaries.planning import describe_calls, tool_names, trim_text
+from recap.core.summaries.prompts import EXTRACTIVE_NOTE
+from recap.core.values.records import ClearingRec, Msg
 
 QUOTE_CHARS = 240  # one quoted sentence or request
 GOAL_CHARS = 400  # the goal is the first request, cut here

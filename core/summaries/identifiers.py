@@ -13,8 +13,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from core.counting import media
-from core.values.records import Msg
+from recap.core.counting import media
+from recap.core.values.records import Msg
 
 MAX_COMMAND_CHARS = 120  # a longer command is kept by its first line, cut here
 UUID_DASHES = 4  # a text with fewer dashes holds no UUID

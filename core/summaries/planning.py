@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from core.counting import media
-from core.request.branch import effective_history_tokens, messages_after_cutoff
-from core.summaries.prompts import (
+from recap.core.counting import media
+from recap.core.request.branch import effective_history_tokens, messages_after_cutoff
+from recap.core.summaries.prompts import (
     CUTOFF_MARKER,
     NO_PREVIOUS_SUMMARY,
     PREVIOUS_SUMMARY_PLACEHOLDER,
     RETENTION_REMINDER,
     SUMMARY_REMINDER,
 )
-from core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
+from recap.core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
 
 Counter = Callable[[Mapping[str, Any]], int]
 Rendered = dict[str, str]

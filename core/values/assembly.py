@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

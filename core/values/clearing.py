@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from core.values.records import AGED, ARGUMENTS, CLEARED
+from recap.core.values.records import AGED, ARGUMENTS, CLEARED
 
 
 @dataclass(frozen=True, slots=True)

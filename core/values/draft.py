@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from core.values.records import ClearingRec, Msg
+from recap.core.values.records import ClearingRec, Msg
 
 Records = tuple[tuple[int, int], ...]  # (message id, tokens) to record as clearings
 

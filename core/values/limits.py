@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from core.errors import InputError
+from recap.core.errors import InputError
 
 INT32_MAX = 2**31 - 1  # PostgreSQL INTEGER: token counts, windows, sizes
 INT64_MAX = 2**63 - 1  # PostgreSQL BIGINT and SQLite INTEGER: message and row ids

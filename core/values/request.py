@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypedDict, Unpack
 
-from core.errors import InputError
+from recap.core.errors import InputError
 
 
 @dataclass(frozen=True, slots=True)

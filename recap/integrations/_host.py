@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
-from core.client import Recap
-from core.errors import BudgetError, InputError, NotFoundError
-from core.request.assembly import AssembledRequest
-from core.values.records import SYSTEM_ROLES
+from recap.core.client import Recap
+from recap.core.errors import BudgetError, InputError, NotFoundError
+from recap.core.request.assembly import AssembledRequest
+from recap.core.values.records import SYSTEM_ROLES
 
 log = logging.getLogger("recap.integrations")
 # assemble's refusal of a branch with nothing to send: an empty session, for an adapter
@@ -105,7 +105,7 @@ def add_messages(
 def enqueue(recap: Recap, conversation_id: str, leaf: int | None = None) -> str | None:
     """``compress_later`` on the broker of ``recap``'s settings; the task id. A broker that
     cannot be reached is logged and the turn goes on (``recap reconcile`` catches up)."""
-    from workers.enqueue import compress_later
+    from recap.workers.enqueue import compress_later
 
     try:
         return compress_later(conversation_id, leaf, broker_url=recap.settings.broker_url)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.client import Recap
+from recap.core.client import Recap
 from recap.integrations import _host
 
 log = logging.getLogger("recap.integrations")

@@ -29,8 +29,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
-from core.aio import AsyncRecap
-from core.client import Recap
+from recap.core.aio import AsyncRecap
+from recap.core.client import Recap
 from recap.convert import langchain as convert
 from recap.integrations import _host, _loop
 

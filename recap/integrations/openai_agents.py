@@ -34,11 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.aio import AsyncRecap
-from core.client import Recap
-from core.request.render import NO_RESULT_TEXT
-from core.settings import Settings
-from core.values.limits import NAME_MAX_CHARS
+from recap.core.aio import AsyncRecap
+from recap.core.client import Recap
+from recap.core.request.render import NO_RESULT_TEXT
+from recap.core.settings import Settings
+from recap.core.values.limits import NAME_MAX_CHARS
 from recap.convert import openai_agents as convert
 from recap.integrations import _host
 

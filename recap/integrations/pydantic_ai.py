@@ -37,8 +37,8 @@ from pydantic_ai.exceptions import RetryModelRequest
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart
 from pydantic_ai.tools import RunContext
 
-from core.aio import AsyncRecap
-from core.client import Recap
+from recap.core.aio import AsyncRecap
+from recap.core.client import Recap
 from recap.convert import pydantic_ai as convert
 from recap.integrations import _host, _loop
 

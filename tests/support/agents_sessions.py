@@ -15,8 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from core.client import Recap
-from core.settings import Settings
+from recap.core.client import Recap
+from recap.core.settings import Settings
 from recap.integrations.openai_agents import RecapSession
 
 MEMORY_URL = "sqlite+aiosqlite:///:memory:"  # the SDK tests' in-memory database: one per test

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from core.counting import media
-from core.request import assembly
-from core.values.records import ClearingRec, Msg, SummaryRec
-from core.values.request import ContextFile, RequestSpec
+from recap.core.counting import media
+from recap.core.request import assembly
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.values.request import ContextFile, RequestSpec
 
 
 def assemble(

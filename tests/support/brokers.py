@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support.services import SUITE
-from workers.app import is_redis
+from recap.workers.app import is_redis
 
 BROKERS = ("redis", "rabbitmq")
 

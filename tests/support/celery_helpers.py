@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from core.settings import Settings, get_settings
-from workers.app import app, celery_config, configure, is_redis
+from recap.core.settings import Settings, get_settings
+from recap.workers.app import app, celery_config, configure, is_redis
 
 # Celery caches the app's queue declarations, the router and default queue built on them, the
 # event dispatcher (its exchange is fanout on Redis, topic on RabbitMQ) and the task sender that

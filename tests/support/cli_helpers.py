@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import Engine, MetaData, select
 from typer.testing import CliRunner
 
-from core.settings import get_settings
-from workers.cli import app
+from recap.core.settings import get_settings
+from recap.workers.cli import app
 
 FAILED = 1  # Recap's exit code for bad input it checked itself
 DATABASE_FILE = "recap.db"  # the file name of conftest's sqlite_url
@@ -46,7 +46,7 @@ def recap(*args: str) -> Result:
 def recap_process(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> Result:
     """Run the console script in a child process."""
     done = subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
+        [sys.executable, "-m", "recap.workers.cli", *args],
         capture_output=True,
         text=True,
         env=env,

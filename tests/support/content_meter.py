@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.counting import tokens
+from recap.core.counting import tokens
 
 ENCODING = "cl100k_base"
 DIGITS = re.compile(r"\d+")

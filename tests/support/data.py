@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core.settings import get_settings
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
+from recap.core.settings import get_settings
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DATA_FILES = (

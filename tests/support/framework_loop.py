@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from core.client import Recap
+from recap.core.client import Recap
 from tests.support.content_meter import ContentMeter
 from tests.support.frameworks_stack import FrameworkStack, tool_call_reply
 from tests.support.llm_server import LLMServer, Reply

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.client import Recap
-from core.settings import Settings
-from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.core.client import Recap
+from recap.core.settings import Settings
+from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.support.llm_server import LLMServer, Recorded, Reply
 from tests.support.processes import wait_for
 from tests.support.worker_stack import WorkerProcess, worker_env

@@ -23,10 +23,10 @@ import httpx
 from hypothesis import strategies as st
 from sqlalchemy import Engine, select
 
-from core.storage.models import MESSAGES
-from core.storage.records import ROLES
-from workers.serve.headers import encode
-from workers.serve.upstream import PASSED_PARAMS
+from recap.core.storage.models import MESSAGES
+from recap.core.storage.records import ROLES
+from recap.workers.serve.headers import encode
+from recap.workers.serve.upstream import PASSED_PARAMS
 
 REQUEST_TIMEOUT = 120.0  # seconds one request may take (a crowded two-core machine)
 

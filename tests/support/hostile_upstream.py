@@ -160,10 +160,10 @@ def relay_mismatches(reply: RandomReply, secrets: list[str]) -> list[str]:
     """Where the relay every API shares (``workers.serve.streaming.Relay.checked``) differs
     from masking each text whole: in the stored reply, in the Responses events and in the
     Messages events made of the chunks it lets out (their items in the upstream's order)."""
-    from core.redact import mask_known
-    from workers.serve import messages_api, responses_api
-    from workers.serve.direct import Chunk
-    from workers.serve.streaming import Relay
+    from recap.core.redact import mask_known
+    from recap.workers.serve import messages_api, responses_api
+    from recap.workers.serve.direct import Chunk
+    from recap.workers.serve.streaming import Relay
 
     async def stream() -> Any:
         for data in reply.chunks:

@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.client import Recap
-from core.counting import tokens
-from core.errors import BudgetError
-from core.settings import Settings
-from core.storage import store
-from core.storage.db import session_scope
+from recap.core.client import Recap
+from recap.core.counting import tokens
+from recap.core.errors import BudgetError
+from recap.core.settings import Settings
+from recap.core.storage import store
+from recap.core.storage.db import session_scope
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SOURCES = ("swe_agent", "openhands", "tau_bench_airline", "toolbench_examples")

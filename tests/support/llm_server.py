@@ -65,7 +65,7 @@ def stand_in_summary(body: dict[str, Any]) -> str:
     """A plausible summary of a summarizer request: the template, its goal taken from the first
     words, quoting the identifiers of the previous summary and of the messages before the cutoff
     marker (what a good model keeps), at most ``MAX_QUOTED_IDENTIFIERS`` of them."""
-    from core.summaries.identifiers import commands_in_text, identifiers_in_text
+    from recap.core.summaries.identifiers import commands_in_text, identifiers_in_text
 
     messages = body.get("messages", [])
     before: list[str] = [str(messages[0].get("content") or "")] if messages else []

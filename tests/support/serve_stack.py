@@ -77,7 +77,7 @@ def serve_process(
     log = folder / f"serve-{port}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "recap.workers.cli", "serve", "--port", str(port)],
             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
             cwd=folder,
             stdout=sink,

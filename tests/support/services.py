@@ -436,7 +436,7 @@ def postgres_database(admin_url: str, prefix: str = "recap_test_") -> Iterator[s
         try:
             yield admin_url.rsplit("/", 1)[0] + f"/{name}"
         finally:
-            from core.storage.db import dispose_engines
+            from recap.core.storage.db import dispose_engines
 
             dispose_engines()
             with admin.connect() as connection:

@@ -18,10 +18,10 @@ import openai
 import pytest
 from sqlalchemy import Engine, func, select
 
-from core import service
-from core.storage.db import make_engine
-from core.storage.migrate import upgrade
-from core.storage.models import MESSAGES, CompactionLog, Usage, table_of
+from recap.core import service
+from recap.core.storage.db import make_engine
+from recap.core.storage.migrate import upgrade
+from recap.core.storage.models import MESSAGES, CompactionLog, Usage, table_of
 from tests.support.llm_server import LLMServer
 from tests.support.processes import wait_for
 from tests.support.serve_stack import serve_env, serve_process

@@ -13,8 +13,8 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from core.counting import media, tokens
-from core.request.assembly import AssembledRequest
+from recap.core.counting import media, tokens
+from recap.core.request.assembly import AssembledRequest
 
 COVER_RATIO = 0.9  # the acceptance bound: Recap's count is never far below what is sent
 

@@ -35,8 +35,8 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 120.0  # a worker that calls a model imports litellm before it is ready
 GATE_TIMEOUT = 120.0  # a held reply is let go after this, so a failed test never hangs a thread
-RECAP = ("workers.cli", "worker")  # `recap worker`: the supervisor and its Celery children
-CELERY = ("celery", "-A", "workers.app", "--quiet", "worker")  # one Celery worker, no banner
+RECAP = ("recap.workers.cli", "worker")  # `recap worker`: the supervisor and its Celery children
+CELERY = ("celery", "-A", "recap.workers.app", "--quiet", "worker")  # one Celery worker, no banner
 READY_LINE = " ready."  # what Celery logs once a worker consumes
 
 

@@ -15,9 +15,9 @@ The commands are registered below, in the order ``recap --help`` lists them.
 
 from __future__ import annotations
 
-from workers.cli import compression, data, lifecycle, maintenance, run, views
-from workers.cli.durations import parse_duration
-from workers.cli.root import app
+from recap.workers.cli import compression, data, lifecycle, maintenance, run, views
+from recap.workers.cli.durations import parse_duration
+from recap.workers.cli.root import app
 
 __all__ = ["app", "main", "parse_duration"]
 

@@ -1,6 +1,6 @@
 """``python -m workers.cli``: the same as the ``recap`` console script."""
 
-from workers.cli import main
+from recap.workers.cli import main
 
 if __name__ == "__main__":
     main()

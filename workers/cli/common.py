@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from core.settings import Settings
+    from recap.core.settings import Settings
 
 
 class _OnFirstUse:
@@ -26,14 +26,14 @@ class _OnFirstUse:
         return getattr(importlib.import_module(self._name), attribute)
 
 
-service: Any = _OnFirstUse("core.service")
+service: Any = _OnFirstUse("recap.core.service")
 
 
 def settings() -> Settings:
     """The settings, read once; an invalid value is one clear error."""
-    from core.redact import known_secrets
-    from core.settings import get_settings
-    from workers.logs import register_secrets
+    from recap.core.redact import known_secrets
+    from recap.core.settings import get_settings
+    from recap.workers.logs import register_secrets
 
     loaded = get_settings()
     register_secrets(known_secrets(loaded))  # log lines on stderr mask them too
@@ -42,7 +42,7 @@ def settings() -> Settings:
 
 def known_secrets() -> list[str]:
     """The configured secrets, or none when the settings themselves are what failed."""
-    from core.redact import known_secrets as secrets_of
+    from recap.core.redact import known_secrets as secrets_of
 
     try:
         return secrets_of(settings())
@@ -53,14 +53,14 @@ def known_secrets() -> list[str]:
 def engine(*, create: bool = False) -> Any:
     """The engine for ``RECAP_DATABASE_URL``. Only ``create`` (``recap init``) creates an SQLite
     file: any other command on a missing one says to run ``recap init`` and leaves no file."""
-    from core.storage.db import get_engine
+    from recap.core.storage.db import get_engine
 
     return get_engine(settings().database_url, create=create)
 
 
 def read_text(path: Path) -> str:
     """A file the command was given, within ``RECAP_MAX_INPUT_BYTES``."""
-    from core.inputs import read_text as read_bounded
+    from recap.core.inputs import read_text as read_bounded
 
     return read_bounded(path, settings().max_input_bytes)
 
@@ -85,7 +85,7 @@ def emit(
 def _masked(value: Any, secrets: list[str], verbatim: bool) -> Any:
     """``value`` with every text in it masked: key-shaped text and the configured secrets, or
     only the configured secrets when ``verbatim``."""
-    from core.redact import mask_value, redact
+    from recap.core.redact import mask_value, redact
 
     if isinstance(value, str):
         if not verbatim:

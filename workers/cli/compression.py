@@ -8,11 +8,11 @@ from typing import Annotated, Any
 
 import typer
 
-from core.values.actions import Action
-from workers.cli.common import emit, engine, settings, table
-from workers.cli.durations import SinceOption, parse_duration
-from workers.cli.errors import fail, handles_errors, require_broker
-from workers.cli.options import JsonFlag, LeafOption
+from recap.core.values.actions import Action
+from recap.workers.cli.common import emit, engine, settings, table
+from recap.workers.cli.durations import SinceOption, parse_duration
+from recap.workers.cli.errors import fail, handles_errors, require_broker
+from recap.workers.cli.options import JsonFlag, LeafOption
 
 
 @handles_errors
@@ -25,15 +25,15 @@ def compress(
 ) -> None:
     """Run compress_session now, in this process (or --enqueue it for the workers)."""
     if enqueue:
-        from workers.app import app as celery_app
-        from workers.enqueue import CompressJob, send
+        from recap.workers.app import app as celery_app
+        from recap.workers.enqueue import CompressJob, send
 
         require_broker()
         task = send(celery_app, CompressJob(conversation, leaf, force))
         emit({"task_id": str(task.id)}, as_json, lambda: typer.echo(str(task.id)))
         return
-    from workers.compress import run_with_retries
-    from workers.logs import configure_logging
+    from recap.workers.compress import run_with_retries
+    from recap.workers.logs import configure_logging
 
     configure_logging(json_output=False, level="WARNING")  # stdout keeps only the result
     payload = run_with_retries(engine(), settings(), conversation, leaf, force).as_dict()
@@ -45,8 +45,8 @@ def compress(
 @handles_errors
 def reconcile(as_json: JsonFlag = False) -> None:
     """Re-enqueue conversations over their trigger whose last run is missing or died."""
-    from workers.reconcile import reconcile as reconcile_pass
-    from workers.tasks import enqueue
+    from recap.workers.reconcile import reconcile as reconcile_pass
+    from recap.workers.tasks import enqueue
 
     require_broker()  # before the pass marks anything checked
     payload = reconcile_pass(engine(), settings(), enqueue)
@@ -55,9 +55,9 @@ def reconcile(as_json: JsonFlag = False) -> None:
 
 def _failed_since(since: str, conversations: list[str] | None = None) -> list[Any]:
     """The failed runs not settled within ``since`` (a duration such as ``24h``)."""
-    from core.storage.db import session_scope
-    from core.storage.models import utcnow
-    from core.storage.store import failed_runs
+    from recap.core.storage.db import session_scope
+    from recap.core.storage.models import utcnow
+    from recap.core.storage.store import failed_runs
 
     moment = utcnow() - parse_duration(since)
     with session_scope(engine()) as session:
@@ -94,7 +94,7 @@ def retry(
     as_json: JsonFlag = False,
 ) -> None:
     """Enqueue compress_session again for failed conversations, on the configured broker."""
-    from core.errors import InputError
+    from recap.core.errors import InputError
 
     if bool(conversations) == all_failed:
         raise InputError("give conversation ids or --all-failed (one of the two)")
@@ -112,8 +112,8 @@ def retry(
 
 def _existing(conversations: list[str]) -> list[str]:
     """The ids, after checking each names a stored conversation (``NotFoundError`` if not)."""
-    from core.storage.db import session_scope
-    from core.storage.store import get_conversation
+    from recap.core.storage.db import session_scope
+    from recap.core.storage.store import get_conversation
 
     with session_scope(engine()) as session:
         for conversation in conversations:
@@ -125,7 +125,7 @@ def _enqueue_all(conversations: list[str], *, force: bool) -> list[str]:
     """Send one task per conversation; an unreachable broker is one line, not a traceback."""
     from kombu.exceptions import OperationalError
 
-    from workers.tasks import enqueue
+    from recap.workers.tasks import enqueue
 
     try:
         return [enqueue(conversation, force=force) for conversation in conversations]

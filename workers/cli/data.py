@@ -11,15 +11,15 @@ from typing import Annotated, Any
 
 import typer
 
-from workers.cli.common import emit, engine, read_text, service, settings, table
-from workers.cli.errors import fail, handles_errors
-from workers.cli.options import MESSAGE_ID, TOKEN_COUNT, JsonFlag, LeafOption, WindowOption
+from recap.workers.cli.common import emit, engine, read_text, service, settings, table
+from recap.workers.cli.errors import fail, handles_errors
+from recap.workers.cli.options import MESSAGE_ID, TOKEN_COUNT, JsonFlag, LeafOption, WindowOption
 
 
 @handles_errors
 def init(as_json: JsonFlag = False) -> None:
     """Create or migrate the database schema."""
-    from core.storage.migrate import upgrade
+    from recap.core.storage.migrate import upgrade
 
     created = engine(create=True)
     revision = upgrade(created)
@@ -58,7 +58,7 @@ def import_(
 
 def _ingest() -> service.Prepare | None:
     """The ingest step applied to every new message (tool-output truncation)."""
-    from core.storage.outputs import Ingest
+    from recap.core.storage.outputs import Ingest
 
     return Ingest.from_settings(settings())
 
@@ -115,8 +115,8 @@ def add(
 
 def _fields_object(text: str) -> dict[str, Any]:
     """The ``--fields`` JSON object."""
-    from core.errors import InputError
-    from core.values.limits import loads
+    from recap.core.errors import InputError
+    from recap.core.values.limits import loads
 
     value = loads(text, "--fields")
     if not isinstance(value, dict):
@@ -133,7 +133,7 @@ def _message_from_options(
     tool_calls: str | None,
 ) -> dict[str, Any]:
     """The message ``recap add`` appends, from its options (the text read from --content-file)."""
-    from core.errors import InputError
+    from recap.core.errors import InputError
 
     if content is not None and content_file is not None:
         raise InputError("give --content or --content-file, not both")
@@ -141,7 +141,7 @@ def _message_from_options(
         content = read_text(content_file)
     message: dict[str, Any] = {"role": role, "content": content}
     if tool_calls is not None:
-        from core.values.limits import loads
+        from recap.core.values.limits import loads
 
         message["tool_calls"] = loads(tool_calls, "--tool-calls")
     if tool_call_id is not None:
@@ -202,7 +202,7 @@ def recount(
 ) -> None:
     """Recount the conversation's stored token counts made for another model, in batches
     (with --model, record the model change first)."""
-    from core.storage import recount as recounts
+    from recap.core.storage import recount as recounts
 
     if model is not None:
         recounts.set_model(engine(), conversation, model, max_input_tokens=max_input_tokens)

@@ -19,7 +19,7 @@ SinceOption = Annotated[
 
 def parse_duration(text: str) -> timedelta:
     """``30m``, ``2h``, ``7d`` as a positive timedelta; ``InputError`` for anything else."""
-    from core.errors import InputError
+    from recap.core.errors import InputError
 
     match = re.fullmatch(r"\s*(\d{1,7}(?:\.\d{1,6})?)\s*([smhdw])\s*", text.lower())
     seconds = float(match[1]) * DURATION_UNITS[match[2]] if match else 0.0

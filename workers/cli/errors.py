@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 import typer
 
-from core.errors import RecapError
-from workers.cli.common import known_secrets, settings
+from recap.core.errors import RecapError
+from recap.workers.cli.common import known_secrets, settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 USER_ERRORS = (RecapError,)  # settings, model and input errors all derive from it
@@ -20,7 +20,7 @@ USER_ERRORS = (RecapError,)  # settings, model and input errors all derive from 
 
 def fail(message: str, code: int = 1) -> None:
     """One clear line on stderr (masked: an error can quote a secret), then exit non-zero."""
-    from core.redact import one_line, redact
+    from recap.core.redact import one_line, redact
 
     typer.echo(f"recap: error: {one_line(redact(message, known_secrets()))}", err=True)
     raise typer.Exit(code)
@@ -55,7 +55,7 @@ def _environment_error(exc: Exception) -> str | None:
     if "sqlalchemy" in sys.modules:
         from sqlalchemy.exc import DBAPIError
 
-        from core.storage.db import INIT_HINT, is_schema_missing
+        from recap.core.storage.db import INIT_HINT, is_schema_missing
 
         if is_schema_missing(exc):
             return f"the database has no Recap schema; {INIT_HINT}"
@@ -70,7 +70,7 @@ def _environment_error(exc: Exception) -> str | None:
 
 def _database_named() -> str:
     """``RECAP_DATABASE_URL`` and its value, password hidden, for a database error."""
-    from core.storage.db import display_url
+    from recap.core.storage.db import display_url
 
     return f"RECAP_DATABASE_URL={display_url(settings().database_url)}"
 
@@ -107,7 +107,7 @@ BROKER_CONNECT_TIMEOUT = 2.0
 def require_broker() -> None:
     """Check that the configured broker answers, with bounded retries, before a command sends
     anything (or changes anything in the database on the way)."""
-    from workers.app import app as celery_app
+    from recap.workers.app import app as celery_app
 
     with celery_app.connection_for_write() as connection:
         connection.ensure_connection(

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from workers.cli.common import emit, engine, settings, table
-from workers.cli.errors import fail, handles_errors
-from workers.cli.options import MAX_DAYS, MESSAGE_ID, JsonFlag, finite
+from recap.workers.cli.common import emit, engine, settings, table
+from recap.workers.cli.errors import fail, handles_errors
+from recap.workers.cli.options import MAX_DAYS, MESSAGE_ID, JsonFlag, finite
 
 IdleDays = Annotated[
     float | None,
@@ -32,7 +32,7 @@ def pin(
 ) -> None:
     """Send a message verbatim in every request of its branch, whatever is summarized (--off:
     unpin it)."""
-    from core import lifecycle
+    from recap.core import lifecycle
 
     change = lifecycle.unpin if off else lifecycle.pin
     done = change(engine(), conversation, message_id, settings())
@@ -58,7 +58,7 @@ def delete(
     """Delete a conversation and everything derived from it (rows and saved files)."""
     if not yes:
         fail(f"recap delete removes conversation {conversation!r} for good; add --yes to confirm")
-    from core import lifecycle
+    from recap.core import lifecycle
 
     payload = lifecycle.delete(engine(), conversation, settings()).as_dict()
     rows = payload.pop("rows")
@@ -82,7 +82,7 @@ def conversations(
     as_json: JsonFlag = False,
 ) -> None:
     """List conversations (id order, one page): messages, tokens, last activity, pressure."""
-    from core import lifecycle
+    from recap.core import lifecycle
 
     rows, following = lifecycle.conversations(
         engine(), settings(), idle_days=idle_days, after=after, limit=limit
@@ -111,7 +111,7 @@ def expire(
     as_json: JsonFlag = False,
 ) -> None:
     """Delete the conversations idle longer than the retention now (the beat task's work)."""
-    from core import lifecycle
+    from recap.core import lifecycle
 
     current = settings()
     if retention_days is None and current.conversation_retention_days is None:

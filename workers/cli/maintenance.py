@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from workers.cli.common import emit, engine, settings, table
-from workers.cli.errors import handles_errors
-from workers.cli.options import MAX_DAYS, JsonFlag, finite
+from recap.workers.cli.common import emit, engine, settings, table
+from recap.workers.cli.errors import handles_errors
+from recap.workers.cli.options import MAX_DAYS, JsonFlag, finite
 
 
 @handles_errors
@@ -25,8 +25,8 @@ def sweep(
     as_json: JsonFlag = False,
 ) -> None:
     """Clear old tool results of idle conversations now (the beat sweep, all batches)."""
-    from core.storage.models import utcnow
-    from core.storage.sweep import sweep_idle
+    from recap.core.storage.models import utcnow
+    from recap.core.storage.sweep import sweep_idle
 
     result = sweep_idle(engine(), settings(), now=utcnow(), idle_minutes=idle_minutes)
     payload = result.as_dict()
@@ -47,7 +47,7 @@ def cleanup(
     """Delete saved tool outputs older than the retention now (the beat cleanup)."""
     import time
 
-    from core.storage.outputs import cleanup_outputs
+    from recap.core.storage.outputs import cleanup_outputs
 
     days = settings().output_retention_days if retention_days is None else retention_days
     result = cleanup_outputs(settings().output_dir, now=time.time(), retention_days=days)
@@ -59,8 +59,8 @@ def cleanup(
 def prune_log(as_json: JsonFlag = False) -> None:
     """Delete compaction-log rows past RECAP_LOG_RETENTION_DAYS (skipped runs) and
     RECAP_LOG_HISTORY_DAYS (every run) now (the beat pruning)."""
-    from core.storage.compaction_log import prune_log as prune
-    from core.storage.models import utcnow
+    from recap.core.storage.compaction_log import prune_log as prune
+    from recap.core.storage.models import utcnow
 
     current = settings()
     result = prune(

@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from core.values.limits import INT32_MAX, MESSAGE_ID_MAX, TOKENS_MAX
-from workers import moments
+from recap.core.values.limits import INT32_MAX, MESSAGE_ID_MAX, TOKENS_MAX
+from recap.workers import moments
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 

@@ -77,6 +77,6 @@ def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress too.")] = False,
 ) -> None:
     """Readable log lines for the command line (workers log JSON)."""
-    from workers.logs import configure_logging
+    from recap.workers.logs import configure_logging
 
     configure_logging(json_output=False, level="INFO" if verbose else "WARNING")

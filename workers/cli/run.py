@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from workers.cli.common import emit, settings, table
-from workers.cli.errors import fail, handles_errors
-from workers.cli.options import WINDOW, JsonFlag
+from recap.workers.cli.common import emit, settings, table
+from recap.workers.cli.errors import fail, handles_errors
+from recap.workers.cli.options import WINDOW, JsonFlag
 
 
 @handles_errors
@@ -26,7 +26,7 @@ def replay(
     as_json: JsonFlag = False,
 ) -> None:
     """Replay logs through the real pipeline and report what Recap would have done."""
-    from workers import replay as replaying
+    from recap.workers import replay as replaying
 
     report = replaying.run(file, settings(), window=window, idle_gap=idle_gap)
     total = report["total"]
@@ -90,8 +90,8 @@ def demo(
     from rich.console import Console
     from rich.progress import Progress
 
-    from workers import demo as demo_run
-    from workers.logs import configure_logging
+    from recap.workers import demo as demo_run
+    from recap.workers.logs import configure_logging
 
     configure_logging(json_output=False, level="WARNING")
     console = Console()
@@ -137,7 +137,7 @@ def worker(
 ) -> None:
     """Start workers: threads for `compress`, a small pool for `maintenance`. Other Celery
     worker arguments are passed through (for example --concurrency 32)."""
-    from workers import runner
+    from recap.workers import runner
 
     settings()  # an invalid setting stops here, in one line
     names = [q.strip() for q in queues.split(",") if q.strip()]
@@ -156,7 +156,7 @@ def serve(
     """Serve OpenAI's chat-completions and Responses APIs and Anthropic's Messages API over
     Recap (clients authenticate with a key from RECAP_SERVE_KEYS; see docs/serve-apis.md)."""
     settings()  # an invalid setting stops here, in one line (before the server's imports)
-    from workers.serve.app import serve as run_server
+    from recap.workers.serve.app import serve as run_server
 
     run_server(host, port)
 
@@ -168,6 +168,6 @@ def ui(
 ) -> None:
     """Serve the web console at /ui (log in with a key of RECAP_UI_KEYS; docs/console.md)."""
     settings()  # an invalid setting stops here, in one line; a missing console key in run_console
-    from workers.ui.app import serve as run_console
+    from recap.workers.ui.app import serve as run_console
 
     run_console(host, port)

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from workers.cli.common import emit, engine, read_text, service, settings, table
-from workers.cli.errors import handles_errors
-from workers.cli.options import AsOfOption, JsonFlag, LeafOption, WindowOption
+from recap.workers.cli.common import emit, engine, read_text, service, settings, table
+from recap.workers.cli.errors import handles_errors
+from recap.workers.cli.options import AsOfOption, JsonFlag, LeafOption, WindowOption
 
 
 @handles_errors
@@ -44,7 +44,7 @@ def assemble(
     as_json: JsonFlag = False,
 ) -> None:
     """Print the request the host would send now (or would have sent at --as-of TIME)."""
-    from core.request.assembly import ContextFile
+    from recap.core.request.assembly import ContextFile
 
     files = [ContextFile(str(path), read_text(path)) for path in context_file or ()]
     request = service.assemble(
@@ -82,8 +82,8 @@ def assemble(
 
 def _read_tools(path: Path) -> list[dict[str, Any]]:
     """Tool schemas from a JSON file: a list of objects, or an object with a ``tools`` list."""
-    from core.errors import InputError
-    from core.values.limits import loads
+    from recap.core.errors import InputError
+    from recap.core.values.limits import loads
 
     data = loads(read_text(path), str(path))
     if isinstance(data, dict):
@@ -150,7 +150,7 @@ def timeline(
     as_json: JsonFlag = False,
 ) -> None:
     """Each message of the branch with its state in the request now, and each summary's span."""
-    from core import lifecycle
+    from recap.core import lifecycle
 
     view = lifecycle.timeline(engine(), conversation, settings(), leaf=leaf, as_of=as_of)
     payload = view.as_dict()
@@ -184,7 +184,7 @@ def recall(
     as_json: JsonFlag = False,
 ) -> None:
     """Print the original a placeholder or summary names (ref=m42, ref=s17, ref=m42.1)."""
-    from core import recall as recalls
+    from recap.core import recall as recalls
 
     found = recalls.recall(engine(), conversation, ref, settings(), offset=offset)
     payload = found.as_dict()

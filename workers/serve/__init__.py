@@ -11,6 +11,6 @@ and ``messages_api`` and replying through a ``shapes.Shape``; ``startup`` checks
 and the workers when the server starts.
 """
 
-from workers.serve.app import create_app
+from recap.workers.serve.app import create_app
 
 __all__ = ["create_app"]

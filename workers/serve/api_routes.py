@@ -20,14 +20,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from core.counting.tokens import TOKENS_REPLY_PRIMING
-from core.errors import BudgetError, InputError, NotFoundError
-from core.request.prefix import split_system
-from core.storage import requests as history
-from workers.serve import messages_api, response_routes, responses_api, routes, upstream
-from workers.serve.errors import ServeError, bad_request, context_too_long, echoed, not_found
-from workers.serve.shapes import Shape
-from workers.serve.streaming import ClientGone, Relay
+from recap.core.counting.tokens import TOKENS_REPLY_PRIMING
+from recap.core.errors import BudgetError, InputError, NotFoundError
+from recap.core.request.prefix import split_system
+from recap.core.storage import requests as history
+from recap.workers.serve import messages_api, response_routes, responses_api, routes, upstream
+from recap.workers.serve.errors import ServeError, bad_request, context_too_long, echoed, not_found
+from recap.workers.serve.shapes import Shape
+from recap.workers.serve.streaming import ClientGone, Relay
 
 log = structlog.get_logger(__name__)
 
@@ -130,7 +130,7 @@ def previous_not_found(value: str) -> ServeError:
 def resolve_previous(engine: Any, ref: responses_api.Reference, owner: str) -> int:
     """The stored message a response id continues after (``core.storage.reads``); ``ref``'s
     conversation is the id it is stored under (``Previous.conversation_id``)."""
-    from core.storage.reads import reply_to_continue
+    from recap.core.storage.reads import reply_to_continue
 
     return reply_to_continue(
         engine, ref.conversation_id, ref.message_id, exact=ref.exact, owner=owner
@@ -442,7 +442,7 @@ def request_tokens(
     model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
 ) -> int:
     """Recap's count of a request's messages and tools for ``model``."""
-    from core.counting.tokens import (
+    from recap.core.counting.tokens import (
         TOKENS_REPLY_PRIMING,
         count_message,
         count_tools,

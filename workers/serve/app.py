@@ -12,14 +12,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from core.aio import AsyncRecap
-from core.errors import RecapError
-from core.redact import error_text, known_secrets
-from core.settings import Settings, get_settings
-from workers.serve import api_routes, routes, startup
-from workers.serve.auth import KeyRing
-from workers.serve.errors import SERVER, ServeError
-from workers.serve.turns import Turns
+from recap.core.aio import AsyncRecap
+from recap.core.errors import RecapError
+from recap.core.redact import error_text, known_secrets
+from recap.core.settings import Settings, get_settings
+from recap.workers.serve import api_routes, routes, startup
+from recap.workers.serve.auth import KeyRing
+from recap.workers.serve.errors import SERVER, ServeError
+from recap.workers.serve.turns import Turns
 
 log = structlog.get_logger(__name__)
 
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, address: str | None = None) -> 
         log.error("serve_error", path=request.url.path, error=error_text(exc, secrets))
         return ServeError(500, "internal error (logged by recap serve)", type=SERVER).response()
 
-    from workers.ui.app import mounts as console_mounts  # here: the console imports serve.auth
+    from recap.workers.ui.app import mounts as console_mounts  # here: the console imports serve.auth
 
     return Starlette(
         routes=[
@@ -81,7 +81,7 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
     """Run the endpoint under uvicorn until interrupted."""
     import uvicorn
 
-    from workers.logs import configure_logging
+    from recap.workers.logs import configure_logging
 
     settings = get_settings()
     configure_logging(json_output=settings.log_json, level=settings.log_level)

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from core.values.limits import JSON_MAX_DEPTH
+from recap.core.values.limits import JSON_MAX_DEPTH
 
 MAX_DEPTH = JSON_MAX_DEPTH  # far deeper than any request or reply (about six levels)
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # no parameter or count takes a wider integer

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from core.values.limits import TOKENS_MAX
+from recap.core.values.limits import TOKENS_MAX
 
 
 def chunk_usage(chunk: Mapping[str, Any]) -> tuple[int, int, int] | None:

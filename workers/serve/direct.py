@@ -28,7 +28,7 @@ import httpx
 import orjson
 from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
 
-from workers.serve import bounded
+from recap.workers.serve import bounded
 
 PROVIDER_PREFIX = "openai/"
 OVERFLOW_CODE = "context_length_exceeded"

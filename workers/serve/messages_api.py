@@ -18,8 +18,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from workers.serve.chunks import chunk_usage, first_choice_deltas
-from workers.serve.errors import ServeError
+from recap.workers.serve.chunks import chunk_usage, first_choice_deltas
+from recap.workers.serve.errors import ServeError
 
 MESSAGE_PREFIX = "msg_"
 KNOWN_FIELDS = frozenset(

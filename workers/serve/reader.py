@@ -21,11 +21,11 @@ from typing import Any
 
 from starlette.requests import Request
 
-from core.storage.records import ROLES
-from workers.serve import bounded
-from workers.serve.bounded import INT_MIN
-from workers.serve.errors import ServeError, bad_request, too_large
-from workers.serve.upstream import parameters
+from recap.core.storage.records import ROLES
+from recap.workers.serve import bounded
+from recap.workers.serve.bounded import INT_MIN
+from recap.workers.serve.errors import ServeError, bad_request, too_large
+from recap.workers.serve.upstream import parameters
 
 PART_TYPES = frozenset(
     {"text", "refusal", "image_url", "input_audio", "file", "thinking", "redacted_thinking"}

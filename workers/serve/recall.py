@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from core import recall
-from core.counting import tokens
-from core.settings import Settings
-from workers.serve import upstream
+from recap.core import recall
+from recap.core.counting import tokens
+from recap.core.settings import Settings
+from recap.workers.serve import upstream
 
 if TYPE_CHECKING:
-    from workers.serve.turns import Turn, Turns
+    from recap.workers.serve.turns import Turn, Turns
 
 log = structlog.get_logger(__name__)
 CHARS_PER_TOKEN = 2  # a recalled page's room in characters per token left: an underestimate

@@ -19,11 +19,11 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from core.errors import NotFoundError
-from core.storage import reads
-from core.storage.requests import forget_response
-from workers.serve import responses_api, routes
-from workers.serve.errors import ServeError, bad_request
+from recap.core.errors import NotFoundError
+from recap.core.storage import reads
+from recap.core.storage.requests import forget_response
+from recap.workers.serve import responses_api, routes
+from recap.workers.serve.errors import ServeError, bad_request
 
 log = structlog.get_logger(__name__)
 

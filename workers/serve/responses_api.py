@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.serve import response_objects
-from workers.serve.chunks import chunk_usage, first_choice_deltas
-from workers.serve.errors import ServeError, bad_request
+from recap.workers.serve import response_objects
+from recap.workers.serve.chunks import chunk_usage, first_choice_deltas
+from recap.workers.serve.errors import ServeError, bad_request
 
 RESPONSE_PREFIX = "resp_"
 REFERENCE = re.compile(r"([ra])(\d{1,19}):(.+)", re.DOTALL)

@@ -15,18 +15,18 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from core.counting.tokens import UnknownModelError
-from core.errors import NotFoundError, RecapError
-from core.request.prefix import split_system
-from core.storage import requests as history
-from core.storage.db import ping
-from workers.serve import headers, reader, upstream
-from workers.serve.auth import KeyRing
-from workers.serve.errors import ServeError, bad_request, client_text, not_found, unauthorized
-from workers.serve.shapes import Shape
-from workers.serve.startup import upstream_models
-from workers.serve.streaming import Relay, TurnStream
-from workers.serve.turns import Turn, Turns, reply_headers
+from recap.core.counting.tokens import UnknownModelError
+from recap.core.errors import NotFoundError, RecapError
+from recap.core.request.prefix import split_system
+from recap.core.storage import requests as history
+from recap.core.storage.db import ping
+from recap.workers.serve import headers, reader, upstream
+from recap.workers.serve.auth import KeyRing
+from recap.workers.serve.errors import ServeError, bad_request, client_text, not_found, unauthorized
+from recap.workers.serve.shapes import Shape
+from recap.workers.serve.startup import upstream_models
+from recap.workers.serve.streaming import Relay, TurnStream
+from recap.workers.serve.turns import Turn, Turns, reply_headers
 
 log = structlog.get_logger(__name__)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workers.serve.streaming import Relay
+from recap.workers.serve.streaming import Relay
 
 
 @dataclass(frozen=True)

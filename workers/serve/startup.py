@@ -14,8 +14,8 @@ import httpx
 import structlog
 from kombu.utils.url import maybe_sanitize_url
 
-from core.settings import Settings
-from workers.queues import COMPRESS_QUEUE
+from recap.core.settings import Settings
+from recap.workers.queues import COMPRESS_QUEUE
 
 log = structlog.get_logger(__name__)
 
@@ -26,7 +26,7 @@ MODELS_TIMEOUT = 5.0  # seconds the upstream has to list its models
 
 def database_url(settings: Settings) -> str:
     """The database URL as it may be shown: without its password."""
-    from core.storage.db import display_url
+    from recap.core.storage.db import display_url
 
     return display_url(settings.database_url)
 
@@ -36,14 +36,14 @@ def prepare_database(settings: Settings) -> str | None:
     it was brought to, or None when it was there already. A database that cannot be reached is
     one ``RecapError`` line."""
     logging.getLogger("alembic").setLevel(logging.WARNING)  # no line per plugin or step
-    from core.storage.migrate import prepare
+    from recap.core.storage.migrate import prepare
 
     return prepare(settings.database_url)
 
 
 def compress_workers(timeout: float = WORKER_TIMEOUT) -> list[str]:
     """The workers that answer and consume the compress queue (none: an empty list)."""
-    from workers.enqueue import producer_app
+    from recap.workers.enqueue import producer_app
 
     replies = producer_app().control.inspect(timeout=timeout).active_queues() or {}
     return sorted(

@@ -16,10 +16,10 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from core.redact import StreamMasker, mask_in_place
-from workers.serve import direct, upstream
-from workers.serve.direct import Chunk
-from workers.serve.errors import UPSTREAM
+from recap.core.redact import StreamMasker, mask_in_place
+from recap.workers.serve import direct, upstream
+from recap.workers.serve.direct import Chunk
+from recap.workers.serve.errors import UPSTREAM
 
 DONE = b"data: [DONE]\n\n"
 EVENT_STREAM = "text/event-stream"

@@ -22,18 +22,18 @@ from typing import Any
 
 import structlog
 
-from core import service
-from core.aio import AsyncRecap
-from core.errors import BudgetError, NotFoundError
-from core.redact import error_text, known_secrets, redact
-from core.request.assembly import AssembledRequest
-from core.settings import Settings
-from core.storage import requests as history
-from core.storage.outputs import Ingest
-from core.values.request import RequestSpec
-from workers.serve import recall, upstream
-from workers.serve.errors import ServeError, client_text, context_too_long, not_found
-from workers.serve.headers import encoded
+from recap.core import service
+from recap.core.aio import AsyncRecap
+from recap.core.errors import BudgetError, NotFoundError
+from recap.core.redact import error_text, known_secrets, redact
+from recap.core.request.assembly import AssembledRequest
+from recap.core.settings import Settings
+from recap.core.storage import requests as history
+from recap.core.storage.outputs import Ingest
+from recap.core.values.request import RequestSpec
+from recap.workers.serve import recall, upstream
+from recap.workers.serve.errors import ServeError, client_text, context_too_long, not_found
+from recap.workers.serve.headers import encoded
 
 log = structlog.get_logger(__name__)
 RESOLVED_NAMES = 1024  # (key, name) pairs whose stored conversation id is kept in memory
@@ -411,7 +411,7 @@ class Turns:
 
 def _send_compress(conversation_id: str, leaf_id: int | None) -> None:
     """Enqueue on the configured broker, routed as the workers expect."""
-    from workers.enqueue import compress_later
+    from recap.workers.enqueue import compress_later
 
     compress_later(conversation_id, leaf_id)
 

@@ -25,13 +25,13 @@ os.environ.setdefault("MAX_BASE64_LENGTH_FOR_LOGGING", "0")
 import httpx
 import litellm
 
-from core.errors import InputError, RecapError
-from core.redact import known_secrets, mask_strings, redact
-from core.request.validate import check_message
-from core.settings import Settings
-from workers.serve import direct
-from workers.serve.chunks import usage_counts
-from workers.serve.errors import UPSTREAM, ServeError, client_text
+from recap.core.errors import InputError, RecapError
+from recap.core.redact import known_secrets, mask_strings, redact
+from recap.core.request.validate import check_message
+from recap.core.settings import Settings
+from recap.workers.serve import direct
+from recap.workers.serve.chunks import usage_counts
+from recap.workers.serve.errors import UPSTREAM, ServeError, client_text
 
 litellm.suppress_debug_info = True
 logging.getLogger("LiteLLM").setLevel(logging.WARNING)  # no line per call; errors still show
@@ -330,7 +330,7 @@ def message_of(data: Mapping[str, Any], *, storable: bool = True) -> dict[str, A
 def _parts(content: Any) -> bool:
     """Whether a reply's content is a list of content parts of known types (some servers
     answer with text and thinking parts)."""
-    from workers.serve.reader import PART_TYPES
+    from recap.workers.serve.reader import PART_TYPES
 
     return isinstance(content, list) and all(
         isinstance(part, dict) and part.get("type") in PART_TYPES for part in content

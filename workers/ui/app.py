@@ -21,13 +21,13 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from core.errors import RecapError
-from core.redact import error_text, known_secrets
-from core.settings import Settings, get_settings
-from core.storage.db import get_engine
-from workers.ui import routes
-from workers.ui.auth import LoginLimiter, Sessions
-from workers.ui.headers import SecurityHeaders
+from recap.core.errors import RecapError
+from recap.core.redact import error_text, known_secrets
+from recap.core.settings import Settings, get_settings
+from recap.core.storage.db import get_engine
+from recap.workers.ui import routes
+from recap.workers.ui.auth import LoginLimiter, Sessions
+from recap.workers.ui.headers import SecurityHeaders
 
 log = structlog.get_logger(__name__)
 
@@ -130,7 +130,7 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
     """Run the console under uvicorn until interrupted."""
     import uvicorn
 
-    from workers.logs import configure_logging
+    from recap.workers.logs import configure_logging
 
     settings = get_settings()
     configure_logging(json_output=settings.log_json, level=settings.log_level)

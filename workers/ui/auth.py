@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from pydantic import SecretStr
 
-from workers.serve.auth import KeyRing
-from workers.ui.views import Scope
+from recap.workers.serve.auth import KeyRing
+from recap.workers.ui.views import Scope
 
 COOKIE = "recap_console"
 SESSION_SECONDS = 12 * 3600  # a working day; then the key is asked for again

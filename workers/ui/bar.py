@@ -15,8 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.results import Stats
-from core.storage.profile import FixedParts
+from recap.core.results import Stats
+from recap.core.storage.profile import FixedParts
 
 # The parts of a request, in the bar's order; then what the window keeps beside the request.
 PARTS = ("system", "tools", "summary", "history", "media", "reasoning")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
 
 POINTS_MAX = 400  # model calls one chart plots; a longer branch is sampled evenly
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 
-from core.storage.console import SORTS
-from core.values.limits import MESSAGE_ID_MAX, NAME_MAX_CHARS
+from recap.core.storage.console import SORTS
+from recap.core.values.limits import MESSAGE_ID_MAX, NAME_MAX_CHARS
 
 PAGE_SIZE = 25  # conversations per page by default
 PAGE_SIZE_MAX = 200  # a page is two statements over its ids: bounded so it stays cheap

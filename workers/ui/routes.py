@@ -18,14 +18,14 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from core.errors import NotFoundError
-from core.redact import error_text
-from core.settings import Settings
-from core.storage.console import SORTS
-from workers.ui import fields, views
-from workers.ui.auth import COOKIE, LoginLimiter, Session, Sessions
-from workers.ui.fields import FieldError
-from workers.ui.headers import PAGE_HEADERS
+from recap.core.errors import NotFoundError
+from recap.core.redact import error_text
+from recap.core.settings import Settings
+from recap.core.storage.console import SORTS
+from recap.workers.ui import fields, views
+from recap.workers.ui.auth import COOKIE, LoginLimiter, Session, Sessions
+from recap.workers.ui.fields import FieldError
+from recap.workers.ui.headers import PAGE_HEADERS
 
 log = structlog.get_logger(__name__)
 
@@ -302,6 +302,6 @@ async def _enqueue(request: Request, action: str) -> Response:
 
 
 def _send(conversation_id: str, leaf: int | None) -> str:
-    from workers.enqueue import compress_later
+    from recap.workers.enqueue import compress_later
 
     return compress_later(conversation_id, leaf, force=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.values.records import ClearingRec, Msg, SummaryRec
 
 FULL, AGED, CLEARED, SUMMARIZED = "full", "aged", "cleared", "summarized"
 PINNED, OMITTED = "pinned", "omitted"

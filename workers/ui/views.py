@@ -19,24 +19,24 @@ from typing import Any
 from pydantic import SecretStr
 from sqlalchemy import Engine
 
-from core import service
-from core.counting import budget as budgets
-from core.counting import tokens
-from core.errors import InputError, NotFoundError, RecapError
-from core.redact import known_secrets, redact
-from core.request import assembly
-from core.results import Stats
-from core.settings import Settings
-from core.storage import console, outputs, reads, store
-from core.storage.db import session_scope
-from core.storage.models import utcnow
-from core.storage.profile import Profile, load_profile
-from core.values.records import Msg, SummaryRec
-from core.values.request import RequestSpec
-from workers.serve.auth import fingerprint
-from workers.ui import chart
-from workers.ui.bar import Bar, token_bar
-from workers.ui.timeline import Item, timeline
+from recap.core import service
+from recap.core.counting import budget as budgets
+from recap.core.counting import tokens
+from recap.core.errors import InputError, NotFoundError, RecapError
+from recap.core.redact import known_secrets, redact
+from recap.core.request import assembly
+from recap.core.results import Stats
+from recap.core.settings import Settings
+from recap.core.storage import console, outputs, reads, store
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import utcnow
+from recap.core.storage.profile import Profile, load_profile
+from recap.core.values.records import Msg, SummaryRec
+from recap.core.values.request import RequestSpec
+from recap.workers.serve.auth import fingerprint
+from recap.workers.ui import chart
+from recap.workers.ui.bar import Bar, token_bar
+from recap.workers.ui.timeline import Item, timeline
 
 LIBRARY_OWNER = "library / CLI"  # conversations created without a serve key
 REQUEST_JSON_CHARS = 1_000_000  # the request as sent is shown up to this size

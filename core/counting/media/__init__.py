@@ -33,258 +33,258 @@ into placeholders). Every name is re-exported here: ``from core.counting import 
 
 from __future__ import annotations
 
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     BYTES as BYTES,
 )
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     CAP as CAP,
 )
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     RECORDED as RECORDED,
 )
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     TEXT_ONLY as TEXT_ONLY,
 )
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     TURNS as TURNS,
 )
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     AgeingPlan as AgeingPlan,
 )
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     Counter as Counter,
 )
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     Finished as Finished,
 )
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     check_parts as check_parts,
 )
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     finish as finish,
 )
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     plan_ageing as plan_ageing,
 )
-from core.counting.media.ageing import (
+from recap.core.counting.media.ageing import (
     request_bytes as request_bytes,
 )
-from core.counting.media.headers import (
+from recap.core.counting.media.headers import (
     image_size as image_size,
 )
-from core.counting.media.headers import (
+from recap.core.counting.media.headers import (
     wav_seconds as wav_seconds,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     ANTHROPIC as ANTHROPIC,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     ANTHROPIC_LONG_EDGE as ANTHROPIC_LONG_EDGE,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     ANTHROPIC_MAX_TOKENS as ANTHROPIC_MAX_TOKENS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     ANTHROPIC_PIXELS_PER_TOKEN as ANTHROPIC_PIXELS_PER_TOKEN,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     AUDIO as AUDIO,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     AUDIO_BYTES_PER_SECOND as AUDIO_BYTES_PER_SECOND,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     AUDIO_FORMATS as AUDIO_FORMATS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     AUDIO_TOKENS_PER_SECOND as AUDIO_TOKENS_PER_SECOND,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     DATA_URL_RE as DATA_URL_RE,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     DEFAULT_FAMILY as DEFAULT_FAMILY,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     EXTENSIONS as EXTENSIONS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     FILE as FILE,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     FILE_BYTES_PER_TOKEN as FILE_BYTES_PER_TOKEN,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     FILE_TOKENS_PER_PAGE as FILE_TOKENS_PER_PAGE,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     FILE_TYPES as FILE_TYPES,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     GEMINI as GEMINI,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     GEMINI_SMALL as GEMINI_SMALL,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     GEMINI_TILE as GEMINI_TILE,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     GEMINI_TOKENS as GEMINI_TOKENS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     HEADER_SCAN_BYTES as HEADER_SCAN_BYTES,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     IMAGE as IMAGE,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     IMAGE_TYPES as IMAGE_TYPES,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     META_KEY as META_KEY,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     NAME_CHARS as NAME_CHARS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     OPENAI as OPENAI,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     OPENAI_BOX as OPENAI_BOX,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     OPENAI_DEFAULT_COSTS as OPENAI_DEFAULT_COSTS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     OPENAI_SHORT_SIDE as OPENAI_SHORT_SIDE,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     OPENAI_TILE as OPENAI_TILE,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     OPENAI_TILE_COSTS as OPENAI_TILE_COSTS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     PART_KINDS as PART_KINDS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     PDF_PAGE_RE as PDF_PAGE_RE,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     PLACEHOLDER as PLACEHOLDER,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     REF_RE as REF_RE,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     REF_SCHEME as REF_SCHEME,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     SHORT_DIGEST_CHARS as SHORT_DIGEST_CHARS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     UNAVAILABLE as UNAVAILABLE,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     UNKNOWN_AUDIO_TOKENS as UNKNOWN_AUDIO_TOKENS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     UNKNOWN_FILE_TOKENS as UNKNOWN_FILE_TOKENS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     UNKNOWN_IMAGE_TOKENS as UNKNOWN_IMAGE_TOKENS,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     MediaError as MediaError,
 )
-from core.counting.media.kinds import (
+from recap.core.counting.media.kinds import (
     log as log,
 )
-from core.counting.media.parts import (
+from recap.core.counting.media.parts import (
     Checked as Checked,
 )
-from core.counting.media.parts import (
+from recap.core.counting.media.parts import (
     check_part as check_part,
 )
-from core.counting.media.parts import (
+from recap.core.counting.media.parts import (
     data_of as data_of,
 )
-from core.counting.media.parts import (
+from recap.core.counting.media.parts import (
     has_media as has_media,
 )
-from core.counting.media.parts import (
+from recap.core.counting.media.parts import (
     kind_of as kind_of,
 )
-from core.counting.media.parts import (
+from recap.core.counting.media.parts import (
     meta_of as meta_of,
 )
-from core.counting.media.parts import (
+from recap.core.counting.media.parts import (
     parse_data_url as parse_data_url,
 )
-from core.counting.media.parts import (
+from recap.core.counting.media.parts import (
     ref_of as ref_of,
 )
-from core.counting.media.parts import (
+from recap.core.counting.media.parts import (
     with_data as with_data,
 )
-from core.counting.media.pricing import (
+from recap.core.counting.media.pricing import (
     anthropic_image_tokens as anthropic_image_tokens,
 )
-from core.counting.media.pricing import (
+from recap.core.counting.media.pricing import (
     gemini_image_tokens as gemini_image_tokens,
 )
-from core.counting.media.pricing import (
+from recap.core.counting.media.pricing import (
     image_rule_of as image_rule_of,
 )
-from core.counting.media.pricing import (
+from recap.core.counting.media.pricing import (
     image_tokens as image_tokens,
 )
-from core.counting.media.pricing import (
+from recap.core.counting.media.pricing import (
     openai_image_tokens as openai_image_tokens,
 )
-from core.counting.media.pricing import (
+from recap.core.counting.media.pricing import (
     part_tokens as part_tokens,
 )
-from core.counting.media.request import (
+from recap.core.counting.media.request import (
     Loader as Loader,
 )
-from core.counting.media.request import (
+from recap.core.counting.media.request import (
     MediaPolicy as MediaPolicy,
 )
-from core.counting.media.request import (
+from recap.core.counting.media.request import (
     age_parts as age_parts,
 )
-from core.counting.media.request import (
+from recap.core.counting.media.request import (
     data_field as data_field,
 )
-from core.counting.media.request import (
+from recap.core.counting.media.request import (
     media_positions as media_positions,
 )
-from core.counting.media.request import (
+from recap.core.counting.media.request import (
     sent_bytes as sent_bytes,
 )
-from core.counting.media.request import (
+from recap.core.counting.media.request import (
     strip_meta as strip_meta,
 )
-from core.counting.media.text import (
+from recap.core.counting.media.text import (
     describe as describe,
 )
-from core.counting.media.text import (
+from recap.core.counting.media.text import (
     label as label,
 )
-from core.counting.media.text import (
+from recap.core.counting.media.text import (
     names as names,
 )
-from core.counting.media.text import (
+from recap.core.counting.media.text import (
     parts_text as parts_text,
 )
-from core.counting.media.text import (
+from recap.core.counting.media.text import (
     placeholder as placeholder,
 )
-from core.counting.media.text import (
+from recap.core.counting.media.text import (
     placeholder_part as placeholder_part,
 )
-from core.counting.media.text import (
+from recap.core.counting.media.text import (
     text_of as text_of,
 )

@@ -6,17 +6,17 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.counting.media.kinds import MediaError
-from core.counting.media.parts import check_part, data_of, kind_of, meta_of, ref_of, with_data
-from core.counting.media.pricing import part_tokens
-from core.counting.media.request import (
+from recap.core.counting.media.kinds import MediaError
+from recap.core.counting.media.parts import check_part, data_of, kind_of, meta_of, ref_of, with_data
+from recap.core.counting.media.pricing import part_tokens
+from recap.core.counting.media.request import (
     MediaPolicy,
     data_field,
     media_positions,
     sent_bytes,
     strip_meta,
 )
-from core.counting.media.text import placeholder_part
+from recap.core.counting.media.text import placeholder_part
 
 TURNS, CAP, BYTES, TEXT_ONLY = "turns", "cap", "bytes", "text-only"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from core.counting.media.kinds import HEADER_SCAN_BYTES
+from recap.core.counting.media.kinds import HEADER_SCAN_BYTES
 
 
 def image_size(data: bytes) -> tuple[int, int] | None:

@@ -6,9 +6,9 @@ import re
 
 import structlog
 
-from core.errors import InputError
+from recap.core.errors import InputError
 
-log = structlog.get_logger("core.counting.media")  # one logger for the package, as before
+log = structlog.get_logger("recap.core.counting.media")  # one logger for the package, as before
 
 
 IMAGE, AUDIO, FILE = "image", "audio", "file"

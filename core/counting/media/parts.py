@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from core.counting.media.headers import image_size, wav_seconds
-from core.counting.media.kinds import (
+from recap.core.counting.media.headers import image_size, wav_seconds
+from recap.core.counting.media.kinds import (
     AUDIO,
     AUDIO_BYTES_PER_SECOND,
     AUDIO_FORMATS,

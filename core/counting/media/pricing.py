@@ -7,8 +7,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from core.counting import providers
-from core.counting.media.kinds import (
+from recap.core.counting import providers
+from recap.core.counting.media.kinds import (
     ANTHROPIC,
     ANTHROPIC_LONG_EDGE,
     ANTHROPIC_MAX_TOKENS,
@@ -34,7 +34,7 @@ from core.counting.media.kinds import (
     UNKNOWN_IMAGE_TOKENS,
     MediaError,
 )
-from core.counting.media.parts import _detail, _log_once, check_part, kind_of, meta_of
+from recap.core.counting.media.parts import _detail, _log_once, check_part, kind_of, meta_of
 
 
 def image_rule_of(model: str | None) -> str:

@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.counting.media.kinds import AUDIO, META_KEY
-from core.counting.media.parts import data_of, kind_of, meta_of, ref_of
-from core.counting.media.text import placeholder_part
+from recap.core.counting.media.kinds import AUDIO, META_KEY
+from recap.core.counting.media.parts import data_of, kind_of, meta_of, ref_of
+from recap.core.counting.media.text import placeholder_part
 
 Loader = Callable[[str], str | None]
 

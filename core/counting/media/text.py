@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from core.counting.media.kinds import PLACEHOLDER, UNAVAILABLE
-from core.counting.media.parts import _cut, kind_of, meta_of
+from recap.core.counting.media.kinds import PLACEHOLDER, UNAVAILABLE
+from recap.core.counting.media.parts import _cut, kind_of, meta_of
 
 
 def label(meta: Mapping[str, Any]) -> str:

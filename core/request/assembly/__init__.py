@@ -47,7 +47,7 @@ once it covers them.
 
 from __future__ import annotations
 
-from core.request.assembly import (
+from recap.core.request.assembly import (
     alternate,
     cache_marks,
     context,
@@ -60,23 +60,23 @@ from core.request.assembly import (
     tail,
     units,
 )
-from core.request.assembly.given import Given, Stage, start
-from core.request.assembly.given import Target as Target
-from core.request.assembly.omit import LightRow as LightRow
-from core.request.assembly.omit import omittable as omittable
-from core.request.assembly.parts import ADDED_ROLE as ADDED_ROLE
-from core.request.assembly.parts import GAP_NOTE as GAP_NOTE
-from core.request.assembly.parts import REASONING_CLEARING as REASONING_CLEARING
-from core.request.assembly.parts import fixed_part_tokens as fixed_part_tokens
-from core.request.assembly.parts import stored_prompt as stored_prompt
-from core.request.assembly.rendering import render_stored as render_stored
-from core.request.assembly.rendering import unique_call_ids as unique_call_ids
-from core.request.assembly.result import result
-from core.values.assembly import AssembledRequest as AssembledRequest
-from core.values.assembly import StoredBranch as StoredBranch
-from core.values.assembly import TokenBreakdown as TokenBreakdown
-from core.values.request import NO_PARTS, RequestSpec
-from core.values.request import ContextFile as ContextFile  # re-exported: hosts import it here
+from recap.core.request.assembly.given import Given, Stage, start
+from recap.core.request.assembly.given import Target as Target
+from recap.core.request.assembly.omit import LightRow as LightRow
+from recap.core.request.assembly.omit import omittable as omittable
+from recap.core.request.assembly.parts import ADDED_ROLE as ADDED_ROLE
+from recap.core.request.assembly.parts import GAP_NOTE as GAP_NOTE
+from recap.core.request.assembly.parts import REASONING_CLEARING as REASONING_CLEARING
+from recap.core.request.assembly.parts import fixed_part_tokens as fixed_part_tokens
+from recap.core.request.assembly.parts import stored_prompt as stored_prompt
+from recap.core.request.assembly.rendering import render_stored as render_stored
+from recap.core.request.assembly.rendering import unique_call_ids as unique_call_ids
+from recap.core.request.assembly.result import result
+from recap.core.values.assembly import AssembledRequest as AssembledRequest
+from recap.core.values.assembly import StoredBranch as StoredBranch
+from recap.core.values.assembly import TokenBreakdown as TokenBreakdown
+from recap.core.values.request import NO_PARTS, RequestSpec
+from recap.core.values.request import ContextFile as ContextFile  # re-exported: hosts import it here
 
 STAGES: tuple[Stage, ...] = (
     media_ageing.stage,

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from core.counting import reasoning, tokens
-from core.request import render
-from core.request.assembly.given import Given
-from core.values.draft import Draft
+from recap.core.counting import reasoning, tokens
+from recap.core.request import render
+from recap.core.request.assembly.given import Given
+from recap.core.values.draft import Draft
 
 MAX_CACHE_MARKS = 4  # Anthropic takes at most four cache breakpoints per request
 ROLLING_MARKS = 2  # the newest messages marked: this request writes what the next one reads

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from core.request.assembly.given import Given
-from core.request.assembly.parts import ADDED_ROLE, context_message, count
-from core.values.draft import Context, Draft
-from core.values.request import ContextFile
+from recap.core.request.assembly.given import Given
+from recap.core.request.assembly.parts import ADDED_ROLE, context_message, count
+from recap.core.values.draft import Context, Draft
+from recap.core.values.request import ContextFile
 
 
 def stage(given: Given, draft: Draft) -> Draft:

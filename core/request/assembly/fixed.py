@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from core.counting import tokens
-from core.request import pins as pin_rules
-from core.request.assembly.given import Given
-from core.request.assembly.parts import ADDED_ROLE, count, summary_part, tools_tokens
-from core.values.draft import Draft
+from recap.core.counting import tokens
+from recap.core.request import pins as pin_rules
+from recap.core.request.assembly.given import Given
+from recap.core.request.assembly.parts import ADDED_ROLE, count, summary_part, tools_tokens
+from recap.core.values.draft import Draft
 
 
 def stage(given: Given, draft: Draft) -> Draft:

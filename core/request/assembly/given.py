@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.counting import media, reasoning, tokens
-from core.errors import BudgetError, InputError
-from core.request import pins as pin_rules
-from core.request.assembly.parts import stored_prompt
-from core.values.assembly import StoredBranch
-from core.values.draft import Draft, Tally
-from core.values.request import RequestSpec
+from recap.core.counting import media, reasoning, tokens
+from recap.core.errors import BudgetError, InputError
+from recap.core.request import pins as pin_rules
+from recap.core.request.assembly.parts import stored_prompt
+from recap.core.values.assembly import StoredBranch
+from recap.core.values.draft import Draft, Tally
+from recap.core.values.request import RequestSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

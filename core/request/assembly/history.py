@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from core.request.assembly.given import Given
-from core.request.assembly.parts import ADDED_ROLE, GAP_NOTE, count
-from core.request.assembly.rendering import extend, unique_call_ids
-from core.values.draft import Draft, Fitted, Unit
+from recap.core.request.assembly.given import Given
+from recap.core.request.assembly.parts import ADDED_ROLE, GAP_NOTE, count
+from recap.core.request.assembly.rendering import extend, unique_call_ids
+from recap.core.values.draft import Draft, Fitted, Unit
 
 
 def stage(given: Given, draft: Draft) -> Draft:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from core.counting import media, tokens
-from core.request.assembly.given import Given
-from core.request.assembly.parts import after_cutoff
-from core.values.draft import Draft, Records
-from core.values.records import ClearingRec, Msg
+from recap.core.counting import media, tokens
+from recap.core.request.assembly.given import Given
+from recap.core.request.assembly.parts import after_cutoff
+from recap.core.values.draft import Draft, Records
+from recap.core.values.records import ClearingRec, Msg
 
 
 def stage(given: Given, draft: Draft) -> Draft:

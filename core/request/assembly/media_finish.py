@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from core.counting import media, tokens
-from core.request.assembly.given import Given
-from core.request.assembly.history import history_within
-from core.request.assembly.rendering import render
-from core.values.draft import Draft, Ends, Fitted
+from recap.core.counting import media, tokens
+from recap.core.request.assembly.given import Given
+from recap.core.request.assembly.history import history_within
+from recap.core.request.assembly.rendering import render
+from recap.core.values.draft import Draft, Ends, Fitted
 
 JSON_BYTES_PER_CHAR = 6  # the most one character takes in the JSON of a request (an escape)
 MESSAGE_FRAME_BYTES = 200  # role, keys and call ids around a message's text, at most

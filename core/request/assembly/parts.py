@@ -9,12 +9,12 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from core.counting import tokens
-from core.errors import InputError
-from core.request import refs
-from core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from core.values.records import SYSTEM_ROLES, Msg, SummaryRec
-from core.values.request import ContextFile, RequestSpec
+from recap.core.counting import tokens
+from recap.core.errors import InputError
+from recap.core.request import refs
+from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.core.values.records import SYSTEM_ROLES, Msg, SummaryRec
+from recap.core.values.request import ContextFile, RequestSpec
 
 # The summary, context files, forgotten-file note and reminder are user messages: every provider
 # accepts a user message anywhere, while a system message after the first is rejected by several

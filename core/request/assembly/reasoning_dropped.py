@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from core.counting import reasoning, tokens
-from core.request.assembly.given import Given
-from core.request.assembly.parts import REASONING_CLEARING
-from core.values.draft import Draft, Unit
-from core.values.records import ClearingRec, Msg
+from recap.core.counting import reasoning, tokens
+from recap.core.request.assembly.given import Given
+from recap.core.request.assembly.parts import REASONING_CLEARING
+from recap.core.values.draft import Draft, Unit
+from recap.core.values.records import ClearingRec, Msg
 
 
 def stage(given: Given, draft: Draft) -> Draft:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from core.counting import tokens
-from core.request.assembly.given import Given
-from core.values.draft import Draft
+from recap.core.counting import tokens
+from recap.core.request.assembly.given import Given
+from recap.core.values.draft import Draft
 
 
 def stage(given: Given, draft: Draft) -> Draft:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from core.counting import reasoning, tokens
-from core.decision.toolresults import shortened_call
-from core.request import refs, shorten
-from core.request.assembly.given import Given
-from core.request.placeholders import cleared_placeholder
-from core.values.draft import Unit
-from core.values.records import ClearingRec, Msg
+from recap.core.counting import reasoning, tokens
+from recap.core.decision.toolresults import shortened_call
+from recap.core.request import refs, shorten
+from recap.core.request.assembly.given import Given
+from recap.core.request.placeholders import cleared_placeholder
+from recap.core.values.draft import Unit
+from recap.core.values.records import ClearingRec, Msg
 
 
 def render_stored(

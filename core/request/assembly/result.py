@@ -3,9 +3,9 @@ left out (``AssembledRequest``)."""
 
 from __future__ import annotations
 
-from core.request.assembly.given import Given
-from core.values.assembly import AssembledRequest, TokenBreakdown
-from core.values.draft import Draft
+from recap.core.request.assembly.given import Given
+from recap.core.values.assembly import AssembledRequest, TokenBreakdown
+from recap.core.values.draft import Draft
 
 
 def result(given: Given, draft: Draft) -> AssembledRequest:

@@ -9,11 +9,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from core.request import shorten
-from core.request.assembly.given import Given
-from core.request.assembly.parts import ADDED_ROLE, GAP_NOTE, count
-from core.values.draft import Draft, Records, TailFit, Unit
-from core.values.records import ClearingRec, Msg
+from recap.core.request import shorten
+from recap.core.request.assembly.given import Given
+from recap.core.request.assembly.parts import ADDED_ROLE, GAP_NOTE, count
+from recap.core.values.draft import Draft, Records, TailFit, Unit
+from recap.core.values.records import ClearingRec, Msg
 
 
 class FitTail(NamedTuple):

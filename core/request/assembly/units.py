@@ -8,14 +8,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from core.counting import tokens
-from core.errors import InputError
-from core.request import render
-from core.request.assembly.given import Given
-from core.request.assembly.parts import after_cutoff, system_part
-from core.request.assembly.rendering import render as render_item
-from core.values.draft import Draft, History, Unit
-from core.values.records import ClearingRec, Msg
+from recap.core.counting import tokens
+from recap.core.errors import InputError
+from recap.core.request import render
+from recap.core.request.assembly.given import Given
+from recap.core.request.assembly.parts import after_cutoff, system_part
+from recap.core.request.assembly.rendering import render as render_item
+from recap.core.values.draft import Draft, History, Unit
+from recap.core.values.records import ClearingRec, Msg
 
 
 def stage(given: Given, draft: Draft) -> Draft:
