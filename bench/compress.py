@@ -284,8 +284,8 @@ def throughput_figure(folder: Path) -> Figure:
         ">= 0.8",
         f"{done} of {THROUGHPUT_RUNS} compressions summarized in {elapsed:.2f} s by a worker "
         f"process (`celery -A recap.workers.app worker -P threads -c "
-        f"{THROUGHPUT_CONCURRENCY}`, Redis broker, SQLite), the model answering in {MODEL_SECONDS:g} s; throughput over the "
-        f"ideal {ideal:g} per second",
+        f"{THROUGHPUT_CONCURRENCY}`, Redis broker, SQLite), the model answering in "
+        f"{MODEL_SECONDS:g} s; throughput over the ideal {ideal:g} per second",
     )
 
 

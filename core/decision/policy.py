@@ -24,7 +24,9 @@ The decision, in order:
    the step brings the history under the trigger, that is all.
 4. Otherwise summarize: the split of ``core.summaries.planning.plan_split`` (at a user message,
    or inside an agent turn at a step boundary, never between a call and its result). A span under
-   ``min_summary_span_tokens`` is not sent: no summary of it would be smaller. After repeated
+   ``min_summary_span_tokens`` is not sent: no summary of it would be smaller; unless the
+   history is over the room (pressure over 1), where the next request would leave the span out
+   with no summary covering it (a silent truncation), so it is summarized. After repeated
    failures the summarizer rests (``cooldown_until``); a "does not reduce" rejection is not a
    failure of the summarizer and does not count.
 
@@ -325,7 +327,9 @@ def _summarize(
         reason = "nothing older than the recent turns to summarize"
         return Decision(fallback, reason, p, plan, urgent=urgent, clearings=clearings)
     split = dataclasses.replace(split, summary_room=summary_room(p, split, clearings, pins))
-    if span < knobs.min_summary_span_tokens:
+    # over the room, the next request leaves the span out with nothing covering it: however
+    # small, it is summarized (a summary that does not reduce is rejected by the run)
+    if span < knobs.min_summary_span_tokens and not (p.ratio > 1 and span > 0):
         reason = (
             f"the {span} tokens before the recent turns are below the smallest span worth "
             f"summarizing ({knobs.min_summary_span_tokens})"

@@ -39,11 +39,17 @@ def plan_ageing(
     model: str | None,
     recorded: Iterable[int] = (),
     text_only: bool = False,
+    room: int | None = None,
 ) -> AgeingPlan:
     """Media older than the last ``keep_turns`` user turns, of a message already recorded as
     aged, or beyond the caps (the newest parts are kept, counting back until one does not fit:
     a contiguous newest run) is aged. ``messages`` are ``Msg`` rows after the summary's cutoff,
-    oldest first; a text-only request ages every part."""
+    oldest first; a text-only request ages every part.
+
+    The media of the current user message (the last one) is sent for the request it was sent
+    for: the caps apply to older media only, and its parts are kept whenever they fit ``room``
+    (the request's budget; None: no limit), counted first against the caps the older ones
+    share. With no media kept (text-only, ``keep_turns`` 0) it ages too."""
     done = set(recorded)
     starts = [i for i, m in enumerate(messages) if m.role == "user"]
     if text_only or policy.keep_turns == 0:
@@ -52,19 +58,29 @@ def plan_ageing(
         keep_from = starts[-policy.keep_turns]
     else:
         keep_from = 0
+    current = starts[-1] if starts and keep_from < len(messages) else None
     aged: dict[int, set[int]] = {}
     reasons: dict[int, str] = {}
     full: list[tuple[int, int, Any]] = []  # message id, position, part: newest last
+    now: list[tuple[int, int, Any]] = []  # the current user message's parts
     for index, message in enumerate(messages):
         positions = media_positions(message.content_parts)
         if not positions:
+            continue
+        if index == current and message.id not in done:
+            now.extend((message.id, p, message.content_parts[p]) for p in positions)
             continue
         if index < keep_from or message.id in done:
             aged[message.id] = set(positions)
             reasons[message.id] = TEXT_ONLY if text_only else TURNS
             continue
         full.extend((message.id, p, message.content_parts[p]) for p in positions)
-    parts = tokens = 0
+    parts = len(now)
+    tokens = sum(part_tokens(part, model) for _, _, part in now)
+    if now and room is not None and tokens > room:  # the window cannot hold them: placeholders
+        aged[now[0][0]] = {position for _, position, _ in now}
+        reasons[now[0][0]] = CAP
+        parts = tokens = 0
     over = False
     for mid, position, part in reversed(full):
         cost = part_tokens(part, model)

@@ -3,28 +3,19 @@ messages whose media all aged now, with the tokens that saves (``media_aged``, t
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from recap.core.counting import media, tokens
 from recap.core.request.assembly.given import Given
 from recap.core.request.assembly.parts import after_cutoff
 from recap.core.values.draft import Draft, Records
-from recap.core.values.records import ClearingRec, Msg, SummaryRec
+from recap.core.values.records import ClearingRec, Msg
 
 
 def stage(given: Given, draft: Draft) -> Draft:
     """The branch (and its root prompt) with media aged; the new ageings to record."""
-    branch, root, aged = age_media(
-        draft.branch,
-        draft.root,
-        given.stored.summary,
-        draft.cleared,
-        given.policy,
-        model=given.target.model,
-        text_only=given.request.text_only,
-        pins=given.pins,
-    )
+    branch, root, aged = age_media(draft.branch, draft.root, draft.cleared, given)
     if branch is draft.branch:  # no media on the branch: nothing to change
         return draft
     return replace(draft, branch=branch, root=root, media_aged=aged)
@@ -33,25 +24,27 @@ def stage(given: Given, draft: Draft) -> Draft:
 def age_media(
     branch: Sequence[Msg],
     root: Msg | None,
-    summary: SummaryRec | None,
     cleared: Mapping[int, ClearingRec],
-    policy: media.MediaPolicy,
-    *,
-    model: str,
-    text_only: bool,
-    pins: Collection[int] = frozenset(),
+    given: Given,
 ) -> tuple[Sequence[Msg], Msg | None, Records]:
     """The branch with aged media parts as placeholders and every message with media counted
     anew for ``model``; the root prompt's media ages once a summary covers it. Also the
     messages whose media all aged now, not recorded yet, with the tokens that saves. A pinned
-    message's media never ages."""
+    message's media never ages; the current user message's media is kept whenever it fits
+    the request's budget (``media.plan_ageing``)."""
     if not any(m.content_parts and media.has_media(m.content_parts) for m in branch):
         return branch, root, ()
+    summary, model, pins = given.stored.summary, given.target.model, given.pins
     after = after_cutoff(branch[1:] if root is not None else branch, summary, root)
     recorded = {mid for mid, c in cleared.items() if c.reason == media.RECORDED}
     considered = [root, *after] if root is not None else list(after)
     plan = media.plan_ageing(
-        considered, policy=policy, model=model, recorded=recorded, text_only=text_only
+        considered,
+        policy=given.policy,
+        model=model,
+        recorded=recorded,
+        text_only=given.request.text_only,
+        room=given.budget,
     )
     aged = dict(plan.aged)
     if root is not None and summary is not None:

@@ -88,9 +88,11 @@ def fit_tail(
     """The tail within ``room`` tokens when it can be made to fit, cheapest loss first:
 
     1. a tool result larger than half the room is sent as its head and tail at that size;
-    2. the oldest steps after the last user message are left out (reported as dropped, like
-       older history, a gap note in their place);
-    3. the remaining tool results are cut to one common size, the largest first.
+    2. the tool results are cut to one common size, the largest first, when that fits: every
+       step is kept, each result shortened to its head and tail (``shared_cut``);
+    3. else the oldest steps after the last user message are left out (reported as dropped,
+       like older history, a gap note in their place), and the remaining tool results are cut
+       to one common size.
 
     The last user message and the newest step are always kept, and so are the steps holding a
     pinned message, whose results are never cut either (``pins``). When no user message leads the
@@ -100,6 +102,9 @@ def fit_tail(
     if not tail or tokens_of(tail) <= room:
         return FitTail(tail=tail, older=(), clearings=clearings, shortened=(), cut_steps=())
     half = max(room // 2, shorten.MIN_KEPT_TOKENS)
+    shared = shared_cut(tail, room, clearings, half, pins)
+    if shared is not None:
+        return shared
     head = 1 if tail[0].is_user else 0
     middle, newest = tail[head:-1], tail[-1:] if len(tail) > head else []
     note: dict[str, Any] = {"role": ADDED_ROLE, "content": GAP_NOTE}
@@ -134,6 +139,28 @@ def fit_tail(
         steps = [mid for unit in cut for mid in unit.ids]
         return FitTail(tail=tail, older=(), clearings=clearings, shortened=done, cut_steps=steps)
     return FitTail(tail=tail, older=cut, clearings=clearings, shortened=done, cut_steps=())
+
+
+def shared_cut(
+    tail: Sequence[Unit],
+    room: int,
+    clearings: Mapping[int, ClearingRec],
+    half: int,
+    pins: Collection[int] = frozenset(),
+) -> FitTail | None:
+    """The whole tail within ``room`` with its tool results cut to one common size (those above
+    ``half`` to it first, then the largest down to the size that saves enough): every step and
+    every result kept, each call with its result. None when even the smallest size does not
+    fit."""
+    cut, clearings, capped = _shorten_tail(tail, clearings, cap=half, pins=pins)
+    extra: Records = ()
+    if tokens_of(cut) > room:
+        excess = tokens_of(cut) - room
+        cut, clearings, extra = _shorten_tail(cut, clearings, excess=excess, pins=pins)
+    if tokens_of(cut) > room:
+        return None
+    done = tuple(dict((*capped, *extra)).items())
+    return FitTail(tail=cut, older=(), clearings=clearings, shortened=done, cut_steps=())
 
 
 def _shortened_summary(
