@@ -25,11 +25,14 @@ from recap.core.storage.records import ROLES
 from recap.workers.serve import bounded
 from recap.workers.serve.errors import bad_request, too_large
 from recap.workers.serve.upstream import parameters
-from recap.workers.serve.validation.fields import PARAM_CHECKS, anything, metadata, optional
-
-PART_TYPES = frozenset(
-    {"text", "refusal", "image_url", "input_audio", "file", "thinking", "redacted_thinking"}
+from recap.workers.serve.validation.fields import (
+    PARAM_CHECKS,
+    PART_TYPES,
+    anything,
+    metadata,
+    optional,
 )
+
 CALLS_KEYS = ("tool_calls", "function_call")  # an assistant message with these may have no text
 
 

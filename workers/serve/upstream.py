@@ -33,6 +33,7 @@ from recap.core.settings import Settings
 from recap.workers.serve import direct, metrics
 from recap.workers.serve.chunks import usage_counts
 from recap.workers.serve.errors import UPSTREAM, ServeError, client_text
+from recap.workers.serve.validation.fields import PART_TYPES
 
 litellm.suppress_debug_info = True
 logging.getLogger("LiteLLM").setLevel(logging.WARNING)  # no line per call; errors still show
@@ -368,8 +369,6 @@ def message_of(data: Mapping[str, Any], *, storable: bool = True) -> dict[str, A
 def _parts(content: Any) -> bool:
     """Whether a reply's content is a list of content parts of known types (some servers
     answer with text and thinking parts)."""
-    from recap.workers.serve.reader import PART_TYPES
-
     return isinstance(content, list) and all(
         isinstance(part, dict) and part.get("type") in PART_TYPES for part in content
     )

@@ -25,6 +25,12 @@ MAX_TOP_LOGPROBS = 20  # OpenAI returns at most 20 alternatives per token
 CACHE_TTLS = ("5m", "1h")  # Anthropic's cache lifetimes
 
 
+# the content part types a chat message (and a reply) may hold
+PART_TYPES = frozenset(
+    {"text", "refusal", "image_url", "input_audio", "file", "thinking", "redacted_thinking"}
+)
+
+
 def refuse(path: str, what: str) -> ServeError:
     """The 400 for a field that is not what it must be; ``param`` is its top-level name."""
     top = path.split(".")[0].split("[")[0]
