@@ -22,8 +22,8 @@ from sqlalchemy import Engine
 from recap.core import service
 from recap.core.errors import NotFoundError
 from recap.core.settings import get_settings
-from recap.core.storage import reads
 from recap.core.storage import requests as history
+from recap.core.storage import responses
 from recap.core.storage.outputs import Ingest
 from recap.workers.serve import responses_api
 from tests.support import open_responses as spec
@@ -320,7 +320,7 @@ def test_deletes_at_once_are_all_kept(engine: Engine) -> None:
         reply = {"role": "assistant", "content": f"answer {turn}"}
         replies.append(history.store_reply(engine, ingest, cid, owner, mapped.leaf_id, reply))
         messages.append(reply)
-    first = reads.stored_reply(engine, cid, replies[0], exact=True, owner=owner.fingerprint)
+    first = responses.stored_reply(engine, cid, replies[0], exact=True, owner=owner.fingerprint)
     assert first.message == {"role": "assistant", "content": "answer 0"}
     with pytest.raises(NotFoundError):  # another owner
         history.forget_response(engine, cid, replies[0], "someone-else")
@@ -329,7 +329,7 @@ def test_deletes_at_once_are_all_kept(engine: Engine) -> None:
                       replies))  # fmt: skip
     for reply_id in replies:
         with pytest.raises(NotFoundError):
-            reads.stored_reply(engine, cid, reply_id, exact=True, owner=owner.fingerprint)
+            responses.stored_reply(engine, cid, reply_id, exact=True, owner=owner.fingerprint)
         with pytest.raises(NotFoundError):
             history.forget_response(engine, cid, reply_id, owner.fingerprint)
     assert len(service.export_conversation(engine, cid)["messages"]) == 2 * DELETERS

@@ -436,10 +436,10 @@ def _candidates(
 
 def forget_response(engine: Engine, conversation_id: str, reply_id: int, owner: str) -> None:
     """``DELETE /v1/responses/{id}``: the stored reply's response is marked deleted (its id then
-    names nothing: ``reads.reply_to_continue``); its messages stay in the history. A
+    names nothing: ``responses.reply_to_continue``); its messages stay in the history. A
     ``NotFoundError`` for another owner's conversation or a response deleted already."""
     from recap.core.storage.models import Conversation
-    from recap.core.storage.reads import DELETED_RESPONSES
+    from recap.core.storage.responses import DELETED_RESPONSES
 
     with engine.connect() as connection:  # ownership first, before any lock
         if not store.owned_by(connection, conversation_id, owner):

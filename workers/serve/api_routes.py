@@ -138,7 +138,7 @@ def previous_not_found(value: str) -> ServeError:
 def resolve_previous(engine: Any, ref: responses_api.Reference, owner: str) -> int:
     """The stored message a response id continues after (``core.storage.reads``); ``ref``'s
     conversation is the id it is stored under (``Previous.conversation_id``)."""
-    from recap.core.storage.reads import reply_to_continue
+    from recap.core.storage.responses import reply_to_continue
 
     return reply_to_continue(
         engine, ref.conversation_id, ref.message_id, exact=ref.exact, owner=owner

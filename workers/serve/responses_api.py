@@ -24,6 +24,7 @@ from typing import Any
 from recap.workers.serve import response_objects
 from recap.workers.serve.errors import bad_request
 from recap.workers.serve.validation import responses as rules
+from recap.workers.serve.validation.responses import item_type
 
 RESPONSE_PREFIX = "resp_"
 REFERENCE = re.compile(r"([ra])(\d{1,19}):(.+)", re.DOTALL)
@@ -269,15 +270,6 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
             _attach_reasoning(message, reasoning)
         messages.append(message)
     return messages
-
-
-def item_type(item: Mapping[str, Any]) -> Any:
-    """An input item's type: as given, else a message (it has a role) or an item reference (an
-    ``id`` alone, whose ``type`` the specification lets a client leave out)."""
-    kind = item.get("type")
-    if kind is not None:
-        return kind
-    return "item_reference" if "role" not in item and "id" in item else "message"
 
 
 def _attach_reasoning(message: dict[str, Any], reasoning: list[str]) -> None:

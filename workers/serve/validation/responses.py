@@ -152,9 +152,18 @@ def check_input(value: Any, path: str) -> None:
         check_item(item, f"{path}[{index}]")
 
 
+def item_type(item: Mapping[str, Any]) -> Any:
+    """An input item's type: as given, else a message (it has a role) or an item reference (an
+    ``id`` alone, whose ``type`` the specification lets a client leave out)."""
+    kind = item.get("type")
+    if kind is not None:
+        return kind
+    return "item_reference" if "role" not in item and "id" in item else "message"
+
+
 def check_item(item: Any, path: str) -> None:
     obj(item, path)
-    kind = item.get("type", "message")
+    kind = item_type(item)
     rule = ITEMS.get(kind) if isinstance(kind, str) else None
     if rule is None:
         raise bad_request(
@@ -208,6 +217,12 @@ def _image_part(part: Mapping[str, Any], path: str) -> None:
 
 
 def _file_part(part: Mapping[str, Any], path: str) -> None:
+    if "file_data" not in part and ("file_url" in part or "file_id" in part):
+        raise bad_request(
+            f"{path}: an input_file by file_url or file_id is not supported (files are given "
+            "inline as file_data).",
+            param="input",
+        )
     required(part, path, ("file_data",))
     fields(part, path, {"file_data": name, "filename": optional(string)})
 
