@@ -248,8 +248,9 @@ def test_the_migration_keeps_old_readings_at_no_cache_writes(db_url: str) -> Non
     with engine.begin() as connection:
         connection.execute(
             text(
-                "INSERT INTO conversations (id, model, created_at, last_activity_at, dirty) "
-                "VALUES ('c', 'gpt-4o-mini', :now, :now, false)"
+                "INSERT INTO conversations "
+                "(id, model, created_at, last_activity_at, dirty, incarnation) "
+                "VALUES ('c', 'gpt-4o-mini', :now, :now, false, 'i')"
             ),
             {"now": now},
         )
