@@ -97,17 +97,25 @@ def _forget(state: routes.State, ref: responses_api.Reference, owner: str) -> No
     forget_response(state.turns.recap.recap.engine, ref.conversation_id, reply.id, owner)
 
 
+async def _stored(state: routes.State, value: str, owner: str) -> responses_api.Reference:
+    """The response id's reference with its conversation as this key's is stored (a name is
+    scoped per key); the same 404 when the key has no conversation of that name."""
+    ref = checked_reference(value)
+    try:
+        stored = await state.turns.stored_id(owner, ref.conversation_id)
+    except NotFoundError:
+        raise response_not_found(value) from None
+    return replace(ref, conversation_id=stored)
+
+
 async def retrieve(request: Request) -> Response:
     """``GET /v1/responses/{response_id}``."""
     state = routes.state_of(request)
     value = str(request.path_params["response_id"])
     try:
         owner = routes.authorize(request)
-        ref = checked_reference(value)
+        ref = await _stored(state, value, owner)
         try:
-            ref = replace(
-                ref, conversation_id=await state.turns.stored_id(owner, ref.conversation_id)
-            )
             reply = await state.turns.recap.run(_read, state, ref, owner)
         except NotFoundError:
             raise response_not_found(value) from None
@@ -126,11 +134,8 @@ async def delete(request: Request) -> Response:
     value = str(request.path_params["response_id"])
     try:
         owner = routes.authorize(request)
-        ref = checked_reference(value)
+        ref = await _stored(state, value, owner)
         try:
-            ref = replace(
-                ref, conversation_id=await state.turns.stored_id(owner, ref.conversation_id)
-            )
             await state.turns.recap.run(_forget, state, ref, owner)
         except NotFoundError:
             raise response_not_found(value) from None
