@@ -5,10 +5,15 @@ processes; never a unique-key error)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import multiprocessing
 import os
+import random
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -27,11 +32,15 @@ from recap.core.storage.db import session_scope
 from recap.core.storage.models import CONVERSATIONS
 
 WRITERS = 8  # `recap add` processes at once
-ADDS = 15  # adds each, one process per add
+ADDS = 15  # adds each in the long run
+FAST_ADDS = 4  # adds each in the suite's run
 BURNERS = 2  # busy loops keeping both cores loaded while the writers run
 THREADS = 8
 CHILD_TIMEOUT = 300
 WRITERS_TIMEOUT = 1_200  # 120 interpreter starts on two busy cores: minutes, not seconds
+FAST_TIMEOUT = 300
+PAUSE = 0.02  # at most this many seconds before each add of the suite's run (seeded)
+BURN_IN = 0.5  # seconds both cores are busy before the suite's writers are released
 
 
 @contextmanager
@@ -58,12 +67,83 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def writer_process(url: str, number: int, pauses: list[float], ready: Any, go: Any) -> None:
+    """One writer of the suite's run, in a process of its own: ``recap add`` through the
+    command's entry point once per pause, after every writer is ready; its exit code is the
+    number of adds that failed (their one-line errors on its stderr)."""
+    os.environ["RECAP_DATABASE_URL"] = url
+    from recap.workers.cli import app
+
+    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+        app(["export", "busy"])  # a read first: the command's engine is made before the race
+    ready.wait()
+    go.wait()
+    failed = 0
+    for n, pause in enumerate(pauses):
+        time.sleep(pause)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # the id it prints
+                app(["add", "busy", "--role", "user", "--content", f"w{number} n{n}"])
+        except SystemExit as done:
+            failed += done.code not in (0, None)
+    sys.exit(failed)
+
+
+def eight_writer_processes(engine: Engine, adds: int, seed: int) -> None:
+    """Eight writer processes on one conversation (forked from one that imported Recap, so the
+    starts are cheap), released together once every one has read the conversation, both cores
+    busy, each running ``adds`` adds with a seeded random pause (up to ``PAUSE`` s) before each:
+    every add succeeds and lands on the branch once."""
+    service.new_conversation(engine, get_settings(), "busy")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["recap.workers.cli", "recap.core.service", __name__])
+    ready, go = context.Barrier(WRITERS + 1), context.Event()
+    pauses = random.Random(seed)
+    url = str(engine.url.render_as_string(hide_password=False))
+    children = [
+        context.Process(
+            target=writer_process,
+            args=(url, number, [pauses.uniform(0, PAUSE) for _ in range(adds)], ready, go),
+        )
+        for number in range(WRITERS)
+    ]
+    for child in children:
+        child.start()
+    try:
+        ready.wait(timeout=CHILD_TIMEOUT)
+        with cpu_load():
+            time.sleep(BURN_IN)
+            go.set()
+            for child in children:
+                child.join(timeout=CHILD_TIMEOUT)
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.kill()
+                child.join()
+    assert [child.exitcode for child in children] == [0] * WRITERS
+    branch = service.export_conversation(engine, "busy")["messages"]
+    texts = sorted(m["content"] for m in branch)
+    assert texts == sorted(f"w{w} n{n}" for w in range(WRITERS) for n in range(adds))
+
+
+@pytest.mark.timeout(FAST_TIMEOUT)
+def test_eight_writer_processes_under_load_never_find_the_database_locked(
+    sqlite_engine: Engine,
+) -> None:
+    """The suite's run: eight processes, four adds each through ``recap add``'s entry point in
+    the process (forked, not 32 interpreter starts), released together, seeded pauses."""
+    eight_writer_processes(sqlite_engine, FAST_ADDS, seed=36)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(WRITERS_TIMEOUT)
 def test_eight_cli_writers_under_load_never_find_the_database_locked(
     sqlite_engine: Engine,
 ) -> None:
-    """Eight writers, each running fifteen ``recap add`` processes one after the other on one
-    conversation, both cores busy: every add succeeds and lands on the branch."""
+    """The long run (``-m slow``), as the issue reproduced the failure: eight writers, each
+    running fifteen ``recap add`` processes one after the other on one conversation, both cores
+    busy: every add succeeds and lands on the branch."""
     service.new_conversation(sqlite_engine, get_settings(), "busy")
     failures: list[str] = []
 
