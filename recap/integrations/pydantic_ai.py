@@ -153,13 +153,24 @@ class RecapHistory(AbstractCapability[Any]):
     def _request(
         self, run: _Run, assembled: _host.Assembled, messages: Sequence[ModelMessage]
     ) -> list[ModelMessage]:
-        """Recap's assembly as the messages of a request: the run's system prompt in front, the
-        last request's instructions kept."""
-        out = convert.from_recap(assembled.history)
-        if run.system is not None and isinstance(out[0], ModelRequest):
-            out[0] = replace(out[0], parts=[SystemPromptPart(run.system), *out[0].parts])
+        """Recap's assembly as the messages of a request: the run's own messages where the
+        assembly sends them as they are (their timestamps, run and conversation ids, usage and
+        provider details kept), converted messages before them (a summary, placeholders,
+        earlier runs), the run's system prompt in front, the last request's instructions
+        kept."""
+        history = [_normal(m) for m in assembled.history]
+        kept = _kept_tail(history, messages)
+        cut = len(history) - sum(len(_forms(m)) for m in kept)
+        if cut == 0:
+            return list(kept)
+        out = convert.from_recap(assembled.history[:cut]) + [_no_system(m) for m in kept]
+        if run.system is not None:
+            if isinstance(out[0], ModelRequest):
+                out[0] = replace(out[0], parts=[SystemPromptPart(run.system), *out[0].parts])
+            else:
+                out.insert(0, ModelRequest(parts=[SystemPromptPart(run.system)]))
         last = messages[-1] if messages else None
-        if isinstance(last, ModelRequest) and isinstance(out[-1], ModelRequest):
+        if isinstance(last, ModelRequest) and isinstance(out[-1], ModelRequest) and not kept:
             out[-1] = replace(out[-1], instructions=last.instructions)
         return out
 
@@ -264,6 +275,43 @@ class RecapHistory(AbstractCapability[Any]):
     ) -> AgentRunResult[Any]:
         await self.finish(result, run_id=ctx.run_id)
         return result
+
+
+def _normal(message: dict[str, Any]) -> dict[str, Any]:
+    """A Recap message as its Pydantic AI form gives it back (what a comparison can rely on)."""
+    return convert.to_recap(convert.from_recap([message]))[0]
+
+
+def _forms(message: ModelMessage) -> list[dict[str, Any]]:
+    """A run's message as the Recap messages it is stored as (its system prompt aside)."""
+    return [_normal(m) for m in convert.to_recap([message]) if m["role"] != "system"]
+
+
+def _kept_tail(
+    history: list[dict[str, Any]], messages: Sequence[ModelMessage]
+) -> list[ModelMessage]:
+    """The longest tail of the run's messages that the assembly ends with unchanged."""
+    end = len(history)
+    kept: list[ModelMessage] = []
+    for message in reversed(messages):
+        forms = _forms(message)
+        if len(forms) > end or history[end - len(forms) : end] != forms:
+            break
+        end -= len(forms)
+        kept.append(message)
+    kept.reverse()
+    return kept
+
+
+def _no_system(message: ModelMessage) -> ModelMessage:
+    """A run's message without its system prompt parts (the request's own goes in front)."""
+    if isinstance(message, ModelRequest) and any(
+        isinstance(p, SystemPromptPart) for p in message.parts
+    ):
+        return replace(
+            message, parts=[p for p in message.parts if not isinstance(p, SystemPromptPart)]
+        )
+    return message
 
 
 def _reading_of(messages: Iterable[ModelMessage]) -> _loop.Reading | None:
