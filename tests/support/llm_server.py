@@ -147,6 +147,10 @@ class LLMServer:
         """Let every held reply go (and any later one with ``hold``)."""
         self._released.set()
 
+    def hold_again(self) -> None:
+        """After a ``release()``: the next replies scripted with ``hold`` are held again."""
+        self._released.clear()
+
     def wait_for(self, count: int, timeout: float = 30.0) -> bool:
         """Block until at least ``count`` requests have arrived."""
         deadline = time.monotonic() + timeout
