@@ -19,11 +19,12 @@ from recap.core.decision.toolresults import IDLE, plan_clearings
 from recap.core.settings import get_settings, load_settings
 from recap.core.storage import compressed, reads
 from recap.core.storage.db import session_scope
+from recap.core.storage.erase import delete_conversation
 from recap.core.storage.models import CONVERSATIONS, utcnow
 from recap.core.storage.sweep import apply_clearings, sweep_idle
 from tests.support.celery_helpers import follow_runs, solo_worker
 from tests.support.cli_helpers import assert_one_line_error, recap
-from tests.support.data import load_data
+from tests.support.data import load_data, migrated
 
 BIG = "result line with some numbers 12345 and words\n" * 120
 
@@ -269,3 +270,71 @@ def test_cleanup_task_on_a_worker(worker: None, tmp_path: Path) -> None:
     result = cleanup_truncated_outputs.apply_async().get(timeout=30)
     assert result == {"deleted": 1, "bytes": 1_200}
     assert not old.exists()
+
+
+@pytest.mark.postgres
+def test_sweep_files_nothing_under_a_conversation_recreated_during_its_insert(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """PostgreSQL: the sweep's insert reads from its snapshot; a conversation erased and created
+    again while the insert waits must not be left with clearings that name the erased one's
+    messages. The insert is held on the clearings' unique index by another transaction's
+    uncommitted clearing of the same message (filed under another conversation, so the victim's
+    row stays unlocked), the victim is deleted and imported again, then the holder rolls back."""
+    import threading
+
+    engine = migrated(postgres_url, monkeypatch)
+    monkeypatch.setenv("RECAP_IDLE_KEEP_TOOL_RESULTS", "1")
+    get_settings.cache_clear()
+    records = [agent_record("victim", ["bash", "bash"]), agent_record("other", ["bash"])]
+    service.import_conversations(engine, records, get_settings())
+    make_idle(engine, "victim")
+    erased = tool_ids(engine, "victim")[0]  # the one result the sweep clears
+    holder = engine.connect()
+    holder.begin()
+    holder.execute(
+        text(
+            "INSERT INTO clearings (conversation_id, message_id, reason, tokens_reclaimed,"
+            " created_at, stage) VALUES ('other', :m, 'idle', 1, now(), 'cleared')"
+        ),
+        {"m": erased},
+    )
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = sweep_idle(engine, get_settings(), now=utcnow())
+        except Exception as exc:  # reported by the assertion below
+            outcome["error"] = exc
+
+    sweeper = threading.Thread(target=run)
+    sweeper.start()
+    deadline = time.monotonic() + 30
+    with engine.connect() as probe:
+        while time.monotonic() < deadline:  # until the sweep's insert waits on the holder
+            waiting = probe.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query ILIKE '%INSERT INTO clearings%'"
+                )
+            ).scalar_one()
+            probe.rollback()  # the activity view is read once per transaction
+            if waiting:
+                break
+            time.sleep(0.05)
+        else:
+            holder.rollback()
+            sweeper.join(30)
+            pytest.fail(f"the sweep's insert never waited on the holder: {outcome}")
+    delete_conversation(engine, "victim", tmp_path)
+    service.import_conversations(engine, [agent_record("victim", ["grep"])], get_settings())
+    holder.rollback()
+    holder.close()
+    sweeper.join(30)
+    assert "result" in outcome
+    reborn = set(tool_ids(engine, "victim"))
+    with engine.connect() as connection:
+        filed = connection.execute(
+            text("SELECT message_id FROM clearings WHERE conversation_id = 'victim'")
+        ).scalars()
+        assert set(filed) <= reborn, "a clearing names a message of the erased conversation"

@@ -24,6 +24,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    delete,
     func,
     literal,
     literal_column,
@@ -213,6 +214,14 @@ def sweep_batch(
     if shielded:
         values["protected"] = shielded
     session.execute(statement, values)
+    if session.get_bind().dialect.name == "postgresql":
+        # READ COMMITTED: the insert's rows come from its snapshot, its foreign-key check from what
+        # is committed when each row goes in; a conversation deleted and created again between the
+        # two would keep rows naming the erased one's messages. Once a row is in, the conversation
+        # is locked until this transaction ends, so one statement on a fresh snapshot finds them.
+        session.execute(
+            _strays_statement(), {k: values[k] for k in ("after_id", "until_id", "now")}
+        )
     # what this batch inserted: its window, its timestamp (counted in SQL, not row by row); an
     # aged result cleared saves what its placeholder saves beyond its aged form
     k = CLEARINGS.c
@@ -236,6 +245,24 @@ def sweep_batch(
         batch.tokens_reclaimed += int(reclaimed)
         batch.conversation_ids.add(str(conversation_id))
     return batch
+
+
+@lru_cache(maxsize=1)
+def _strays_statement() -> Any:
+    """Remove what this batch filed under a conversation that does not hold the message (the
+    conversation was erased and its id created again while the batch's insert ran)."""
+    k = CLEARINGS
+    holds = select(MESSAGES.c.id).where(
+        MESSAGES.c.id == k.c.message_id, MESSAGES.c.conversation_id == k.c.conversation_id
+    )
+    return delete(k).where(
+        k.c.message_id > bindparam("after_id", type_=Integer),
+        k.c.message_id <= bindparam("until_id", type_=Integer),
+        k.c.reason == IDLE,
+        k.c.stage == CLEARED,
+        k.c.created_at == bindparam("now", type_=DateTime(timezone=True)),
+        ~holds.exists(),
+    )
 
 
 def _aged_saving(message_id: Any) -> Any:
