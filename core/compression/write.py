@@ -25,6 +25,7 @@ from recap.core.compression.dbretry import retry_window as _window
 from recap.core.compression.summarizer import (
     RetryLater,
 )
+from recap.core import tracing
 from recap.core.decision import policy
 from recap.core.redact import known_secrets, redact
 from recap.core.results import CompressResult
@@ -41,6 +42,7 @@ Outcome = CompressResult  # what one run did: the contract's JSON plus what the 
 T = TypeVar("T")
 
 
+@tracing.traced("recap.compress.write")
 def write_run(
     run: Run,
     result: PassResult,
