@@ -28,7 +28,13 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 TRACER_NAME = "recap"
-INTERNAL, SERVER, CLIENT, PRODUCER, CONSUMER = "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER"
+INTERNAL, SERVER, CLIENT, PRODUCER, CONSUMER = (
+    "INTERNAL",
+    "SERVER",
+    "CLIENT",
+    "PRODUCER",
+    "CONSUMER",
+)
 
 # gen_ai.provider.name's well-known values, by litellm's provider prefix of a model string
 GENAI_PROVIDERS = {
@@ -89,9 +95,10 @@ def _api() -> Any:
     if "api" not in _state:
         try:
             from opentelemetry import trace
+
+            _state["api"] = trace
         except ImportError:  # the extra is not installed
-            trace = None
-        _state["api"] = trace
+            _state["api"] = None
     return _state["api"]
 
 

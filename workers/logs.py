@@ -17,9 +17,9 @@ from typing import Any
 
 import structlog
 
-from recap.core.tracing import add_trace_ids
 from recap.core.redact import MASK, MIN_SECRET_CHARS
 from recap.core.redact import redact as redact_text
+from recap.core.tracing import add_trace_ids
 
 SECRET_KEY = re.compile(r"(api[_-]?key|password|passwd|secret|authorization|token)$", re.I)
 _secrets: set[str] = set()

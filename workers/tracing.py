@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from recap.core import tracing
+import recap.core.tracing as tracing
 from recap.core.settings import Settings
 from recap.workers.queues import COMPRESS_QUEUE
 

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from recap.core import tracing
 from recap.core.compression import report
 from recap.core.compression.dbretry import (
     database_unavailable,
@@ -51,7 +52,6 @@ from recap.core.compression.write import (
     retry_for_database,
     write_run,
 )
-from recap.core import tracing
 from recap.core.counting import tokens
 from recap.core.decision import policy
 from recap.core.errors import ConversationGone, NotFoundError

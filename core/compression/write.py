@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
+from recap.core import tracing
 from recap.core.compression import report
 from recap.core.compression.dbretry import (
     DB_RETRY_MAX_SECONDS,
@@ -25,7 +26,6 @@ from recap.core.compression.dbretry import retry_window as _window
 from recap.core.compression.summarizer import (
     RetryLater,
 )
-from recap.core import tracing
 from recap.core.decision import policy
 from recap.core.redact import known_secrets, redact
 from recap.core.results import CompressResult

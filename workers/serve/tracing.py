@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from recap.core import tracing
+import recap.core.tracing as tracing
 from recap.workers.serve.metrics import APIS, api_of
 
 SERVER_ERROR = 500

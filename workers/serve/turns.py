@@ -231,7 +231,9 @@ class Turns:
                 mapped = history.store_request(
                     engine, self.ingest, turn.conversation_id, turn.owner, turn.history, self.seen
                 )
-            span.set_attributes({"recap.matched": mapped.matched, "recap.appended": len(mapped.appended)})
+            span.set_attributes(
+                {"recap.matched": mapped.matched, "recap.appended": len(mapped.appended)}
+            )
         return mapped
 
     def start_recording(self, turn: Turn) -> None:

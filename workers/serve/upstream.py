@@ -332,8 +332,9 @@ def traced_reply(call: Any, reply: Any) -> None:
         data = reply_data(reply)
     except MalformedReply:
         return
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    choices = data.get("choices") if isinstance(data.get("choices"), list) else []
+    found_usage, found_choices = data.get("usage"), data.get("choices")
+    usage = found_usage if isinstance(found_usage, dict) else {}
+    choices = found_choices if isinstance(found_choices, list) else []
     reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)]
     tracing.replied(
         call,
