@@ -20,6 +20,7 @@ each log line (Recap's logging has it; a host may add it to its own chain).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
@@ -107,7 +108,16 @@ def tracer() -> Any:
     api = _api()
     if api is None:
         return None
-    provider = api.get_tracer_provider()
+    # The global the API sets once, read directly: ``get_tracer_provider()`` looks up an
+    # environment variable on every call while none is set, the cost of tracing when it is off
+    # (a provider named by OTEL_PYTHON_TRACER_PROVIDER is loaded by that call, made once).
+    provider = getattr(api, "_TRACER_PROVIDER", None)
+    if provider is None:
+        if "named" not in _state:
+            _state["named"] = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+        if not _state["named"]:
+            return None
+        provider = api.get_tracer_provider()
     if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider):
         return None
     if _state.get("provider") is not provider:
