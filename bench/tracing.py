@@ -20,10 +20,12 @@ from bench.data import load_all
 from bench.serve import model_process, serve_process
 from bench.serve_turns import CONVERSATION, REQUEST_TIMEOUT, Sides
 from tests.support.otlp import collector
+from tests.support.processes import wait_for
 
 ROUNDS = 51  # timed rounds per side (odd: the median is one of them)
 WARMUP_ROUNDS = 3
 BOUND = "<= 1.05"
+EXPORT_TIMEOUT = 30.0  # seconds for the last batch (sent every 5 s by default) to arrive
 
 
 def run() -> list[Figure]:
@@ -56,12 +58,15 @@ def run() -> list[Figure]:
                         elapsed = sides[name].new_turn()
                         if index >= WARMUP_ROUNDS:
                             times[name].append(elapsed)
-            servers = [s for s in traces.spans if s.kind == "SERVER"]  # flushed at serve's exit
+                turns = WARMUP_ROUNDS + ROUNDS
+
+                def exported() -> bool:  # every turn's request span reached the collector
+                    return sum(s.kind == "SERVER" for s in list(traces.spans)) >= turns
+
+                wait_for(exported, EXPORT_TIMEOUT, "the turns' spans at the collector")
     finally:
         model.terminate()
         model.wait()
-    turns = WARMUP_ROUNDS + ROUNDS
-    assert len(servers) >= turns, f"{len(servers)} request spans exported for {turns} turns"
     per_turn = len(traces.spans) / turns
     ms = {name: statistics.median(values) * 1000 for name, values in times.items()}
     ratio = statistics.median(on / off for on, off in zip(times["on"], times["off"], strict=True))

@@ -2,9 +2,10 @@
 
 Recap's code speaks only the OpenTelemetry API: its spans join the tracer provider the process
 has set (a host's own, or the one ``recap serve`` and the workers set with ``RECAP_TRACING``).
-When ``opentelemetry-api`` is not installed, or no provider has been set (the API's default
-proxy, or its no-op provider), ``span`` hands back one shared do-nothing object: a span costs a
-function call and an ``isinstance``, and no attribute is computed (callers ask ``recording``).
+When ``opentelemetry-api`` is not installed, or no provider has been set (nothing in the
+process imported the API, or it holds the API's default proxy or its no-op provider), ``span``
+hands back one shared do-nothing object: a span costs a function call and a dictionary lookup,
+no attribute is computed (callers ask ``is_recording()``), and Recap never imports the API.
 
 The model calls follow OpenTelemetry's GenAI semantic conventions (``model_call``): a CLIENT
 span named ``chat {model}`` with ``gen_ai.operation.name``, ``gen_ai.provider.name`` (and the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
@@ -93,14 +95,27 @@ _state: dict[str, Any] = {}  # "api": the opentelemetry.trace module (or None); 
 
 
 def _api() -> Any:
-    if "api" not in _state:
-        try:
-            from opentelemetry import trace
+    """The ``opentelemetry.trace`` module once something in the process has imported it (a
+    provider can only be set through it), else None: Recap never pays the API's import (a
+    tenth of a second, more for its propagators) to find that nothing is traced. A provider
+    named by ``OTEL_PYTHON_TRACER_PROVIDER`` is the exception: the API is imported to load it."""
+    api = _state.get("api")
+    if api is None:
+        api = sys.modules.get("opentelemetry.trace")
+        if api is None and _named():
+            try:
+                from opentelemetry import trace as api
+            except ImportError:  # the extra is not installed
+                return None
+        if api is not None:
+            _state["api"] = api
+    return api
 
-            _state["api"] = trace
-        except ImportError:  # the extra is not installed
-            _state["api"] = None
-    return _state["api"]
+
+def _named() -> bool:
+    if "named" not in _state:
+        _state["named"] = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+    return bool(_state["named"])
 
 
 def tracer() -> Any:
@@ -110,12 +125,10 @@ def tracer() -> Any:
         return None
     # The global the API sets once, read directly: ``get_tracer_provider()`` looks up an
     # environment variable on every call while none is set, the cost of tracing when it is off
-    # (a provider named by OTEL_PYTHON_TRACER_PROVIDER is loaded by that call, made once).
+    # (a provider named by OTEL_PYTHON_TRACER_PROVIDER is loaded by that call).
     provider = getattr(api, "_TRACER_PROVIDER", None)
     if provider is None:
-        if "named" not in _state:
-            _state["named"] = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
-        if not _state["named"]:
+        if not _named():
             return None
         provider = api.get_tracer_provider()
     if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider):
@@ -218,8 +231,10 @@ def error_status(started: Any, description: str) -> None:
 
 def inject(carrier: MutableMapping[str, Any]) -> None:
     """The current trace put into ``carrier`` (``traceparent``, ``tracestate``), when a span is
-    current; nothing otherwise, or without OpenTelemetry."""
-    if _api() is None:
+    current; nothing otherwise (and the propagators are never loaded), or without
+    OpenTelemetry."""
+    api = _api()
+    if api is None or not api.get_current_span().get_span_context().is_valid:
         return
     from opentelemetry import propagate
 

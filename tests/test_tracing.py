@@ -39,6 +39,30 @@ def test_without_a_provider_nothing_is_recorded() -> None:
     assert not tracing.enabled()
 
 
+def test_off_recap_never_imports_opentelemetry() -> None:
+    """A process that sets no provider pays no import of the API (nor of its propagators) for
+    Recap's spans, model calls, log lines and enqueue headers."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+from recap.core import tracing
+with tracing.span("recap.assemble", {"a": 1}) as span:
+    span.set_attribute("b", 2)
+tracing.model_call("openai/gpt-4o").end()
+headers = {}
+tracing.inject(headers)
+event = tracing.add_trace_ids(None, "info", {"event": "e"})
+print(headers, event, sorted(m for m in sys.modules if m.startswith("opentelemetry")))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{} {'event': 'e'} []"
+
+
 def test_assemble_spans_say_what_the_request_is(tmp_path: Path) -> None:
     from opentelemetry import trace
 

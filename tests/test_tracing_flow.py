@@ -200,6 +200,38 @@ def test_a_serve_turn_is_one_trace_from_the_client(
     assert process.attributes["recap.action"] == "skipped"  # one short turn: nothing to do
 
 
+def test_a_streamed_calls_span_lasts_the_stream_and_has_its_usage(
+    serve: Serve, traces: Collector
+) -> None:
+    from opentelemetry import propagate, trace
+
+    cid = new_id()
+    with (
+        in_memory_tracing(),
+        trace.get_tracer("test").start_as_current_span("client turn") as client_span,
+    ):
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        stream = serve.client().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "stream me a few words please"}],
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={**carrier, "X-Recap-Conversation": cid},
+        )
+        chunks = list(stream)
+    usage = chunks[-1].usage
+    assert usage is not None
+    trace_id = format(client_span.get_span_context().trace_id, "032x")
+    spans = traces.wait_for(trace_id, SERVE_SPANS)
+    chat, store = one(spans, "chat stand-in"), one(spans, "recap.store")
+    assert chat.attributes["gen_ai.usage.input_tokens"] == usage.prompt_tokens
+    assert chat.attributes["gen_ai.usage.output_tokens"] == usage.completion_tokens
+    assert chat.attributes["gen_ai.response.finish_reasons"] == ["stop"]
+    assert store.start <= chat.end <= store.end  # ended once the stream's reply was whole
+    assert store.attributes["recap.reply_id"] == serve.rows(cid)[-1][0]
+
+
 def test_a_compression_continues_the_enqueuing_hosts_trace(stack: Stack, traces: Collector) -> None:
     from celery import Celery
     from opentelemetry import trace

@@ -23,7 +23,14 @@ from recap.core.storage.db import dispose_engines, get_engine, size_pool
 from recap.core.values.actions import Action
 from recap.workers import compress, events, metrics, tracing
 from recap.workers.app import app, task
-from recap.workers.celery_types import TaskHandle, celeryd_init, task_received, worker_process_init
+from recap.workers.celery_types import (
+    TaskHandle,
+    celeryd_init,
+    task_received,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 from recap.workers.errors import CompressionFailed, CompressionRetry
 from recap.workers.queues import COMPRESS_QUEUE, COMPRESS_TASK, DEFAULT_QUEUE, RECONCILE_TASK
 from recap.workers.reconcile import reconcile as reconcile_pass
@@ -86,6 +93,13 @@ def _fresh_pool(**_: Any) -> None:
 def _trace(**_: Any) -> None:
     """With ``RECAP_TRACING``, the worker's spans go to the OTLP collector (``workers.tracing``)."""
     tracing.configure(get_settings(), "recap-worker")
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _flush_spans(**_: Any) -> None:
+    """A stopping worker (or pool child) sends the spans it still holds."""
+    tracing.flush()
 
 
 @celeryd_init.connect

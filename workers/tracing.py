@@ -18,6 +18,7 @@ through Celery's signals, which Recap does not need for its one task and its one
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import structlog
@@ -55,6 +56,17 @@ def configure(settings: Settings, service: str) -> bool:
     trace.set_tracer_provider(provider)
     log.info("tracing_enabled", service=name, endpoint=_endpoint())
     return True
+
+
+def flush(timeout_ms: int = 5000) -> None:
+    """Send the spans still batched (at a process's shutdown: the SDK's own exit hook runs only
+    when the interpreter exits cleanly)."""
+    api = sys.modules.get("opentelemetry.trace")
+    if api is None:
+        return
+    force = getattr(api.get_tracer_provider(), "force_flush", None)
+    if force is not None:
+        force(timeout_ms)
 
 
 def _endpoint() -> str:

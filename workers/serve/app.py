@@ -53,6 +53,7 @@ def create_app(settings: Settings | None = None, address: str | None = None) -> 
         finally:
             await turns.upstream.aclose()
             recap.close()
+            workers_tracing.flush()  # the last requests' spans, before the process exits
 
     async def unexpected(request: Request, exc: Exception) -> Response:
         """Any other failure: an OpenAI-format 500 with a masked one-line message."""

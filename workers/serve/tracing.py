@@ -6,9 +6,17 @@ records the HTTP status. A stored turn's spans are its children: ``recap.read`` 
 mapped onto the stored tree), ``recap.assemble``, the upstream's ``chat {model}``, ``recap.store``
 (the reply and its usage) and ``send compress`` (the enqueued compression, whose task continues
 the trace in a worker); the background enqueue runs inside the request's span.
+
+A streamed upstream call's ``chat`` span stays open while the stream is relayed: the request
+keeps it (``streaming``), and the stored reply ends it with the usage of its last chunk
+(``streams_ended``); whatever is still open when the response has ended (a stream passed
+through, or cut off) ends then, without usage.
 """
 
 from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -16,6 +24,29 @@ import recap.core.tracing as tracing
 from recap.workers.serve.metrics import APIS, api_of
 
 SERVER_ERROR = 500
+# the request's streamed model calls still open (one list per request, shared by reference
+# with the tasks and threads its context is copied to)
+_streams: ContextVar[list[Any] | None] = ContextVar("recap_serve_streams", default=None)
+
+
+def streaming(call: Any) -> None:
+    """A streamed call's span, ended by ``streams_ended`` or at the response's end (at once
+    outside a traced request)."""
+    open_calls = _streams.get()
+    if open_calls is None or not call.is_recording():
+        call.end()
+    else:
+        open_calls.append(call)
+
+
+def streams_ended() -> list[Any]:
+    """The request's streamed calls still open, handed over to be ended."""
+    open_calls = _streams.get()
+    if not open_calls:
+        return []
+    ended = list(open_calls)
+    open_calls.clear()
+    return ended
 
 
 def route_of(path: str) -> str | None:
@@ -54,6 +85,7 @@ class TracingMiddleware:
             attributes["http.route"] = route
         name = f"{method} {route}" if route else method
         parent = tracing.extract(carrier)
+        token = _streams.set([])
         with tracing.span(name, attributes, kind=tracing.SERVER, context=parent) as span:
 
             async def sending(message: Message) -> None:
@@ -65,4 +97,9 @@ class TracingMiddleware:
                         tracing.error_status(span, str(status))
                 await send(message)
 
-            await self.app(scope, receive, sending)
+            try:
+                await self.app(scope, receive, sending)
+            finally:
+                for call in streams_ended():
+                    call.end()
+                _streams.reset(token)

@@ -33,6 +33,7 @@ from recap.core.storage import requests as history
 from recap.core.storage.outputs import Ingest
 from recap.core.values.request import RequestSpec
 from recap.workers.serve import metrics, recall, upstream
+from recap.workers.serve import tracing as serve_tracing
 from recap.workers.serve.errors import ServeError, client_text, context_too_long, not_found
 from recap.workers.serve.headers import encoded
 
@@ -420,6 +421,9 @@ class Turns:
                 else upstream.build_from_chunks(chunks, turn.sent)
             )
             message = upstream.read_reply(response, self._secrets).message
+            for call in serve_tracing.streams_ended():  # the stream's call, with its usage
+                upstream.traced_reply(call, response)
+                call.end()
             span.set_attribute("recap.reply_id", self._store_reply(turn, message, response))
         return response
 

@@ -32,6 +32,7 @@ from recap.core.redact import known_secrets, mask_strings, redact
 from recap.core.request.validate import check_message
 from recap.core.settings import Settings
 from recap.workers.serve import direct, metrics
+from recap.workers.serve import tracing as serve_tracing
 from recap.workers.serve.chunks import usage_counts
 from recap.workers.serve.errors import UPSTREAM, ServeError, client_text
 from recap.workers.serve.validation.fields import PART_TYPES
@@ -183,7 +184,7 @@ class Upstream:
             max_tokens=params.get("max_completion_tokens", params.get("max_tokens")),
             temperature=params.get("temperature"),
             server=self._server,
-        )  # a stream's span ends when its answer starts: its usage is not on it
+        )
         metrics.upstream_started()
         try:
             if is_direct:
@@ -197,8 +198,10 @@ class Upstream:
             call.end()
             raise
         metrics.upstream_answered(stream=stream)
-        if not stream:
-            traced_reply(call, reply)
+        if stream:  # open while relayed: the stored reply ends it (``serve.tracing``)
+            serve_tracing.streaming(call)
+            return reply
+        traced_reply(call, reply)
         call.end()
         return reply
 
