@@ -24,7 +24,10 @@ from tests.support.processes import wait_for
 
 ROUNDS = 51  # timed rounds per side (odd: the median is one of them)
 WARMUP_ROUNDS = 3
-BOUND = "<= 1.05"
+# Unlike the metrics' few counters, each span is a handful of SDK objects (tens of microseconds
+# on a fast machine, a few hundred on a slow shared one), and a turn starts four of them before
+# its first byte: a tenth more is the most a user should see.
+BOUND = "<= 1.10"
 EXPORT_TIMEOUT = 30.0  # seconds for the last batch (sent every 5 s by default) to arrive
 
 
