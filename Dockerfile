@@ -6,7 +6,7 @@ COPY core ./core
 COPY workers ./workers
 COPY recap ./recap
 COPY bench ./bench
-RUN pip install --no-cache-dir '.[postgres,flower]'
+RUN pip install --no-cache-dir '.[postgres,flower,otel]'
 RUN useradd --create-home recap && mkdir -p /data/outputs && chown recap /data/outputs
 USER recap
 CMD ["recap", "worker"]

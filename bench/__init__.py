@@ -28,6 +28,7 @@ BENCHES: tuple[str, ...] = (
     "serve",
     "serve_turns",
     "metrics",
+    "tracing",
     "reuse",
     "serve_hostile",
     "large",

@@ -15,8 +15,9 @@ on a 200-message conversation, the model server answering at once in a process o
   to first byte of a model that takes ``SLOW_FIRST_BYTE`` seconds to its first byte (a second
   model server): per round, the new turn through `recap serve` less the same request sent
   directly.
-- ``serve_ttfb_vs_litellm_proxy``: the new chat-completions turn over the LiteLLM proxy
-  forwarding the same request to the same model server (``bench.litellm_proxy``: the proxy in
+- ``serve_ttfb_vs_litellm_proxy``: the new chat-completions turn (serve with its metrics on,
+  ``RECAP_SERVE_METRICS=true``) over the LiteLLM proxy forwarding the same request to the same
+  model server (``bench.litellm_proxy``: the proxy in
   an environment of its own, started as a process beside `recap serve` and timed in the same
   rounds); left out with the reason on stderr when it cannot be installed or started.
 """
@@ -60,7 +61,9 @@ def run() -> list[Figure]:
     try:
         with tempfile.TemporaryDirectory() as folder:
             root = Path(folder)
-            with serve_process(f"sqlite:///{root / 'serve.db'}", upstream, root / "s") as base:
+            database = f"sqlite:///{root / 'serve.db'}"
+            # as an operator runs it: with its Prometheus metrics on
+            with serve_process(database, upstream, root / "s", RECAP_SERVE_METRICS="true") as base:
                 history = long_conversation(records, CONVERSATION)
                 with litellm_proxy(MODEL, upstream, root) as proxy:
                     figures = rounds(base, upstream, proxy, history)
@@ -273,8 +276,8 @@ def rounds(
                 "serve_ttfb_vs_litellm_proxy",
                 round(ms["new"] / ms["proxy"], 3),
                 PROXY_BOUND,
-                f"the new stored turn through recap serve over the LiteLLM proxy forwarding the "
-                f"same request ({ms['proxy']:.1f} ms), same rounds",
+                f"the new stored turn through recap serve (metrics on) over the LiteLLM proxy "
+                f"forwarding the same request ({ms['proxy']:.1f} ms), same rounds",
             )
         )
     return figures

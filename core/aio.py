@@ -12,13 +12,15 @@ The pool is bounded (``RECAP_SERVE_THREADS`` by default, a few more than the eng
 connections) so a burst of requests queues for a thread instead of opening connections without
 limit. Cancelling an awaiting task does not stop its call: the thread finishes it, so a write
 either lands whole or not at all, as with the blocking API. ``run`` runs any other blocking
-function (a host's own database read, a compression run) on the same pool. Close the pool with
+function (a host's own database read, a compression run) on the same pool, in the caller's
+context (its current OpenTelemetry span, its structlog context variables). Close the pool with
 ``close()``, or use the object as an async context manager.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,7 +68,9 @@ class AsyncRecap:
     async def run(self, func: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``func(*args, **kwargs)`` on the pool; its result (or its exception) here."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(func, *args, **kwargs))
+        call = functools.partial(func, *args, **kwargs)
+        # in the caller's context (as asyncio.to_thread): its current span, its log fields
+        return await loop.run_in_executor(self._pool, contextvars.copy_context().run, call)
 
     async def new(
         self,

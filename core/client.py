@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
-from recap.core import metrics, service
+from recap.core import metrics, service, tracing
 from recap.core.request import assembly
 from recap.core.results import (
     CompressResult,
@@ -140,9 +140,12 @@ class Recap:
             as_of=as_of,
         )
         since = metrics.started()
-        assembled = service.assemble(
-            self.engine, conversation_id, self.settings, spec, leaf=leaf, reuse=self._reuse
-        )
+        with tracing.span("recap.assemble", {"recap.conversation_id": conversation_id}) as span:
+            assembled = service.assemble(
+                self.engine, conversation_id, self.settings, spec, leaf=leaf, reuse=self._reuse
+            )
+            if span.is_recording():
+                span.set_attributes(tracing.assembled_attributes(assembled))
         metrics.assembled(since, assembled)
         return assembled
 
@@ -153,9 +156,13 @@ class Recap:
         (the profile ``record_usage`` compares with, media aged, counts made anew) for the
         caller to ``write()`` before its next request of the conversation and before recording
         the usage: a proxy writes it while the model answers. None for an ``as_of`` request."""
-        return service.assemble_unrecorded(
-            self.engine, conversation_id, self.settings, request, leaf=leaf, reuse=self._reuse
-        )
+        with tracing.span("recap.assemble", {"recap.conversation_id": conversation_id}) as span:
+            assembled, recording = service.assemble_unrecorded(
+                self.engine, conversation_id, self.settings, request, leaf=leaf, reuse=self._reuse
+            )
+            if span.is_recording():
+                span.set_attributes(tracing.assembled_attributes(assembled))
+        return assembled, recording
 
     def record_usage(
         self,

@@ -121,6 +121,9 @@ class Settings(BaseSettings):
     serve_metrics: bool = False
     serve_metrics_key: SecretStr | None = None
     worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    # OpenTelemetry traces: recap serve and the workers export their spans over OTLP/HTTP to the
+    # collector OpenTelemetry's own OTEL_* variables name (docs/operations.md "Tracing").
+    tracing: bool = False
     llm_timeout: float = Field(default=60, gt=0)
     max_attempts: int = Field(default=5, ge=1, le=20)
     retry_backoff_max: int = Field(default=60, ge=1)

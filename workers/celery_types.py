@@ -58,3 +58,5 @@ task_prerun: Signal = _signals.task_prerun
 task_received: Signal = _signals.task_received
 worker_init: Signal = _signals.worker_init
 worker_process_init: Signal = _signals.worker_process_init
+worker_process_shutdown: Signal = _signals.worker_process_shutdown
+worker_shutdown: Signal = _signals.worker_shutdown

@@ -28,6 +28,7 @@ from typing import Any
 from celery import Celery
 from celery.result import AsyncResult
 
+from recap.core import tracing
 from recap.workers.queues import COMPRESS_QUEUE, COMPRESS_TASK, ENQUEUED_HEADER
 
 __all__ = ["COMPRESS_TASK", "CompressJob", "compress_later", "producer_app", "reset", "send"]
@@ -62,12 +63,23 @@ class CompressJob:
 
 
 def send(app: Celery, job: CompressJob) -> AsyncResult[Any]:
-    """Send ``job`` on ``app``'s broker to the compress queue (the one way a job is sent)."""
+    """Send ``job`` on ``app``'s broker to the compress queue (the one way a job is sent), in a
+    PRODUCER span whose trace the task continues (W3C ``traceparent`` in its headers)."""
     args = [job.conversation_id]
-    headers = {ENQUEUED_HEADER: time.time()}  # the worker's queue lag (workers.metrics)
-    return app.send_task(
-        COMPRESS_TASK, args=args, kwargs=job.kwargs(), queue=COMPRESS_QUEUE, headers=headers
-    )
+    headers: dict[str, Any] = {ENQUEUED_HEADER: time.time()}  # the queue lag (workers.metrics)
+    attributes = {
+        "messaging.system": "celery",
+        "messaging.operation.type": "send",
+        "messaging.destination.name": COMPRESS_QUEUE,
+        "recap.conversation_id": job.conversation_id,
+    }
+    with tracing.span(f"send {COMPRESS_QUEUE}", attributes, kind=tracing.PRODUCER) as span:
+        tracing.inject(headers)  # the sender's trace, continued by the task (workers.tasks)
+        sent = app.send_task(
+            COMPRESS_TASK, args=args, kwargs=job.kwargs(), queue=COMPRESS_QUEUE, headers=headers
+        )
+        span.set_attribute("messaging.message.id", str(sent.id))
+    return sent
 
 
 def compress_later(

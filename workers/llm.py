@@ -17,6 +17,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote price
 
 import litellm
 
+from recap.core import tracing
 from recap.core.settings import Settings
 from recap.workers import metrics
 
@@ -109,6 +110,9 @@ def complete(
     if not name:
         raise FatalLLMError("no summary model is configured (RECAP_SUMMARY_MODEL)")
     key = settings.summary_api_key.get_secret_value() if settings.summary_api_key else None
+    limit = max_tokens or settings.summary_max_output_tokens
+    server = tracing.server_of(settings.summary_api_base)
+    call = tracing.model_call(name, max_tokens=limit, temperature=0, server=server)
     try:
         response = litellm.completion(
             model=name,
@@ -118,15 +122,34 @@ def complete(
             num_retries=0,
             api_base=settings.summary_api_base,
             api_key=key,
-            max_tokens=max_tokens or settings.summary_max_output_tokens,
+            max_tokens=limit,
             temperature=0,
         )
     except Exception as exc:  # every failure is sorted, none escapes unclassified
         metrics.summarizer_error()
+        tracing.failed(call, exc)
+        call.end()
         raise classify(exc) from exc
     completion = _completion_of(response, name)
     metrics.summarizer_call(completion.input_tokens, completion.output_tokens)
+    _traced(call, response, completion)
     return completion
+
+
+def _traced(call: Any, response: Any, completion: Completion) -> None:
+    """The reply's usage, model, id and finish reason on the call's span, then its end."""
+    if call.is_recording():
+        choices = getattr(response, "choices", None) or []
+        reasons = [getattr(choice, "finish_reason", None) for choice in choices]
+        tracing.replied(
+            call,
+            input_tokens=completion.input_tokens,
+            output_tokens=completion.output_tokens,
+            response_model=getattr(response, "model", None),
+            response_id=getattr(response, "id", None),
+            finish_reasons=[r for r in reasons if isinstance(r, str)],
+        )
+    call.end()
 
 
 def _completion_of(response: Any, model: str) -> Completion:

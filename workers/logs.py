@@ -19,6 +19,7 @@ import structlog
 
 from recap.core.redact import MASK, MIN_SECRET_CHARS
 from recap.core.redact import redact as redact_text
+from recap.core.tracing import add_trace_ids
 
 SECRET_KEY = re.compile(r"(api[_-]?key|password|passwd|secret|authorization|token)$", re.I)
 _secrets: set[str] = set()
@@ -94,6 +95,7 @@ def _shared_processors() -> list[Any]:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.stdlib.ExtraAdder(),
         celery_task_fields,
+        add_trace_ids,  # the current span's trace_id and span_id, when one is
         structlog.processors.format_exc_info,
         redact,
     ]

@@ -21,9 +21,16 @@ from recap.core.redact import error_text, known_secrets, redact
 from recap.core.settings import Settings, get_settings
 from recap.core.storage.db import dispose_engines, get_engine, size_pool
 from recap.core.values.actions import Action
-from recap.workers import compress, events, metrics
+from recap.workers import compress, events, metrics, tracing
 from recap.workers.app import app, task
-from recap.workers.celery_types import TaskHandle, celeryd_init, task_received, worker_process_init
+from recap.workers.celery_types import (
+    TaskHandle,
+    celeryd_init,
+    task_received,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 from recap.workers.errors import CompressionFailed, CompressionRetry
 from recap.workers.queues import COMPRESS_QUEUE, COMPRESS_TASK, DEFAULT_QUEUE, RECONCILE_TASK
 from recap.workers.reconcile import reconcile as reconcile_pass
@@ -79,6 +86,20 @@ def _fresh_pool(**_: Any) -> None:
     port = get_settings().worker_metrics_port
     if port is not None:  # each prefork child serves its own metrics, after the base port
         metrics.serve(port + 1, search=True)
+    tracing.configure(get_settings(), "recap-worker")  # a fork's parent's provider is kept
+
+
+@celeryd_init.connect
+def _trace(**_: Any) -> None:
+    """With ``RECAP_TRACING``, the worker's spans go to the OTLP collector (``workers.tracing``)."""
+    tracing.configure(get_settings(), "recap-worker")
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _flush_spans(**_: Any) -> None:
+    """A stopping worker (or pool child) sends the spans it still holds."""
+    tracing.flush()
 
 
 @celeryd_init.connect
@@ -104,7 +125,9 @@ def compress_session(
     the task in FAILURE (``CompressionFailed``), a retryable one in RETRY."""
     settings = get_settings()
     metrics.taken(self.request)
-    outcome = _run(self.request, settings, conversation_id, leaf_message_id, force)
+    with tracing.task_span(self.request, conversation_id) as span:  # the sender's trace, on
+        outcome = _run(self.request, settings, conversation_id, leaf_message_id, force)
+        tracing.outcome(span, outcome)
     # Raised here, outside any except block: the stored traceback chains no provider error.
     if isinstance(outcome, compress.RetryLater):
         metrics.retried()

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from recap.core import tracing
 from recap.core.compression import report
 from recap.core.compression.dbretry import (
     database_unavailable,
@@ -174,6 +175,7 @@ def claim(engine: Engine, settings: Settings, run: Run) -> lease.Lease | None:
     )
 
 
+@tracing.traced("recap.compress.read")
 def snapshot_for(run: Run) -> Snapshot:
     """One short read session of the content-free snapshot, with the failed runs the cooldown
     needs."""
@@ -197,6 +199,7 @@ def _check_incarnation(session: Any, conversation_id: str, incarnation: str | No
         raise ConversationGone(f"conversation {conversation_id!r} was deleted")
 
 
+@tracing.traced("recap.compress.read_head")
 def early_skip(run: Run) -> tuple[policy.Decision, int | None, int] | None:
     """The decision's skip when an upper bound on the latest branch's history is under the
     trigger (two aggregate reads, no message row), with the latest message id and the history
@@ -213,6 +216,7 @@ def early_skip(run: Run) -> tuple[policy.Decision, int | None, int] | None:
     return decision, bound.leaf, decision.pressure.budget.history(bound.history)
 
 
+@tracing.traced("recap.compress.read_text")
 def with_text(
     engine: Engine, conversation_id: str, split: Split, incarnation: str | None = None
 ) -> Split:
@@ -230,6 +234,7 @@ def with_text(
     )
 
 
+@tracing.traced("recap.compress.clear")
 def clearing_step(
     engine: Engine,
     conversation_id: str,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
+from recap.core import tracing
 from recap.core.compression import report
 from recap.core.compression.dbretry import (
     DB_RETRY_MAX_SECONDS,
@@ -41,6 +42,7 @@ Outcome = CompressResult  # what one run did: the contract's JSON plus what the 
 T = TypeVar("T")
 
 
+@tracing.traced("recap.compress.write")
 def write_run(
     run: Run,
     result: PassResult,

@@ -16,7 +16,8 @@ from recap.core.aio import AsyncRecap
 from recap.core.errors import RecapError
 from recap.core.redact import error_text, known_secrets
 from recap.core.settings import Settings, get_settings
-from recap.workers.serve import api_routes, metrics, routes, startup
+from recap.workers import tracing as workers_tracing
+from recap.workers.serve import api_routes, metrics, routes, startup, tracing
 from recap.workers.serve.auth import KeyRing
 from recap.workers.serve.errors import SERVER, ServeError
 from recap.workers.serve.turns import Turns
@@ -52,6 +53,7 @@ def create_app(settings: Settings | None = None, address: str | None = None) -> 
         finally:
             await turns.upstream.aclose()
             recap.close()
+            workers_tracing.flush()  # the last requests' spans, before the process exits
 
     async def unexpected(request: Request, exc: Exception) -> Response:
         """Any other failure: an OpenAI-format 500 with a masked one-line message."""
@@ -80,8 +82,10 @@ def create_app(settings: Settings | None = None, address: str | None = None) -> 
             405: api_routes.unknown_route,
         },
     )
-    if observed is not None:  # outermost: it sees every answer, errors included
+    if observed is not None:  # outer: it sees every answer, errors included
         app.add_middleware(metrics.MetricsMiddleware, metrics=observed)
+    if workers_tracing.configure(settings, "recap-serve"):  # outermost: a request's root span
+        app.add_middleware(tracing.TracingMiddleware)
     return app
 
 

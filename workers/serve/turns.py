@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from recap.core import overflow, service
+from recap.core import overflow, service, tracing
 from recap.core.aio import AsyncRecap
 from recap.core.errors import BudgetError, NotFoundError
 from recap.core.redact import error_text, known_secrets, redact
@@ -33,6 +33,7 @@ from recap.core.storage import requests as history
 from recap.core.storage.outputs import Ingest
 from recap.core.values.request import RequestSpec
 from recap.workers.serve import metrics, recall, upstream
+from recap.workers.serve import tracing as serve_tracing
 from recap.workers.serve.errors import ServeError, client_text, context_too_long, not_found
 from recap.workers.serve.headers import encoded
 
@@ -222,13 +223,17 @@ class Turns:
 
     def _store(self, turn: Turn) -> history.Mapped:
         engine = self.recap.recap.engine
-        if turn.after is not None:
-            mapped = history.store_after(
-                engine, self.ingest, turn.conversation_id, turn.owner, turn.after, turn.history
-            )
-        else:
-            mapped = history.store_request(
-                engine, self.ingest, turn.conversation_id, turn.owner, turn.history, self.seen
+        with tracing.span("recap.read", {"recap.conversation_id": turn.conversation_id}) as span:
+            if turn.after is not None:
+                mapped = history.store_after(
+                    engine, self.ingest, turn.conversation_id, turn.owner, turn.after, turn.history
+                )
+            else:
+                mapped = history.store_request(
+                    engine, self.ingest, turn.conversation_id, turn.owner, turn.history, self.seen
+                )
+            span.set_attributes(
+                {"recap.matched": mapped.matched, "recap.appended": len(mapped.appended)}
             )
         return mapped
 
@@ -399,19 +404,27 @@ class Turns:
         await self.recap.run(self._record_usage, turn, response)
 
     def _finish(self, turn: Turn, completion: upstream.Completion) -> int:
-        reply_id = self._store_reply(turn, completion.message, json.loads(completion.body))
-        try:  # the reply is stored: nothing after it may fail the turn
-            self._record_usage(turn, completion)
-        except Exception as exc:
-            log.warning("serve_usage_not_recorded", error=self.error_text(exc))
+        with tracing.span("recap.store", {"recap.conversation_id": turn.conversation_id}) as span:
+            reply_id = self._store_reply(turn, completion.message, json.loads(completion.body))
+            span.set_attribute("recap.reply_id", reply_id)
+            try:  # the reply is stored: nothing after it may fail the turn
+                self._record_usage(turn, completion)
+            except Exception as exc:
+                log.warning("serve_usage_not_recorded", error=self.error_text(exc))
         return reply_id
 
     def _finish_stream(self, turn: Turn, chunks: list[Any] | dict[str, Any]) -> Any:
-        response = (
-            chunks if isinstance(chunks, dict) else upstream.build_from_chunks(chunks, turn.sent)
-        )
-        message = upstream.read_reply(response, self._secrets).message
-        self._store_reply(turn, message, response)
+        with tracing.span("recap.store", {"recap.conversation_id": turn.conversation_id}) as span:
+            response = (
+                chunks
+                if isinstance(chunks, dict)
+                else upstream.build_from_chunks(chunks, turn.sent)
+            )
+            message = upstream.read_reply(response, self._secrets).message
+            for call in serve_tracing.streams_ended():  # the stream's call, with its usage
+                upstream.traced_reply(call, response)
+                call.end()
+            span.set_attribute("recap.reply_id", self._store_reply(turn, message, response))
         return response
 
     def _store_reply(self, turn: Turn, message: dict[str, Any], response: Any = None) -> int:

@@ -26,11 +26,13 @@ os.environ.setdefault("MAX_BASE64_LENGTH_FOR_LOGGING", "0")
 import httpx
 import litellm
 
+from recap.core import tracing
 from recap.core.errors import InputError, RecapError
 from recap.core.redact import known_secrets, mask_strings, redact
 from recap.core.request.validate import check_message
 from recap.core.settings import Settings
 from recap.workers.serve import direct, metrics
+from recap.workers.serve import tracing as serve_tracing
 from recap.workers.serve.chunks import usage_counts
 from recap.workers.serve.errors import UPSTREAM, ServeError, client_text
 from recap.workers.serve.validation.fields import PART_TYPES
@@ -142,6 +144,7 @@ class Upstream:
             if base is not None and self.mode != "litellm"
             else None
         )
+        self._server = tracing.server_of(base)  # the calls' server.address and server.port
 
     def is_direct(self, model: str) -> bool:
         """Whether a request for ``model`` goes out on the direct path."""
@@ -174,13 +177,32 @@ class Upstream:
         """One upstream call: the reply, or its stream when ``stream``."""
         if any(name in params for name in CACHE_PARAMS):
             params = self.with_cache_hints(model, params, {})
+        is_direct = self._direct is not None and self.is_direct(model)
+        call = tracing.model_call(
+            model.removeprefix(direct.PROVIDER_PREFIX) if is_direct else model,
+            provider="openai" if is_direct else None,
+            max_tokens=params.get("max_completion_tokens", params.get("max_tokens")),
+            temperature=params.get("temperature"),
+            server=self._server,
+        )
         metrics.upstream_started()
-        if self._direct is not None and self.is_direct(model):
-            sent = outgoing(messages, copy=False)
-            reply = await self._direct.complete(model, sent, params, stream=stream)
-        else:
-            reply = await complete(model, messages, params, self.settings, stream=stream)
+        try:
+            if is_direct:
+                assert self._direct is not None
+                sent = outgoing(messages, copy=False)
+                reply = await self._direct.complete(model, sent, params, stream=stream)
+            else:
+                reply = await complete(model, messages, params, self.settings, stream=stream)
+        except BaseException as exc:
+            tracing.failed(call, exc)
+            call.end()
+            raise
         metrics.upstream_answered(stream=stream)
+        if stream:  # open while relayed: the stored reply ends it (``serve.tracing``)
+            serve_tracing.streaming(call)
+            return reply
+        traced_reply(call, reply)
+        call.end()
         return reply
 
     async def aclose(self) -> None:
@@ -303,6 +325,28 @@ class Completion:
     body: bytes
     message: dict[str, Any]
     usage: tuple[int, int, int] | None
+
+
+def traced_reply(call: Any, reply: Any) -> None:
+    """The reply's usage, model, id and finish reasons on its model call's span."""
+    if not call.is_recording():
+        return
+    try:
+        data = reply_data(reply)
+    except MalformedReply:
+        return
+    found_usage, found_choices = data.get("usage"), data.get("choices")
+    usage = found_usage if isinstance(found_usage, dict) else {}
+    choices = found_choices if isinstance(found_choices, list) else []
+    reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)]
+    tracing.replied(
+        call,
+        input_tokens=usage.get("prompt_tokens"),
+        output_tokens=usage.get("completion_tokens"),
+        response_model=data.get("model"),
+        response_id=data.get("id"),
+        finish_reasons=[r for r in reasons if isinstance(r, str)],
+    )
 
 
 def reply_data(response: Any) -> dict[str, Any]:
