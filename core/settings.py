@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     recent_max_tokens: int = Field(default=8_000, ge=1)
     keep_turns: int = Field(default=2, ge=0)
     safety_margin: float = Field(default=0.05, ge=0, lt=0.5)
+    # The user turns whose reasoning a request sends: the one in progress (its tool loop, which
+    # Anthropic requires intact) and this many less one before it; older reasoning is cleared.
+    thinking_turns: int = Field(default=1, ge=1, le=1_000)
     # The request budget (core.counting.budget): a reply needs room in windows that input and output
     # share.
     reserve_output_tokens: int = Field(default=4_096, ge=0)
