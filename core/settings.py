@@ -146,6 +146,10 @@ class Settings(BaseSettings):
     # shared HTTP client), `litellm` through litellm; `auto` is direct for an `openai/` model
     # with RECAP_UPSTREAM_API_BASE set and litellm for everything else.
     upstream_client: Literal["auto", "litellm", "direct"] = "auto"
+    # Which dialect the Responses and Messages routes call the upstream in: `chat` (chat
+    # completions for every model), `native` (each API as itself), `auto` (natively where the
+    # model names a provider that speaks the API). See workers/serve/native.py.
+    upstream_dialect: Literal["chat", "auto", "native"] = "chat"
     model_map: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     # 10 MiB: a long history with a few inline images, and still a bound on memory per request.
     serve_max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1_024)
