@@ -48,6 +48,9 @@ ALL = "all"  # the basis of a count made with no model: every reasoning string c
 REASONING_KEY = "reasoning_content"
 BLOCKS_KEY = "thinking_blocks"
 ITEMS_KEY = "provider_items"
+# On a message as sent: how many of its provider items were another model's, left out (what
+# ``recap serve`` reports; never sent upstream).
+LEFT_OUT_KEY = "provider_items_left_out"
 REASONING_KIND = "reasoning"  # a provider item under the thinking window (others: always sent)
 THINKING_TYPES = frozenset({"thinking", "redacted_thinking"})
 # Strings a thinking block carries: its text, its signature, or the encrypted redacted data.
@@ -156,6 +159,9 @@ def as_sent(
             out = {k: v for k, v in out.items() if k != ITEMS_KEY}
             if kept:
                 out[ITEMS_KEY] = kept
+            others = sum(1 for i in items_of(message) if not same_model(i, model))
+            if others and not text_only:
+                out[LEFT_OUT_KEY] = others
     if not content and REASONING_KEY in message:
         out = {k: v for k, v in out.items() if k != REASONING_KEY}
     if not blocks:

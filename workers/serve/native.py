@@ -98,7 +98,8 @@ def placed(
     items = reasoning.items_of(message)
     kept = [item for item in items if reasoning.same_model(item, model)]
     report.sent += len(kept)
-    report.left_out += len(items) - len(kept)
+    earlier = message.get(reasoning.LEFT_OUT_KEY)  # left out by the assembly already
+    report.left_out += len(items) - len(kept) + (earlier if isinstance(earlier, int) else 0)
     out: list[Any] = list(readable)
     for item in sorted(kept, key=lambda i: int(i.get("at") or 0)):
         at = int(item.get("at") or 0)

@@ -207,7 +207,7 @@ class Turns:
             turn.conversation_id = resolved.conversation_id
             mapped = self._store(turn)
         turn.leaf_id = mapped.leaf_id
-        spec = RequestSpec(system=turn.system, tools=self._tools(turn))
+        spec = RequestSpec(system=turn.system, tools=self._tools(turn), **self._for_model(turn))
         try:
             assembled, turn.recording = self.recap.recap.assemble_unrecorded(
                 turn.conversation_id, spec, leaf=turn.leaf_id
@@ -251,6 +251,13 @@ class Turns:
             await task
         except Exception as exc:
             log.warning("serve_recording_failed", error=self.error_text(exc))
+
+    def _for_model(self, turn: Turn) -> dict[str, Any]:
+        """A native turn is assembled for the model it calls (its provider items are that
+        model's: ``core.counting.reasoning.items_sent``), in the window recap serve gives it."""
+        if turn.native is None:
+            return {}
+        return {"model": turn.model, "max_input_tokens": self.settings.serve_max_input_tokens}
 
     def _tools(self, turn: Turn) -> list[dict[str, Any]] | None:
         """The tools the turn is assembled and counted with: ``recap_recall`` only when the
@@ -358,12 +365,15 @@ class Turns:
 
     async def assemble_for(self, turn: Turn, *, max_input_tokens: int | None = None) -> None:
         """Assemble the turn's request again (``turn.sent``), for a smaller window when given."""
+        target = self._for_model(turn)
+        if max_input_tokens is not None:
+            target["max_input_tokens"] = max_input_tokens
         assembled = await self.recap.assemble(
             turn.conversation_id,
             leaf=turn.leaf_id,
             system=turn.system,
             tools=self._tools(turn),
-            max_input_tokens=max_input_tokens,
+            **target,
         )
         turn.room = assembled.budget - assembled.tokens.total
         turn.assembled = assembled

@@ -1,0 +1,139 @@
+"""`recap serve` with native upstream dialects (RECAP_UPSTREAM_DIALECT=native), driven by the
+official openai and anthropic clients, against a stand-in upstream that speaks the Responses and
+Messages APIs and validates them as the providers do (``tests.support.native_upstream``): a
+sealed item changed by one byte, sent to another model or out of its tool loop is refused.
+
+A 30-request reasoning-and-tools conversation sends every encrypted item (and built-in tool
+item) back byte for byte to the model that made it, leaves them out for another model, and the
+upstream never answers 400."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.support.native_upstream import Running, seal
+from tests.support.serving import KEY_A, Serve, running_serve
+
+MODEL_A, MODEL_B = "openai/stand-a", "openai/stand-b"
+CLAUDE_A, CLAUDE_B = "anthropic/claude-stand-a", "anthropic/claude-stand-b"
+THINKING = {"type": "enabled", "budget_tokens": 2048}
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Running]:
+    running = Running()
+    yield running
+    running.stop()
+
+
+def _serve(upstream: Running, folder: Any, **env: str) -> Any:
+    db_url = f"sqlite:///{folder / 'recap.db'}"
+    return running_serve(
+        db_url,
+        folder,
+        upstream,
+        RECAP_UPSTREAM_DIALECT="native",
+        **env,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="module")
+def keep_all(upstream: Running, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    """Every turn's reasoning sent back (the policy's largest window)."""
+    with _serve(upstream, tmp_path_factory.mktemp("native-all"), RECAP_THINKING_TURNS="1000") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def default(upstream: Running, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    """The default thinking policy: the turn in progress (its tool loop) only."""
+    with _serve(upstream, tmp_path_factory.mktemp("native-default")) as s:
+        yield s
+
+
+# --- the stand-in refuses what a provider refuses ----------------------------------------------
+
+
+def test_stand_in_refuses_a_changed_item_and_a_block_out_of_its_loop(upstream: Running) -> None:
+    client = openai.OpenAI(base_url=upstream.url, api_key="k", max_retries=0)
+    first = client.responses.create(model="stand-a", input="use tool please")
+    items = [item.model_dump(exclude_none=True) for item in first.output]
+    output = {"type": "function_call_output", "call_id": items[1]["call_id"], "output": "1"}
+    assert client.responses.create(model="stand-a", input=[*items, output]).output
+    changed = json.loads(json.dumps(items))
+    text = changed[0]["encrypted_content"]
+    changed[0]["encrypted_content"] = text[:5] + ("A" if text[5] != "A" else "B") + text[6:]
+    with pytest.raises(openai.BadRequestError, match="invalid_encrypted_content"):
+        client.responses.create(model="stand-a", input=[*changed, output])
+    with pytest.raises(openai.BadRequestError, match="invalid_encrypted_content"):
+        client.responses.create(model="stand-b", input=[*items, output])  # another model's
+
+    claude = anthropic.Anthropic(base_url=upstream.url[: -len("/v1")], api_key="k", max_retries=0)
+    asked = [{"role": "user", "content": "use tool one"}]
+    one = claude.messages.create(model="c", max_tokens=100, messages=asked, thinking=THINKING)
+    blocks = [b.model_dump(exclude_none=True) for b in one.content]
+    result = {"type": "tool_result", "tool_use_id": blocks[1]["id"], "content": "1"}
+    loop = [*asked, {"role": "assistant", "content": blocks}, {"role": "user", "content": [result]}]
+    assert claude.messages.create(model="c", max_tokens=100, messages=loop, thinking=THINKING)
+    moved = [{**loop[1], "content": [blocks[1]]}, {"role": "user", "content": [result]}]
+    elsewhere = [{"role": "assistant", "content": [blocks[0], {"type": "text", "text": "x"}]}]
+    out_of_loop = [asked[0], *elsewhere, {"role": "user", "content": "go on"}, *moved]
+    with pytest.raises(anthropic.BadRequestError, match="signature|Expected `thinking`"):
+        claude.messages.create(model="c", max_tokens=100, messages=out_of_loop, thinking=THINKING)
+    without = [asked[0], {"role": "assistant", "content": [blocks[1]]}, loop[2]]
+    with pytest.raises(anthropic.BadRequestError, match="Expected `thinking`"):
+        claude.messages.create(model="c", max_tokens=100, messages=without, thinking=THINKING)
+    assert seal("c", "x") != seal("d", "x")
+
+
+# --- Responses through serve -------------------------------------------------------------------
+
+
+def test_thirty_requests_send_every_item_back_to_its_model(
+    keep_all: Serve, upstream: Running
+) -> None:
+    client = keep_all.client()
+    start = len(upstream.state.requests)
+    previous: str | None = None
+    plan = []  # (model, input kind) per user turn: 13 tool loops (2 requests) and 4 searches
+    for turn in range(17):
+        model = MODEL_B if turn in (4, 5, 12) else MODEL_A
+        plan.append((model, "search" if turn % 4 == 3 else "tool"))
+    left_out_seen = 0
+    for turn, (model, kind) in enumerate(plan):
+        text = f"{'search' if kind == 'search' else 'use tool'} in turn {turn}"
+        raw = client.responses.with_raw_response.create(
+            model=model, input=text, previous_response_id=previous
+        )
+        reply = raw.parse()
+        left_out_seen += int(raw.headers.get("x-recap-provider-items-left-out", "0"))
+        previous = reply.id
+        if kind == "tool":
+            call = next(item for item in reply.output if item.type == "function_call")
+            output = {"type": "function_call_output", "call_id": call.call_id, "output": "42"}
+            reply = client.responses.create(
+                model=model, input=[output], previous_response_id=previous
+            )
+            assert reply.output_text.startswith("answer")
+            previous = reply.id
+    requests = upstream.state.requests[start:]
+    assert len(requests) == 30
+    assert [r.error for r in requests if r.status != 200] == []  # never a 400 upstream
+    checked = 0
+    for index, request in enumerate(requests):
+        sent, model = request.raw.decode(), request.body["model"]
+        for earlier in requests[:index]:
+            for item in earlier.made:
+                if earlier.body["model"] == model:  # byte for byte, to the model that made it
+                    assert item in sent, f"request {index}: an item of {model} is missing"
+                    checked += 1
+                else:
+                    assert item not in sent, f"request {index}: another model's item was sent"
+    assert checked > 200  # many earlier turns' items, each resent whole at every later request
+    assert left_out_seen > 0  # the other model's turns said what they left out
