@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.support.native_upstream import Running, seal
-from tests.support.serving import KEY_A, Serve, running_serve
+from tests.support.serving import Serve, running_serve
 
 MODEL_A, MODEL_B = "openai/stand-a", "openai/stand-b"
 CLAUDE_A, CLAUDE_B = "anthropic/claude-stand-a", "anthropic/claude-stand-b"
@@ -84,7 +84,7 @@ def test_stand_in_refuses_a_changed_item_and_a_block_out_of_its_loop(upstream: R
     moved = [{**loop[1], "content": [blocks[1]]}, {"role": "user", "content": [result]}]
     elsewhere = [{"role": "assistant", "content": [blocks[0], {"type": "text", "text": "x"}]}]
     out_of_loop = [asked[0], *elsewhere, {"role": "user", "content": "go on"}, *moved]
-    with pytest.raises(anthropic.BadRequestError, match="signature|Expected `thinking`"):
+    with pytest.raises(anthropic.BadRequestError, match=r"signature|Expected `thinking`"):
         claude.messages.create(model="c", max_tokens=100, messages=out_of_loop, thinking=THINKING)
     without = [asked[0], {"role": "assistant", "content": [blocks[1]]}, loop[2]]
     with pytest.raises(anthropic.BadRequestError, match="Expected `thinking`"):

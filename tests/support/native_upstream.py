@@ -89,14 +89,18 @@ class NativeUpstream:
                 if not hmac.compare_digest(seal(str(model), payload), mac):
                     return f"invalid_encrypted_content: item {item.get('id')} cannot be verified"
                 if index + 1 >= len(items) or items[index + 1].get("type") == "reasoning":
-                    return f"Item '{item.get('id')}' of type 'reasoning' was provided without its required following item."
+                    return (
+                        f"Item '{item.get('id')}' of type 'reasoning' was provided without its "
+                        "required following item."
+                    )
             elif kind == "web_search_call":
                 if self.tools_made.get(str(item.get("id"))) != model:
                     return f"Item '{item.get('id')}' of type 'web_search_call' is not this model's"
             elif kind == "function_call":
                 calls.add(str(item.get("call_id")))
             elif kind == "function_call_output" and item.get("call_id") not in calls:
-                return f"No tool call found for function call output with call_id {item.get('call_id')}."
+                call_id = item.get("call_id")
+                return f"No tool call found for function call output with call_id {call_id}."
         return None
 
     def responses_reply(self, body: dict[str, Any]) -> dict[str, Any]:
