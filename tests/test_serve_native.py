@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from tests.support.native_upstream import Running, seal
+from tests.support.serving import KEY_A as KEY
 from tests.support.serving import Serve, running_serve
 
 MODEL_A, MODEL_B = "openai/stand-a", "openai/stand-b"
@@ -137,3 +138,72 @@ def test_thirty_requests_send_every_item_back_to_its_model(
                     assert item not in sent, f"request {index}: another model's item was sent"
     assert checked > 200  # many earlier turns' items, each resent whole at every later request
     assert left_out_seen > 0  # the other model's turns said what they left out
+
+
+def test_streamed_responses_are_stored_with_their_items(keep_all: Serve, upstream: Running) -> None:
+    client = keep_all.client()
+    events = list(client.responses.create(model=MODEL_A, input="use tool streamed", stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    final = events[-1].response  # type: ignore[union-attr]
+    call = next(item for item in final.output if item.type == "function_call")
+    reasoning = next(item for item in final.output if item.type == "reasoning")
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "7"}
+    before = len(upstream.state.requests)
+    reply = client.responses.create(model=MODEL_A, input=[output], previous_response_id=final.id)
+    assert reply.output_text.startswith("answer")
+    sent = upstream.state.requests[before]
+    assert sent.status == 200
+    assert reasoning.encrypted_content in sent.raw.decode()
+
+
+# --- Messages through serve --------------------------------------------------------------------
+
+
+def claude_client(serve: Serve, conversation: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=serve.base_url[: -len("/v1")],
+        api_key=KEY,
+        max_retries=0,
+        default_headers={"X-Recap-Conversation": conversation},
+    )
+
+
+def test_messages_keep_the_tool_loop_thinking_intact(default: Serve, upstream: Running) -> None:
+    claude = claude_client(default, "native-claude-loop")
+    history: list[dict[str, Any]] = []
+    start = len(upstream.state.requests)
+    for turn in range(8):
+        model = CLAUDE_B if turn == 5 else CLAUDE_A
+        history.append({"role": "user", "content": f"use tool in turn {turn}"})
+        first = claude.messages.create(
+            model=model, max_tokens=500, messages=history, thinking=THINKING
+        )
+        blocks = [block.model_dump(exclude_none=True) for block in first.content]
+        history.append({"role": "assistant", "content": blocks})
+        result = {"type": "tool_result", "tool_use_id": blocks[-1]["id"], "content": "42"}
+        history.append({"role": "user", "content": [result]})
+        if turn == 7:  # the last loop streamed
+            with claude.messages.stream(
+                model=model, max_tokens=500, messages=history, thinking=THINKING
+            ) as stream:
+                second = stream.get_final_message()
+        else:
+            second = claude.messages.create(
+                model=model, max_tokens=500, messages=history, thinking=THINKING
+            )
+        assert second.content[-1].type == "text"
+        history.append(
+            {
+                "role": "assistant",
+                "content": [b.model_dump(exclude_none=True) for b in second.content],
+            }
+        )
+    requests = upstream.state.requests[start:]
+    assert [r.error for r in requests if r.status != 200] == []  # never a 400 upstream
+    assert len(requests) == 16
+    for index in range(1, len(requests), 2):  # each tool loop's thinking went back intact
+        loop_start, loop_end = requests[index - 1], requests[index]
+        assert loop_start.made and loop_start.made[0] in loop_end.raw.decode()
+    for index in range(2, len(requests), 2):  # a new user turn: older thinking cleared
+        older = requests[index - 1].made + requests[index - 2].made
+        assert not any(item in requests[index].raw.decode() for item in older)
