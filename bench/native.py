@@ -152,7 +152,11 @@ def byte_identity() -> tuple[float, int]:
                     previous_response_id=previous,
                 )
                 call = next(item for item in reply.output if item.type == "function_call")
-                output = {"type": "function_call_output", "call_id": call.call_id, "output": "1"}
+                output: Any = {
+                    "type": "function_call_output",
+                    "call_id": call.call_id,
+                    "output": "1",
+                }
                 reply = client.responses.create(
                     model=model, input=[output], previous_response_id=reply.id
                 )

@@ -117,7 +117,8 @@ class NativeUpstream:
             "encrypted_content": f"{payload}.{seal(model, payload)}",
         }
         if "search" in text:
-            search = {"type": "web_search_call", "id": f"ws_{n}", "status": "completed"}
+            search: dict[str, Any] = {"type": "web_search_call", "id": f"ws_{n}"}
+            search["status"] = "completed"
             search["action"] = {"type": "search", "query": text[:40]}
             self.tools_made[search["id"]] = model
             output += [search, _message(n, f"found {n}")]
@@ -197,7 +198,8 @@ class NativeUpstream:
         text = content if isinstance(content, str) else _text(content)
         thought = f"thinking step {n}"
         if "use tool" in text:
-            use = {"type": "tool_use", "id": f"toolu_{n}", "name": "lookup", "input": {"n": n}}
+            use: dict[str, Any] = {"type": "tool_use", "id": f"toolu_{n}", "name": "lookup"}
+            use["input"] = {"n": n}
             thinking = {"type": "thinking", "thinking": thought}
             thinking["signature"] = seal(model, thought, use["id"])
             blocks, stop = [thinking, use], "tool_use"

@@ -21,27 +21,20 @@ readable text and calls stay), and the turn reports how many were sent and left 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from recap.core.counting import providers, reasoning
+from recap.core.counting import providers
+from recap.core.request.native_items import LEFT_OUT_HEADER, SENT_HEADER, Report, dumps
 from recap.core.settings import Settings
+
+__all__ = ["LEFT_OUT_HEADER", "SENT_HEADER", "NativeClient", "RawItem", "Report", "encode"]
 
 RESPONSES = "responses"
 MESSAGES = "messages"
 ANTHROPIC_VERSION = "2023-06-01"
 PREFIXES = ("openai/", "azure/", "anthropic/")  # litellm's prefixes the upstream never sees
-SENT_HEADER = "X-Recap-Provider-Items-Sent"
-LEFT_OUT_HEADER = "X-Recap-Provider-Items-Left-Out"
-
-
-def dumps(value: Any) -> str:
-    """JSON text as Recap writes a provider item and the request around it: compact, UTF-8
-    (so an item's stored text and its bytes in the request are the same)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def upstream_name(model: str) -> str:
@@ -50,61 +43,6 @@ def upstream_name(model: str) -> str:
         if model.startswith(prefix):
             return model[len(prefix) :]
     return model
-
-
-def provider_item(
-    provider: str,
-    model: str,
-    item: Mapping[str, Any],
-    at: int,
-    *,
-    kind: str,
-    readable: str = "",
-    tokens: int | None = None,
-) -> dict[str, Any]:
-    """One provider item as stored on an assistant message."""
-    out: dict[str, Any] = {
-        "provider": provider,
-        "model": model,
-        "kind": kind,
-        "type": str(item.get("type") or ""),
-        "at": at,
-        "readable": readable,
-        "raw": dumps(item),
-    }
-    if tokens is not None:
-        out["tokens"] = tokens
-    return out
-
-
-@dataclass
-class Report:
-    """A request's provider items: how many were sent back, how many left out (another model's,
-    or reasoning past the thinking window)."""
-
-    sent: int = 0
-    left_out: int = 0
-
-    def headers(self) -> dict[str, str]:
-        return {SENT_HEADER: str(self.sent), LEFT_OUT_HEADER: str(self.left_out)}
-
-
-def placed(
-    message: Mapping[str, Any], readable: Sequence[Any], model: str, report: Report
-) -> list[Any]:
-    """The message's readable items (``readable``, in the provider's order) with its provider
-    items of ``model`` put back at their places, each as the provider wrote it; the others
-    left out and counted in ``report``."""
-    items = reasoning.items_of(message)
-    kept = [item for item in items if reasoning.same_model(item, model)]
-    report.sent += len(kept)
-    earlier = message.get(reasoning.LEFT_OUT_KEY)  # left out by the assembly already
-    report.left_out += len(items) - len(kept) + (earlier if isinstance(earlier, int) else 0)
-    out: list[Any] = list(readable)
-    for item in sorted(kept, key=lambda i: int(i.get("at") or 0)):
-        at = int(item.get("at") or 0)
-        out.insert(min(max(at, 0), len(out)), RawItem(str(item["raw"])))
-    return out
 
 
 class RawItem:
