@@ -222,3 +222,24 @@ def test_messages_keep_the_tool_loop_thinking_intact(serve: Serve, upstream: Run
     check_items(requests, [n // 2 for n in range(16)], WINDOW_TURNS)
     for index in range(1, len(requests), 2):  # each tool loop's thinking went back intact
         assert requests[index - 1].made[0] in requests[index].raw.decode()
+
+
+def test_a_client_resending_its_whole_input_matches_the_stored_items(
+    serve: Serve, upstream: Running
+) -> None:
+    """No ``previous_response_id``: the client sends every item back itself (with the
+    encrypted content it was given); the stored reply's items go up as stored."""
+    client = serve.client()
+    items: list[Any] = [{"role": "user", "content": "use tool, resending everything"}]
+    start = len(upstream.state.requests)
+    for step in range(3):
+        reply = client.responses.create(model=MODEL_A, input=items)
+        items += [item.model_dump(exclude_none=True) for item in reply.output]
+        call = next((i for i in reply.output if i.type == "function_call"), None)
+        if call is not None:
+            items.append({"type": "function_call_output", "call_id": call.call_id, "output": "1"})
+        else:
+            items.append({"role": "user", "content": f"use tool again {step}"})
+    requests = upstream.state.requests[start:]
+    assert [r.error for r in requests if r.status != 200] == []
+    assert check_items(requests, [0, 0, 1], WINDOW_TURNS) >= 2
