@@ -40,6 +40,7 @@ BENCHES: tuple[str, ...] = (
     "lifecycle",
     "summaries",
     "race",
+    "native",
 )
 
 

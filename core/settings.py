@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     recent_max_tokens: int = Field(default=8_000, ge=1)
     keep_turns: int = Field(default=2, ge=0)
     safety_margin: float = Field(default=0.05, ge=0, lt=0.5)
+    # The user turns whose reasoning a request sends: the one in progress (its tool loop, which
+    # Anthropic requires intact) and this many less one before it; older reasoning is cleared.
+    thinking_turns: int = Field(default=1, ge=1, le=1_000)
     # The request budget (core.counting.budget): a reply needs room in windows that input and output
     # share.
     reserve_output_tokens: int = Field(default=4_096, ge=0)
@@ -146,6 +149,10 @@ class Settings(BaseSettings):
     # shared HTTP client), `litellm` through litellm; `auto` is direct for an `openai/` model
     # with RECAP_UPSTREAM_API_BASE set and litellm for everything else.
     upstream_client: Literal["auto", "litellm", "direct"] = "auto"
+    # Which dialect the Responses and Messages routes call the upstream in: `chat` (chat
+    # completions for every model), `native` (each API as itself), `auto` (natively where the
+    # model names a provider that speaks the API). See workers/serve/native.py.
+    upstream_dialect: Literal["chat", "auto", "native"] = "chat"
     model_map: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     # 10 MiB: a long history with a few inline images, and still a bound on memory per request.
     serve_max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1_024)

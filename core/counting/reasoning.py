@@ -22,6 +22,15 @@ Whether a request sends them back depends on the provider family of the conversa
 
 ``reasoning_content`` is never sent to Anthropic (litellm rebuilds it from the blocks), and thinking
 blocks never to the other families. A text-only request sends no reasoning at all.
+
+``provider_items``: items a provider made that Recap cannot read (OpenAI's encrypted reasoning,
+compaction and built-in tool items; Anthropic's signed thinking, redacted thinking, compaction and
+server tool blocks), each kept as ``{"provider", "model", "kind", "at", "tokens", "readable",
+"raw"}``: ``raw`` the item's JSON text as the provider wrote it, ``at`` its place among the
+reply's output items, ``tokens`` the provider's count when its usage gave one. They are sent
+only to the provider and model that made them (``same_model``), reasoning items
+(``kind == "reasoning"``) only while their turn is within the thinking window (``in_progress``),
+and never in a text-only request.
 """
 
 from __future__ import annotations
@@ -38,6 +47,11 @@ FAMILIES = (ANTHROPIC, DEEPSEEK, OPENAI)
 ALL = "all"  # the basis of a count made with no model: every reasoning string counted
 REASONING_KEY = "reasoning_content"
 BLOCKS_KEY = "thinking_blocks"
+ITEMS_KEY = "provider_items"
+# On a message as sent: how many of its provider items were another model's, left out (what
+# ``recap serve`` reports; never sent upstream).
+LEFT_OUT_KEY = "provider_items_left_out"
+REASONING_KIND = "reasoning"  # a provider item under the thinking window (others: always sent)
 THINKING_TYPES = frozenset({"thinking", "redacted_thinking"})
 # Strings a thinking block carries: its text, its signature, or the encrypted redacted data.
 BLOCK_FIELDS = ("thinking", "signature", "data")
@@ -60,9 +74,49 @@ def _is_thinking_part(part: Any) -> bool:
     return isinstance(part, Mapping) and part.get("type") in THINKING_TYPES
 
 
+def same_model(item: Mapping[str, Any], model: str | None) -> bool:
+    """Whether a provider item was made by ``model`` (its provider and its own name)."""
+    if not model:
+        return False
+    return providers.provider_of(model) == item.get("provider") and providers.model_name(
+        model
+    ) == providers.model_name(str(item.get("model") or ""))
+
+
+def items_of(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The message's provider items (``ITEMS_KEY``), well-formed ones only."""
+    items = message.get(ITEMS_KEY)
+    if not isinstance(items, list):
+        return []
+    return [i for i in items if isinstance(i, Mapping) and isinstance(i.get("raw"), str)]
+
+
+def items_sent(
+    message: Mapping[str, Any], model: str | None, *, in_progress: bool
+) -> list[Mapping[str, Any]]:
+    """The provider items a request for ``model`` sends of the message: the model's own, and of
+    its reasoning items only those of a turn within the thinking window."""
+    return [
+        item
+        for item in items_of(message)
+        if same_model(item, model) and (in_progress or item.get("kind") != REASONING_KIND)
+    ]
+
+
+def item_tokens(item: Mapping[str, Any]) -> int:
+    """A provider item's tokens: the provider's count when known, else its readable text's
+    length, else its JSON's (four characters a token)."""
+    tokens = item.get("tokens")
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+        return tokens
+    readable = item.get("readable")
+    text = readable if isinstance(readable, str) and readable else str(item.get("raw") or "")
+    return max(len(text) // 4, 1)
+
+
 def carries(message: Mapping[str, Any]) -> bool:
     """Whether the message holds any reasoning or thinking content."""
-    if message.get(REASONING_KEY) or message.get(BLOCKS_KEY):
+    if message.get(REASONING_KEY) or message.get(BLOCKS_KEY) or message.get(ITEMS_KEY):
         return True
     content = message.get("content")
     return isinstance(content, list) and any(_is_thinking_part(part) for part in content)
@@ -83,16 +137,31 @@ def sends(family: str, message: Mapping[str, Any], *, in_progress: bool) -> tupl
 
 
 def as_sent(
-    message: dict[str, Any], family: str, *, in_progress: bool, text_only: bool = False
+    message: dict[str, Any],
+    family: str,
+    *,
+    in_progress: bool,
+    text_only: bool = False,
+    model: str | None = None,
 ) -> dict[str, Any]:
     """The message as the request sends it: a copy without the reasoning that is not sent (the
-    message itself when it carries none or sends all it carries)."""
+    message itself when it carries none or sends all it carries); provider items only those
+    ``items_sent`` keeps for ``model`` (none without one)."""
     if not carries(message):
         return message
     blocks, content = (
         (False, False) if text_only else sends(family, message, in_progress=in_progress)
     )
     out = message
+    if ITEMS_KEY in message:
+        kept = [] if text_only else items_sent(message, model, in_progress=in_progress)
+        if len(kept) != len(items_of(message)) or not kept:
+            out = {k: v for k, v in out.items() if k != ITEMS_KEY}
+            if kept:
+                out[ITEMS_KEY] = kept
+            others = sum(1 for i in items_of(message) if not same_model(i, model))
+            if others and not text_only:
+                out[LEFT_OUT_KEY] = others
     if not content and REASONING_KEY in message:
         out = {k: v for k, v in out.items() if k != REASONING_KEY}
     if not blocks:

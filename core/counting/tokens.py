@@ -142,8 +142,11 @@ def count_reasoning(message: Mapping[str, Any], encoding: str, *, model: str | N
     if not reasoning.carries(message):
         return 0
     if model is not None:
-        message = reasoning.as_sent(dict(message), reasoning.family_of(model), in_progress=True)
-    return sum(
+        message = reasoning.as_sent(
+            dict(message), reasoning.family_of(model), in_progress=True, model=model
+        )
+    items = sum(reasoning.item_tokens(item) for item in reasoning.items_of(message))
+    return items + sum(
         _count_reasoning_text(text, encoding) + (TOKENS_PER_REASONING_BLOCK if first else 0)
         for text, first in reasoning.strings(message)
     )

@@ -265,6 +265,7 @@ def _read_for_request(
         safety_margin=settings.safety_margin,
         budget=limit,
         media_policy=media_policy(settings),
+        thinking_turns=settings.thinking_turns,
     )
     return _Read(
         target,

@@ -34,6 +34,7 @@ def assemble(
     budget: int | None = None,
     media_policy: media.MediaPolicy | None = None,
     pinned: Sequence[Msg] = (),
+    thinking_turns: int = 1,
 ) -> assembly.AssembledRequest:
     """``assembly.assemble`` with its three values built from keywords."""
     target = assembly.Target(
@@ -42,6 +43,7 @@ def assemble(
         safety_margin=safety_margin,
         budget=budget,
         media_policy=media_policy,
+        thinking_turns=thinking_turns,
     )
     stored = assembly.StoredBranch(
         branch=branch,

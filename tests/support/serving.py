@@ -143,12 +143,8 @@ def turn(
     serve: Serve, cid: str | None, messages: list[dict[str, Any]], key: str = KEY_A, **kwargs: Any
 ) -> Any:
     headers = {"X-Recap-Conversation": cid} if cid is not None else {}
-    return serve.client(key).chat.completions.with_raw_response.create(
-        model=MODEL,
-        messages=messages,
-        extra_headers=headers,
-        **kwargs,  # type: ignore[arg-type]
-    )
+    create: Any = serve.client(key).chat.completions.with_raw_response.create  # any SDK version
+    return create(model=MODEL, messages=messages, extra_headers=headers, **kwargs)
 
 
 def as_message(reply: Any) -> dict[str, Any]:

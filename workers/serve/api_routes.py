@@ -26,6 +26,10 @@ from recap.core.request.prefix import split_system
 from recap.core.storage import requests as history
 from recap.workers.serve import (
     messages_api,
+    native,
+    native_messages,
+    native_responses,
+    native_routes,
     recall,
     response_events,
     response_routes,
@@ -126,6 +130,15 @@ def _dumps(value: Any) -> bytes:
 # --- POST /v1/responses ------------------------------------------------------------------------
 
 
+def _dialect(state: routes.State, api: str, body: Mapping[str, Any]) -> str | None:
+    """The native dialect the request goes upstream in (``workers.serve.native``), if any."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return None  # refused by the API's own rules
+    resolved = upstream.resolve_model(model, state.turns.settings)
+    return state.turns.upstream.dialect_for(api, resolved)
+
+
 def previous_not_found(value: str) -> ServeError:
     return ServeError(
         404,
@@ -192,13 +205,16 @@ async def responses(request: Request) -> Response:
     try:
         owner = routes.authorize(request)
         body = await routes.read_json(request, settings.serve_max_body_bytes)
-        chat = responses_api.chat_request(body)
+        dialect = _dialect(state, native.RESPONSES, body)
+        readable = native_routes.readable_responses_body(body) if dialect else body
+        chat = responses_api.chat_request(readable)
         model = upstream.resolve_model(chat.model, settings)
         named = routes.conversation_id(request, body)
         previous = await _previous(state, chat, owner, named)
         head = responses_api.Head("", chat.model, chat.echo, store=chat.store)
+        nt = native_responses.ResponsesTurn(body, model) if dialect else None
         if not chat.store:
-            return await _unstored(state, chat, model, previous, head)
+            return await _unstored(state, chat, model, previous, head, nt)
         cid = named or (previous.ref.conversation_id if previous is not None else None)
         if cid is None:
             first = responses_api.first_message(chat.messages)
@@ -212,7 +228,8 @@ async def responses(request: Request) -> Response:
             assert turn.leaf_id is not None, "a stored turn's request has a leaf"
             return responses_api.response_id(turn.name, turn.leaf_id, exact=False)
 
-        shape = responses_shape(state, head, name)
+        turn.native = nt
+        shape = native_routes.native_shape(nt, name) if nt else responses_shape(state, head, name)
         return await routes.stored_turn(state, turn, chat.stream, True, started, shape)
     except ServeError as exc:
         log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
@@ -264,6 +281,7 @@ async def _unstored(
     model: str,
     previous: Previous | None,
     head: responses_api.Head,
+    nt: native_responses.ResponsesTurn | None = None,
 ) -> Response:
     """``store: false``: Recap's assembly of the previous response's branch (when one is
     named) and the new input, sent upstream; nothing of the turn is kept."""
@@ -280,6 +298,9 @@ async def _unstored(
         except NotFoundError:
             raise not_found(previous.ref.conversation_id) from None
         messages = [*assembled.messages, *rest]
+    if nt is not None:
+        shape = native_routes.native_shape(nt, lambda _r: responses_api.unstored_id(), False)
+        return await native_routes.passthrough(state, nt, messages, chat.params, chat.stream, shape)
     shape = responses_shape(state, head, lambda _reply: responses_api.unstored_id())
     return await routes.passthrough(state, model, messages, chat.params, chat.stream, True, shape)
 
@@ -379,15 +400,28 @@ async def messages(request: Request) -> Response:
     try:
         owner = anthropic_owner(request)
         body = await routes.read_json(request, settings.serve_max_body_bytes)
-        chat = messages_api.chat_request(body)
+        dialect = _dialect(state, native.MESSAGES, body)
+        chat = messages_api.chat_request(
+            native_routes.readable_messages_body(body) if dialect else body
+        )
         model = upstream.resolve_model(chat.model, settings)
         cid = routes.conversation_id(request, body)
+        nt = native_messages.MessagesTurn(body, model) if dialect else None
+        if cid is None and nt is not None:
+            shape = native_routes.native_shape(nt, lambda _r: "", False)
+            return await native_routes.passthrough(
+                state, nt, chat.messages, chat.params, chat.stream, shape
+            )
         if cid is None:
             shape = messages_shape(state, chat.model, lambda: 0)
             return await routes.passthrough(
                 state, model, chat.messages, chat.params, chat.stream, True, shape
             )
         turn = routes.new_turn(state, cid, owner, model, chat.messages, chat.params)
+        if nt is not None:
+            turn.native = nt
+            shape = native_routes.native_shape(nt, lambda _r: "")
+            return await routes.stored_turn(state, turn, chat.stream, True, started, shape)
         turn.reply_form = anthropic_reply
 
         def sent_tokens() -> int:

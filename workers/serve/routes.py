@@ -244,7 +244,9 @@ def _stream_turn(
 
     async def store() -> None:
         nonlocal storing
-        whole = relay.reply if relay.reply is not None else relay.chunks  # converted: chunks
+        whole = getattr(relay, "whole", None)  # a native reply, streamed from its whole
+        if whole is None:
+            whole = relay.reply if relay.reply is not None else relay.chunks  # converted: chunks
         if whole:
             storing = asyncio.ensure_future(turns.finish_stream(turn, whole))
             with contextlib.suppress(Exception):  # a failure is close()'s to log

@@ -131,6 +131,7 @@ class Turn:
     reply_form: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
     name: str = ""  # the client's name of the conversation (default: ``conversation_id``)
     stream: bool = False  # streamed: sent without ``recap_recall`` (``recall.enabled``)
+    native: Any = None  # the API's own dialect upstream (``workers.serve.native``), if sent so
 
     def __post_init__(self) -> None:
         self.name = self.name or self.conversation_id
@@ -207,7 +208,7 @@ class Turns:
             turn.conversation_id = resolved.conversation_id
             mapped = self._store(turn)
         turn.leaf_id = mapped.leaf_id
-        spec = RequestSpec(system=turn.system, tools=self._tools(turn))
+        spec = RequestSpec(system=turn.system, tools=self._tools(turn), **self._for_model(turn))
         try:
             assembled, turn.recording = self.recap.recap.assemble_unrecorded(
                 turn.conversation_id, spec, leaf=turn.leaf_id
@@ -256,10 +257,17 @@ class Turns:
         except Exception as exc:
             log.warning("serve_recording_failed", error=self.error_text(exc))
 
+    def _for_model(self, turn: Turn) -> dict[str, Any]:
+        """A native turn is assembled for the model it calls (its provider items are that
+        model's: ``core.counting.reasoning.items_sent``), in the window recap serve gives it."""
+        if turn.native is None:
+            return {}
+        return {"model": turn.model, "max_input_tokens": self.settings.serve_max_input_tokens}
+
     def _tools(self, turn: Turn) -> list[dict[str, Any]] | None:
         """The tools the turn is assembled and counted with: ``recap_recall`` only when the
         turn is sent with it (so a cleared result's placeholder names it only then)."""
-        if not recall.enabled(self.settings, turn.stream):
+        if turn.native is not None or not recall.enabled(self.settings, turn.stream):
             return turn.tools
         return recall.tools_for(turn.tools, self.settings)
 
@@ -278,7 +286,7 @@ class Turns:
 
     async def call(self, turn: Turn, *, stream: bool) -> Any:
         """The upstream reply (or stream); a context overflow compresses once and retries."""
-        if recall.enabled(self.settings, stream):
+        if turn.native is None and recall.enabled(self.settings, stream):
             return await recall.call_with_recall(self, turn)
         return await self.call_once(turn, stream=stream)
 
@@ -287,9 +295,7 @@ class Turns:
         a smaller request (``refit``), sent once, or by the provider's error when nothing
         smaller could be made: the refused request is never sent again."""
         try:
-            return await self.upstream.complete(
-                turn.model, turn.sent, capped_params(turn), stream=stream
-            )
+            return await self._send(turn, stream)
         except Exception as exc:
             if not upstream.is_context_overflow(exc):
                 raise upstream.as_serve_error(exc, self.settings) from None
@@ -297,11 +303,29 @@ class Turns:
         if not await self.refit(turn, refused):
             raise upstream.as_serve_error(refused, self.settings) from None
         try:
-            return await self.upstream.complete(
-                turn.model, turn.sent, capped_params(turn), stream=stream
-            )
+            return await self._send(turn, stream)
         except Exception as exc:
             raise upstream.as_serve_error(exc, self.settings) from None
+
+    async def _send(self, turn: Turn, stream: bool) -> Any:
+        """``turn.sent`` upstream: in the turn's native dialect (a whole reply, streamed to the
+        client from it), else as chat completions."""
+        if turn.native is not None:
+            completion = await self.upstream.native_call(
+                turn.native, turn.sent, capped_params(turn)
+            )
+            report = turn.native.report
+            if report.sent or report.left_out:
+                log.info(
+                    "serve_provider_items",
+                    conversation_id=turn.conversation_id,
+                    sent=report.sent,
+                    left_out=report.left_out,
+                )
+            return completion
+        return await self.upstream.complete(
+            turn.model, turn.sent, capped_params(turn), stream=stream
+        )
 
     async def refit(self, turn: Turn, error: BaseException) -> bool:
         """After the provider refused ``turn.sent`` as too large: the size its error states is
@@ -346,12 +370,15 @@ class Turns:
 
     async def assemble_for(self, turn: Turn, *, max_input_tokens: int | None = None) -> None:
         """Assemble the turn's request again (``turn.sent``), for a smaller window when given."""
+        target = self._for_model(turn)
+        if max_input_tokens is not None:
+            target["max_input_tokens"] = max_input_tokens
         assembled = await self.recap.assemble(
             turn.conversation_id,
             leaf=turn.leaf_id,
             system=turn.system,
             tools=self._tools(turn),
-            max_input_tokens=max_input_tokens,
+            **target,
         )
         turn.room = assembled.budget - assembled.tokens.total
         turn.assembled = assembled
@@ -391,7 +418,7 @@ class Turns:
             return response
         return upstream.read_reply(response, self._secrets, storable=storable)
 
-    async def finish_stream(self, turn: Turn, chunks: list[Any] | dict[str, Any]) -> Any:
+    async def finish_stream(self, turn: Turn, chunks: Any) -> Any:
         """Store the reply of a finished stream: the relay's whole reply, or the reply its
         ``chunks`` assemble (built on the thread pool, not the event loop); the reply, whose
         usage ``record_usage`` records."""
@@ -413,8 +440,11 @@ class Turns:
                 log.warning("serve_usage_not_recorded", error=self.error_text(exc))
         return reply_id
 
-    def _finish_stream(self, turn: Turn, chunks: list[Any] | dict[str, Any]) -> Any:
+    def _finish_stream(self, turn: Turn, chunks: Any) -> Any:
         with tracing.span("recap.store", {"recap.conversation_id": turn.conversation_id}) as span:
+            if isinstance(chunks, upstream.Completion):  # a native reply, streamed from its whole
+                span.set_attribute("recap.reply_id", self._store_reply(turn, chunks.message))
+                return chunks
             response = (
                 chunks
                 if isinstance(chunks, dict)
@@ -492,6 +522,8 @@ def reply_headers(turn: Turn) -> Mapping[str, str]:
     if turn.assembled is not None:
         headers.update(outcome_headers(turn.assembled))
         headers.update(cap_headers(turn))
+    if turn.native is not None:
+        headers.update(turn.native.report.headers())
     return encoded(headers)  # every value by the header rule: a conversation id of any script
 
 

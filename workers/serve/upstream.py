@@ -31,7 +31,7 @@ from recap.core.errors import InputError, RecapError
 from recap.core.redact import known_secrets, mask_strings, redact
 from recap.core.request.validate import check_message
 from recap.core.settings import Settings
-from recap.workers.serve import direct, metrics
+from recap.workers.serve import direct, metrics, native
 from recap.workers.serve import tracing as serve_tracing
 from recap.workers.serve.chunks import usage_counts
 from recap.workers.serve.errors import UPSTREAM, ServeError, client_text
@@ -83,7 +83,8 @@ OWN_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "metada
 # providers are sent neither.
 CACHE_PARAMS = ("prompt_cache_key", "prompt_cache_retention")
 OPENAI_PROVIDERS = frozenset({"openai", "azure", "text-completion-openai"})
-NOT_RESENT_KEYS = ("reasoning_content",)  # recorded with the reply, never sent back upstream
+# recorded with the reply, never sent back upstream (provider items: the native path alone)
+NOT_RESENT_KEYS = ("reasoning_content", "provider_items", "provider_items_left_out")
 BAD_GATEWAY = 502
 INTERNAL = 500  # an upstream's (or litellm's reading of an upstream reply) is relayed as 502
 
@@ -145,6 +146,40 @@ class Upstream:
             else None
         )
         self._server = tracing.server_of(base)  # the calls' server.address and server.port
+        if settings.upstream_dialect == "native" and base is None:
+            raise RecapError("RECAP_UPSTREAM_DIALECT=native needs RECAP_UPSTREAM_API_BASE")
+        self.native = (
+            native.NativeClient(settings)
+            if base is not None and settings.upstream_dialect != "chat"
+            else None
+        )
+
+    def dialect_for(self, api: str, model: str) -> str | None:
+        """The native dialect a request of ``api`` for ``model`` goes in (``native``), None
+        for chat completions."""
+        if self.native is None:
+            return None
+        openai_model = api == native.RESPONSES and (
+            model.startswith(("openai/", "azure/")) or is_openai_model(model)
+        )
+        return native.dialect_for(api, model, self.settings, openai_model=openai_model)
+
+    async def native_call(
+        self, turn: Any, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+    ) -> Completion:
+        """One request in ``turn``'s native dialect (``native_responses.ResponsesTurn`` or
+        ``native_messages.MessagesTurn``): the reply read, masked and checked as a
+        ``Completion`` whose body is the upstream's JSON."""
+        assert self.native is not None, "a native turn needs the native client"
+        metrics.upstream_started()
+        try:
+            status, raw = await self.native.post(turn.dialect, turn.request(messages, params))
+        except httpx.HTTPError as exc:
+            raise direct.UpstreamError(BAD_GATEWAY, describe_failure(exc, ())) from None
+        metrics.upstream_answered(stream=False)
+        if status >= 400:
+            raise direct.error_from(status, raw)
+        return read_native(raw, turn, known_secrets(self.settings))
 
     def is_direct(self, model: str) -> bool:
         """Whether a request for ``model`` goes out on the direct path."""
@@ -208,6 +243,8 @@ class Upstream:
     async def aclose(self) -> None:
         if self._direct is not None:
             await self._direct.aclose()
+        if self.native is not None:
+            await self.native.aclose()
 
 
 async def complete(
@@ -375,6 +412,27 @@ def read_reply(response: Any, secrets: Iterable[str], *, storable: bool = True) 
     else:
         body = json.dumps(masked, separators=(",", ":"), ensure_ascii=False).encode()
     return Completion(body, message, usage_from(masked.get("usage")))
+
+
+def read_native(raw: bytes, turn: Any, secrets: Iterable[str]) -> Completion:
+    """A native reply (``turn``'s dialect) read, masked and checked: the upstream's own bytes
+    as the body when nothing was masked, the message Recap stores, and the usage."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise MalformedReply("the reply is not JSON") from None
+    if not isinstance(data, dict):
+        raise MalformedReply("the reply is not a JSON object")
+    masked, changed = mask_strings(data, secrets)
+    assert isinstance(masked, dict)
+    try:
+        message = check_message(turn.reply_message(masked), "the reply")
+    except InputError as exc:
+        raise MalformedReply(str(exc)) from None
+    body = (
+        json.dumps(masked, separators=(",", ":"), ensure_ascii=False).encode() if changed else raw
+    )
+    return Completion(body, message, turn.usage(masked))
 
 
 def message_of(data: Mapping[str, Any], *, storable: bool = True) -> dict[str, Any]:

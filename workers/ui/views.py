@@ -437,6 +437,7 @@ def preview_request(
         safety_margin=settings.safety_margin,
         budget=max(limit - held_back, 1),
         media_policy=service.media_policy(settings),
+        thinking_turns=settings.thinking_turns,
     )
     return assembly.assemble(stored, target=target)
 

@@ -3,7 +3,7 @@ and what follows from them, worked out once) and the draft before the first stag
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from recap.core.counting import media, reasoning, tokens
@@ -11,7 +11,8 @@ from recap.core.errors import BudgetError, InputError
 from recap.core.request import pins as pin_rules
 from recap.core.request.assembly.parts import stored_prompt
 from recap.core.values.assembly import StoredBranch
-from recap.core.values.draft import Draft, Tally
+from recap.core.values.draft import Draft, Tally, Unit
+from recap.core.values.records import Msg
 from recap.core.values.request import RequestSpec
 
 
@@ -27,6 +28,7 @@ class Target:
     safety_margin: float
     budget: int | None = None
     media_policy: media.MediaPolicy | None = None
+    thinking_turns: int = 1  # the user turns whose reasoning is sent (the one in progress: 1)
 
     def __post_init__(self) -> None:
         """Refuse a window or a margin no request can be built within."""
@@ -34,6 +36,8 @@ class Target:
             raise InputError(f"the window must be a positive number of tokens, got {self.window}")
         if not 0 <= self.safety_margin < 1:
             raise InputError(f"the safety margin must be in [0, 1), got {self.safety_margin}")
+        if self.thinking_turns < 1:
+            raise InputError(f"thinking turns must be at least 1, got {self.thinking_turns}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +84,20 @@ class Given:
             f"summary and pinned messages ({fixed} tokens); compress the conversation or allow a "
             "larger window"
         )
+
+
+def thinking_from(given: Given, older: Sequence[Unit]) -> int:
+    """Where the older units within the thinking window start (``Target.thinking_turns``: the
+    turn in progress, the tail, is the first; each user message before it starts one more):
+    their reasoning is sent as the turn in progress's is. ``len(older)`` for a window of one."""
+    wanted = given.target.thinking_turns - 1
+    start = len(older)
+    while wanted > 0 and start > 0:
+        start -= 1
+        first = older[start].items[0]
+        if isinstance(first, Msg) and first.role == "user":
+            wanted -= 1
+    return start
 
 
 Stage = Callable[[Given, Draft], Draft]

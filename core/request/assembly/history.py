@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from recap.core.request.assembly.given import Given
+from recap.core.request.assembly.given import Given, thinking_from
 from recap.core.request.assembly.parts import ADDED_ROLE, GAP_NOTE, count
 from recap.core.request.assembly.rendering import extend, unique_call_ids
 from recap.core.values.draft import Draft, Fitted, Unit
@@ -57,7 +57,9 @@ def history_within(
         marks = []
         held = [unit for unit in older[:start] if unit.pinned]
         extend(messages, held, given, cleared, in_progress=False, marks=marks)
-    extend(messages, older[start:], given, cleared, in_progress=False, marks=marks)
+    recent = max(thinking_from(given, older), start)  # older turns within the thinking window
+    extend(messages, older[start:recent], given, cleared, in_progress=False, marks=marks)
+    extend(messages, older[recent:], given, cleared, in_progress=True, marks=marks)
     messages.extend(draft.context.messages)
     extend(messages, draft.history.tail, given, cleared, in_progress=True, marks=marks)
     renamed = unique_call_ids(messages, encoding) if draft.history.repeated_call_ids else 0

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from recap.core.counting import reasoning, tokens
-from recap.core.request.assembly.given import Given
+from recap.core.request.assembly.given import Given, thinking_from
 from recap.core.request.assembly.parts import REASONING_CLEARING
 from recap.core.values.draft import Draft, Unit
 from recap.core.values.records import ClearingRec, Msg
@@ -20,8 +20,13 @@ def stage(given: Given, draft: Draft) -> Draft:
     history = draft.history
     records: list[tuple[int, int]] = []
     counted: list[Sequence[Unit]] = []
+    recent = thinking_from(given, history.older)
     for in_progress, units in ((False, history.older), (True, history.tail)):
         dropped = _dropped(units, draft.cleared, given, in_progress=in_progress)
+        if not in_progress and recent < len(units):  # older turns within the window
+            again = _dropped(units[recent:], draft.cleared, given, in_progress=True)
+            dropped = [d for d in dropped if d[0] < recent]
+            dropped += [(recent + position, tokens, False) for position, tokens, _ in again]
         if dropped:
             changed = list(units)
             for position, tokens_dropped, record in dropped:
@@ -86,6 +91,6 @@ def _reasoning_dropped(
     if not reasoning.carries(raw):
         return 0
     encoding = tokens.encoding_name_for(model)
-    sent = reasoning.as_sent(raw, family, in_progress=in_progress, text_only=text_only)
+    sent = reasoning.as_sent(raw, family, in_progress=in_progress, text_only=text_only, model=model)
     stored = tokens.count_reasoning(raw, encoding, model=model)
     return max(stored - tokens.count_reasoning(sent, encoding), 0)

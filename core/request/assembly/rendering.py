@@ -103,13 +103,15 @@ def extend(
     the provider takes back and no other; the positions of pinned messages go into ``marks``
     (when given)."""
     missing, encoding, pins = given.stored.missing_outputs, given.encoding, given.pins
-    family, text_only = given.family, given.request.text_only
+    family, text_only, model = given.family, given.request.text_only, given.target.model
     recall = offers_recall(given.request.tools)
     for unit in units:
         for item in unit.items:
             out = render(item, clearings, missing, encoding, recall=recall)
             if isinstance(item, Msg) and (item.extra or item.content_parts):
-                out = reasoning.as_sent(out, family, in_progress=in_progress, text_only=text_only)
+                out = reasoning.as_sent(
+                    out, family, in_progress=in_progress, text_only=text_only, model=model
+                )
             if marks is not None and unit.pinned and isinstance(item, Msg) and item.id in pins:
                 marks.append(len(messages))
             messages.append(out)
