@@ -9,7 +9,9 @@ from recap.core.service.assembling import (
     assemble,
     assemble_unrecorded,
     media_policy,
+    merge,
 )
+from recap.core.service.attaching import Attached, MergeStarted, attach, merges
 from recap.core.service.conversations import (
     Prepare,
     add_many,
@@ -27,7 +29,12 @@ from recap.core.service.conversations import (
 )
 
 __all__ = [
+    "Attached",
+    "MergeStarted",
     "Prepare",
+    "attach",
+    "merge",
+    "merges",
     "Recording",
     "add_many",
     "add_message",

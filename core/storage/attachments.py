@@ -1,0 +1,284 @@
+"""Attach pointers and merges as stored: written by ``attach`` and ``open_merge``, read back for
+each request (``pointers_of``, ``source_loader``), a merge committed when its reply is added
+(``commit_merges``).
+
+An attachment is two marker messages appended to the conversation's branch (its open and close
+markers, ordinary user messages whose text says what stands there) and one ``attachments`` row:
+the source conversation, its incarnation and the leaf its branch ends at when attached. The
+source is read again at each assembly (``core.request.attach.expand``), so an erased source is
+never sent: its attachment falls back to one item. A source belongs to the same owner as the
+conversation it is attached to (the same ``recap serve`` key, or none for the library's): any
+other is refused when attaching, and never read when expanding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, select, update
+from sqlmodel import Session
+
+from recap.core.errors import InputError, NotFoundError
+from recap.core.request.attach import close_text, open_text
+from recap.core.storage import store
+from recap.core.storage.models import ATTACHMENTS, CONVERSATIONS, MERGES, MESSAGES, utcnow
+from recap.core.storage.reads import branch_path, stored_json
+from recap.core.values.attach import ATTACH, Pointer, Source, SourceLoader
+
+A, C, G, M = ATTACHMENTS.c, CONVERSATIONS.c, MERGES.c, MESSAGES.c
+ID_CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A source as checked before attaching: its id, incarnation and the leaf to attach."""
+
+    conversation_id: str
+    incarnation: str
+    leaf: int | None
+
+
+def check_source(
+    connection: Connection, conversation_id: str, source: str, leaf: int | None
+) -> Found:
+    """The source to attach, checked: it exists and has the conversation's owner (another
+    owner's is refused as unknown, never told apart), ``leaf`` is one of its messages (default:
+    its latest)."""
+    rows = dict(
+        (str(r[0]), (r[1], r[2]))
+        for r in connection.execute(
+            select(C.id, C.owner, C.incarnation).where(C.id.in_([conversation_id, source]))
+        )
+    )
+    if conversation_id not in rows:
+        raise NotFoundError(f"unknown conversation {conversation_id!r}")
+    if source not in rows or rows[source][0] != rows[conversation_id][0]:
+        raise NotFoundError(f"unknown conversation {source!r}")
+    path = branch_path(connection, source, leaf)
+    return Found(source, str(rows[source][1]), path[-1] if path else None)
+
+
+def open_calls_at(connection: Connection, conversation_id: str, head: int | None) -> bool:
+    """Whether ``head`` (default: the latest message) is an assistant message with tool calls
+    (the results must come first: markers there would split the pairs)."""
+    statement = select(M.role, M.tool_calls).where(M.conversation_id == conversation_id)
+    if head is not None:
+        statement = statement.where(M.id == head)
+    statement = statement.order_by(M.id.desc()).limit(1)
+    row = connection.execute(statement).first()
+    return row is not None and row[0] == "assistant" and bool(_json_list(row[1]))
+
+
+def attach(
+    session: Session,
+    conversation_id: str,
+    found: Sequence[Found],
+    *,
+    kind: str = ATTACH,
+    lock_first: bool = False,
+    then: Sequence[dict[str, Any]] = (),
+    parent_id: int | None = None,
+) -> tuple[list[Pointer], list[int]]:
+    """Append each source's open and close markers after the head, then the messages ``then``
+    (a merge's instruction), with the rows naming the sources, in one transaction under the
+    conversation's append lock; the pointers and the ids of ``then``."""
+    markers: list[dict[str, Any]] = []
+    for source in found:
+        markers.append({"role": "user", "content": open_text(source.conversation_id, source.leaf)})
+        markers.append({"role": "user", "content": close_text(source.conversation_id)})
+    ids = store.append_messages(session, conversation_id, [*markers, *then], parent_id)
+    pointers = []
+    for i, source in enumerate(found):
+        locked = lock_first and i == 0
+        pointer = Pointer(
+            ids[2 * i],
+            ids[2 * i + 1],
+            source.conversation_id,
+            source.leaf,
+            kind,
+            locked,
+            source.incarnation,
+        )
+        session.connection().execute(
+            ATTACHMENTS.insert().values(
+                conversation_id=conversation_id,
+                open_message_id=pointer.open_id,
+                close_message_id=pointer.close_id,
+                source_conversation_id=pointer.source,
+                source_incarnation=pointer.incarnation,
+                source_leaf_id=pointer.leaf,
+                kind=kind,
+                locked=locked,
+                created_at=utcnow(),
+            )
+        )
+        pointers.append(pointer)
+    return pointers, ids[len(markers) :]
+
+
+def set_merge(connection: Connection, open_ids: Sequence[int], merge_id: int) -> None:
+    """Name the merge the attachments opened at ``open_ids`` belong to."""
+    connection.execute(
+        update(ATTACHMENTS).where(A.open_message_id.in_(list(open_ids))).values(merge_id=merge_id)
+    )
+
+
+def pointers_of(connection: Connection, conversation_id: str) -> dict[int, Pointer]:
+    """The conversation's attach pointers by open marker id (one indexed read; none for most)."""
+    statement = select(
+        A.open_message_id,
+        A.close_message_id,
+        A.source_conversation_id,
+        A.source_leaf_id,
+        A.kind,
+        A.locked,
+        A.source_incarnation,
+    ).where(A.conversation_id == conversation_id)
+    return {
+        int(row[0]): Pointer(
+            int(row[0]), int(row[1]), str(row[2]), row[3], str(row[4]), bool(row[5]), row[6]
+        )
+        for row in connection.execute(statement)
+    }
+
+
+def source_loader(connection: Connection, conversation_id: str) -> SourceLoader:
+    """Reads the source branches of ``conversation_id``'s attachments on ``connection``: a
+    source that is gone, created again since it was attached, or another owner's reads None."""
+    owner = connection.execute(select(C.owner).where(C.id == conversation_id)).scalar()
+
+    def load(pointer: Pointer) -> Source | None:
+        row = connection.execute(
+            select(C.owner, C.incarnation).where(C.id == pointer.source)
+        ).first()
+        if row is None or row[0] != owner:
+            return None
+        if pointer.incarnation is not None and row[1] != pointer.incarnation:
+            return None
+        try:
+            path = branch_path(connection, pointer.source, pointer.leaf)
+        except NotFoundError:
+            return None
+        return Source(
+            messages_of(connection, pointer.source, path),
+            pointers_of(connection, pointer.source),
+        )
+
+    return load
+
+
+def messages_of(connection: Connection, conversation_id: str, ids: Sequence[int]) -> list[Any]:
+    """The whole messages of ``ids`` (text included), in that order."""
+    rows: dict[int, Any] = {}
+    statement = select(*store.MESSAGE_COLUMNS).where(M.conversation_id == conversation_id)
+    for start in range(0, len(ids), ID_CHUNK):
+        chunk = list(ids[start : start + ID_CHUNK])
+        for row in connection.execute(statement.where(M.id.in_(chunk))):
+            rows[int(row[0])] = store.to_msg(row)
+    return [rows[mid] for mid in ids if mid in rows]
+
+
+# --- merges ------------------------------------------------------------------------------------
+
+
+def open_merge(
+    connection: Connection,
+    conversation_id: str,
+    base_head: int | None,
+    instruction_id: int,
+    peers: Sequence[tuple[str, int | None]],
+) -> int:
+    """Record a merge waiting for its reply; its id."""
+    result = connection.execute(
+        MERGES.insert().values(
+            conversation_id=conversation_id,
+            base_head_id=base_head,
+            instruction_message_id=instruction_id,
+            peers=[[source, leaf] for source, leaf in peers],
+            created_at=utcnow(),
+        )
+    )
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def commit_merges(
+    connection: Connection, conversation_id: str, parent_id: int | None, ids: Sequence[int]
+) -> int | None:
+    """When the first of ``ids`` (appended after ``parent_id``) is the reply to an open merge's
+    instruction, commit the merge: the reply is its commit, and the base peer is unlocked. The
+    merge's id, or None."""
+    if parent_id is None or not ids:
+        return None
+    row = connection.execute(
+        select(G.id).where(
+            G.conversation_id == conversation_id,
+            G.instruction_message_id == parent_id,
+            G.commit_message_id.is_(None),
+        )
+    ).first()
+    if row is None:
+        return None
+    merge_id = int(row[0])
+    connection.execute(update(MERGES).where(G.id == merge_id).values(commit_message_id=ids[0]))
+    connection.execute(update(ATTACHMENTS).where(A.merge_id == merge_id).values(locked=False))
+    return merge_id
+
+
+@dataclass(frozen=True, slots=True)
+class MergeRow:
+    """A merge as stored: its commit's parents are ``parents`` (the previous head first)."""
+
+    id: int
+    instruction_id: int
+    commit_id: int | None
+    base_head: int | None
+    peers: list[tuple[str, int | None]]
+
+    @property
+    def parents(self) -> list[int]:
+        """The commit's parents: the target's previous head, then each peer's head."""
+        heads = [leaf for _, leaf in self.peers if leaf is not None]
+        return [*([self.base_head] if self.base_head is not None else []), *heads]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "merge": self.id,
+            "instruction": self.instruction_id,
+            "commit": self.commit_id,
+            "parents": self.parents,
+            "peers": [{"conversation": c, "leaf": leaf} for c, leaf in self.peers],
+        }
+
+
+def merges_of(connection: Connection, conversation_id: str) -> list[MergeRow]:
+    """The conversation's merges, oldest first."""
+    statement = (
+        select(G.id, G.instruction_message_id, G.commit_message_id, G.base_head_id, G.peers)
+        .where(G.conversation_id == conversation_id)
+        .order_by(G.id)
+    )
+    out = []
+    for row in connection.execute(statement):
+        peers = _json_list(row[4])
+        out.append(
+            MergeRow(
+                int(row[0]),
+                int(row[1]),
+                row[2],
+                row[3],
+                [(str(p[0]), p[1]) for p in peers],
+            )
+        )
+    return out
+
+
+def _json_list(value: Any) -> list[Any]:
+    """A stored JSON list column (text on SQLite, decoded on PostgreSQL)."""
+    if value is None:
+        return []
+    decoded = stored_json(value) if isinstance(value, str) else value
+    return list(decoded) if isinstance(decoded, list) else []

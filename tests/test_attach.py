@@ -1,0 +1,212 @@
+"""Attach and merge end to end on SQLite and PostgreSQL (``Recap.attach``, ``Recap.merge``):
+the markers and provenance in the request, once across turns, the fallback after the source is
+erased (never its text), another owner's source refused, a merge's locked base and its commit's
+parents, and the CLI's ``recap attach`` / ``recap merge``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select, update
+
+from recap.core.client import Recap
+from recap.core.errors import InputError, NotFoundError
+from recap.core.request.attach import close_text, fallback_text, open_text
+from recap.core.settings import get_settings
+from recap.core.storage.db import session_scope
+from recap.core.storage.models import ATTACHMENTS, CONVERSATIONS, MESSAGES
+from recap.core.storage.sweep import apply_clearings
+from recap.core.values.clearing import ClearingPlan, PlannedClearing
+
+
+def client(engine: Engine) -> Recap:
+    return Recap(get_settings(), engine)
+
+
+def texts(request: Any) -> list[str]:
+    return [str(m.get("content")) for m in request.messages]
+
+
+def joined(request: Any) -> str:
+    return "\n".join(texts(request))
+
+
+def sub_agent(recap: Recap, cid: str = "sub") -> list[int]:
+    recap.new(cid, model="gpt-4o", max_input_tokens=100_000)
+    return recap.add_many(
+        cid,
+        [
+            {"role": "user", "content": "find the invoice total"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "total: 4711 EUR"},
+            {"role": "assistant", "content": "The total is 4711 EUR."},
+        ],
+    )
+
+
+def parent(recap: Recap, cid: str = "parent") -> None:
+    recap.new(cid, model="gpt-4o", max_input_tokens=100_000)
+    recap.add(cid, {"role": "user", "content": "what do we owe?"})
+    recap.add(cid, {"role": "assistant", "content": "Let me ask the helper."})
+
+
+def test_attach_expands_between_markers_once(engine: Engine) -> None:
+    recap = client(engine)
+    sub_ids = sub_agent(recap)
+    parent(recap)
+    made = recap.attach("parent", source="sub")
+    assert (made.source, made.leaf) == ("sub", sub_ids[-1])
+    recap.add("parent", {"role": "user", "content": "so?"})
+    first = recap.assemble("parent")
+    t = texts(first)
+    start = t.index(open_text("sub", sub_ids[-1]))
+    end = t.index(close_text("sub"))
+    assert start < t.index("find the invoice total") < t.index("total: 4711 EUR") < end
+    assert t.index("so?") > end
+    assert first.provenance == {mid: f"sub:{mid}" for mid in sub_ids}
+    assert [b.items for b in first.attachments] == [tuple(sub_ids)]
+    # tool pair intact
+    call = next(m for m in first.messages if m.get("tool_calls"))
+    assert first.messages[first.messages.index(call) + 1]["tool_call_id"] == "c1"
+    # a later request carries it at the same place, once
+    recap.add("parent", {"role": "assistant", "content": "We owe 4711 EUR."})
+    recap.add("parent", {"role": "user", "content": "thanks"})
+    later = recap.assemble("parent")
+    assert texts(later)[: len(t)] == t
+    assert joined(later).count("total: 4711 EUR") == 1
+    # counted like ordinary items
+    plain = Recap(get_settings(), engine)
+    plain.new("inline", model="gpt-4o", max_input_tokens=100_000)
+    assert later.tokens.history > first.tokens.history > 0
+
+
+def test_erased_source_leaves_the_fallback(engine: Engine) -> None:
+    recap = client(engine)
+    sub_agent(recap)
+    parent(recap)
+    recap.attach("parent", source="sub")
+    recap.add("parent", {"role": "user", "content": "so?"})
+    assert "4711" in joined(recap.assemble("parent"))
+    recap.delete("sub")
+    request = recap.assemble("parent")
+    assert "4711" not in joined(request)
+    assert "invoice" not in joined(request)
+    assert fallback_text("sub") in texts(request)
+    assert close_text("sub") not in texts(request)
+    assert request.attachments[0].fallback
+    # created again under the same id: another conversation, still the fallback
+    sub_agent(recap)
+    assert "4711" not in joined(recap.assemble("parent"))
+
+
+def test_another_owners_source_is_refused(engine: Engine) -> None:
+    recap = client(engine)
+    sub_agent(recap)
+    parent(recap)
+    with session_scope(engine) as session:
+        session.connection().execute(
+            update(CONVERSATIONS).where(CONVERSATIONS.c.id == "sub").values(owner="a" * 64)
+        )
+    with pytest.raises(NotFoundError, match="unknown conversation 'sub'"):
+        recap.attach("parent", source="sub")
+    with engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(ATTACHMENTS)).scalar() == 0
+        count = select(func.count()).where(MESSAGES.c.conversation_id == "parent")
+        assert connection.execute(count).scalar() == 2
+
+
+def test_attach_bad_input(engine: Engine) -> None:
+    recap = client(engine)
+    sub_agent(recap)
+    parent(recap)
+    with pytest.raises(NotFoundError):
+        recap.attach("parent", source="nope")
+    with pytest.raises(NotFoundError):
+        recap.attach("nope", source="sub")
+    with pytest.raises(NotFoundError):
+        recap.attach("parent", source="sub", leaf=10**9)
+    recap.add(
+        "parent",
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+    )
+    with pytest.raises(InputError, match="tool calls"):
+        recap.attach("parent", source="sub")
+
+
+def branches(recap: Recap) -> tuple[int, int, int]:
+    """One conversation: a shared question, then two explorations from it."""
+    recap.new("m", model="gpt-4o", max_input_tokens=100_000)
+    root = recap.add("m", {"role": "user", "content": "pick a database"})
+    recap.add("m", {"role": "assistant", "content": "main: thinking"})
+    recap.add(
+        "m",
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "a1", "type": "function", "function": {"name": "bench", "arguments": "{}"}}],
+        },
+        parent_id=root,
+    )
+    recap.add("m", {"role": "tool", "tool_call_id": "a1", "content": "postgres wins " * 20})
+    peer_a = recap.add("m", {"role": "assistant", "content": "A: postgres"})
+    b1 = recap.add("m", {"role": "assistant", "content": "B: sqlite is enough"}, parent_id=root)
+    main = recap.add("m", {"role": "user", "content": "main: go on"}, parent_id=root + 1)
+    assert b1 and main
+    return main, peer_a, b1
+
+
+def test_merge_locked_base_and_commit_parents(engine: Engine) -> None:
+    recap = client(engine)
+    main, peer_a, peer_b = branches(recap)
+    # the base peer's tool result was cleared for this conversation's requests
+    with session_scope(engine) as session:
+        apply_clearings(session, "m", ClearingPlan("test", (PlannedClearing(peer_a - 1, 10),)))
+    started = recap.merge("m", peers=[peer_a, peer_b], instruction="merge the two", leaf=main)
+    assert started.parents == [main, peer_a, peer_b]
+    body = joined(started.request)
+    assert body.count("postgres wins") == 20  # locked: sent as stored
+    assert "B: sqlite is enough" in body and "merge the two" in texts(started.request)[-1]
+    assert body.count("pick a database") == 1  # the shared root is not brought again
+    assert recap.merges("m")[0]["commit"] is None
+    reply = recap.add("m", {"role": "assistant", "content": "postgres, merged"})
+    merged = recap.merges("m")
+    assert merged == [
+        {
+            "merge": merged[0]["merge"],
+            "instruction": started.instruction_id,
+            "commit": reply,
+            "parents": [main, peer_a, peer_b],
+            "peers": [{"conversation": "m", "leaf": peer_a}, {"conversation": "m", "leaf": peer_b}],
+        }
+    ]
+    # the base is unlocked once committed: its cleared result is a placeholder again
+    recap.add("m", {"role": "user", "content": "next"})
+    assert joined(recap.assemble("m")).count("postgres wins") < 20
+    # only the merge's commit has several parents; a plain reply commits nothing
+    recap.add("m", {"role": "assistant", "content": "ok"})
+    assert [m["commit"] for m in recap.merges("m")] == [reply]
+
+
+def test_merge_bad_input(engine: Engine) -> None:
+    recap = client(engine)
+    main, peer_a, _ = branches(recap)
+    with pytest.raises(InputError):
+        recap.merge("m", peers=[], instruction="x", leaf=main)
+    with pytest.raises(InputError):
+        recap.merge("m", peers=[peer_a], instruction=" ", leaf=main)
+    with pytest.raises(InputError, match="on the branch"):
+        recap.merge("m", peers=[main - 1], instruction="x", leaf=main)
+    with pytest.raises(NotFoundError):
+        recap.merge("m", peers=[10**9], instruction="x", leaf=main)
+    assert recap.merges("m") == []
