@@ -206,7 +206,7 @@ def test_merge_bad_input(engine: Engine) -> None:
     with pytest.raises(InputError):
         recap.merge("m", peers=[peer_a], instruction=" ", leaf=main)
     with pytest.raises(InputError, match="on the branch"):
-        recap.merge("m", peers=[main - 1], instruction="x", leaf=main)
+        recap.merge("m", peers=[peer_a - 4], instruction="x", leaf=main)  # the root
     with pytest.raises(NotFoundError):
         recap.merge("m", peers=[10**9], instruction="x", leaf=main)
     assert recap.merges("m") == []
