@@ -250,3 +250,23 @@ def test_random_trees_against_reference(seed: int) -> None:
     assert paired(out.branch) == out.branch  # tool pairs valid
     for m in out.branch:
         assert (m.id in own) != (m.id in out.provenance)
+
+
+def test_summary_split_never_inside_an_attachment() -> None:
+    """The planner's cut (``plan_split``) falls before the open marker or after the close one."""
+    from recap.core.summaries.planning import plan_split
+
+    own = [msg(1), msg(2, "assistant"), msg(3)]
+    block = [msg(4, content=open_text("sub", 104)), *SUB, msg(5, content=close_text("sub"))]
+    tail = [msg(6, "assistant"), msg(7), msg(8, "assistant")]
+    messages = [*own, *block, *tail]
+    split_inside = 0
+    for budget in range(0, 80, 5):
+        free = plan_split(messages, recent_budget=budget, recent_cap=budget)
+        held = plan_split(messages, recent_budget=budget, recent_cap=budget, attached=[(4, 5)])
+        if free is not None and (4 in [m.id for m in free.older]) != (5 in [m.id for m in free.older]):
+            split_inside += 1  # without the spans, this cut would split the block
+        if held is not None:
+            older = [m.id for m in held.older]
+            assert (4 in older) == (5 in older), (budget, older)
+    assert split_inside > 0

@@ -180,6 +180,21 @@ def messages_of(connection: Connection, conversation_id: str, ids: Sequence[int]
     return [rows[mid] for mid in ids if mid in rows]
 
 
+def attached_rows(connection: Connection, conversation_id: str, ids: set[int]) -> dict[int, Any]:
+    """Whole messages of ``ids`` from the sources the conversation attaches (of its owner): the
+    text of attached items a summary covers."""
+    owner = connection.execute(select(C.owner).where(C.id == conversation_id)).scalar()
+    sources = select(A.source_conversation_id).where(A.conversation_id == conversation_id)
+    owned = select(C.id).where(C.id.in_(sources), C.owner.is_(owner) if owner is None else C.owner == owner)
+    statement = select(*store.MESSAGE_COLUMNS).where(M.conversation_id.in_(owned))
+    found: dict[int, Any] = {}
+    wanted = sorted(ids)
+    for start in range(0, len(wanted), ID_CHUNK):
+        for row in connection.execute(statement.where(M.id.in_(wanted[start : start + ID_CHUNK]))):
+            found[int(row[0])] = store.to_msg(row)
+    return found
+
+
 # --- merges ------------------------------------------------------------------------------------
 
 

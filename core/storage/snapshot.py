@@ -27,7 +27,8 @@ from recap.core.decision.toolresults import ARGUMENT_AGED_CHARS
 from recap.core.errors import NotFoundError
 from recap.core.request.branch import applicable_summary
 from recap.core.request.pins import effective_clearings
-from recap.core.storage import compressed, store
+from recap.core.request.attach import expand
+from recap.core.storage import attachments, compressed, store
 from recap.core.storage.models import (
     CONVERSATIONS,
     MESSAGES,
@@ -133,6 +134,15 @@ def read_snapshot(
     read = {m.id: m for m in branch}
     missing = [mid for mid in pinned_ids if mid not in read]
     read.update((m.id, m) for m in load_index(connection, conversation_id, missing))
+    spans: tuple[tuple[int, int], ...] = ()
+    pointers = attachments.pointers_of(connection, conversation_id)
+    if pointers:  # attached items are decided on like the branch's own
+        expansion = expand(branch, pointers, attachments.source_loader(connection, conversation_id))
+        branch, spans = expansion.branch, expansion.spans()
+        if expansion.locked:
+            read.update((m.id, m) for m in branch if m.id in expansion.locked)
+            pinned_ids = [m.id for m in branch if m.id in expansion.locked or m.id in pinned_ids]
+            clearings = {k: v for k, v in clearings.items() if k not in expansion.locked}
     return policy.Snapshot(
         conversation_id=conversation_id,
         model=model,
@@ -144,6 +154,7 @@ def read_snapshot(
         now=now or utcnow(),
         failures=tuple(recent_failures(connection, conversation_id, failures)),
         pinned=tuple(read[mid] for mid in pinned_ids if mid in read),
+        attached=spans,
     )
 
 
@@ -272,6 +283,8 @@ def load_contents(session: Session, conversation_id: str, ids: Iterable[int]) ->
         params = {"conversation_id": conversation_id, "ids": wanted[start : start + ID_CHUNK]}
         for row in connection.execute(statement, params):
             found[int(row[0])] = store.to_msg(row)
+    if len(found) < len(wanted):  # attached items are read from their sources
+        found.update(attachments.attached_rows(connection, conversation_id, set(wanted) - set(found)))
     return found
 
 
