@@ -64,6 +64,10 @@ def attach(
     owner's source reads as unknown); ``InputError`` when the head waits for tool results."""
     with engine.connect() as connection:
         found = attachments.check_source(connection, conversation_id, source, leaf)
+        if found.leaf is None:
+            raise InputError(f"conversation {source!r} has no messages to attach")
+        if attachments.attached_already(connection, conversation_id, source, found.leaf):
+            raise InputError(f"{source!r} up to message {found.leaf} is attached already")
         _check_head(connection, conversation_id, None)
     with session_scope(engine) as session:
         pointers, _ = attachments.attach(session, conversation_id, [found])

@@ -125,6 +125,18 @@ def set_merge(connection: Connection, open_ids: Sequence[int], merge_id: int) ->
     )
 
 
+def attached_already(
+    connection: Connection, conversation_id: str, source: str, leaf: int | None
+) -> bool:
+    """Whether the conversation attaches ``source`` up to ``leaf`` already."""
+    statement = select(A.id).where(
+        A.conversation_id == conversation_id,
+        A.source_conversation_id == source,
+        A.source_leaf_id == leaf,
+    )
+    return connection.execute(statement.limit(1)).first() is not None
+
+
 def pointers_of(connection: Connection, conversation_id: str) -> dict[int, Pointer]:
     """The conversation's attach pointers by open marker id (one indexed read; none for most)."""
     statement = select(
