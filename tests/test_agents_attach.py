@@ -32,9 +32,9 @@ from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disa
 
 from recap.integrations.openai_agents import RecapSession, sub_agent_tool  # noqa: E402
 
-WINDOW = 4_000
+WINDOW = 3_000
 RESERVE = 400
-TURNS = 10
+TURNS = 12
 FINDING = "SUBFINDING-7731"  # in the sub-agent's tool result only
 
 
