@@ -13,11 +13,13 @@ other is refused when attaching, and never read when expanding.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, bindparam, select, update
 from sqlmodel import Session
 
 from recap.core.errors import InputError, NotFoundError
@@ -156,27 +158,48 @@ def pointers_of(connection: Connection, conversation_id: str) -> dict[int, Point
     }
 
 
+_ROW = select(C.owner, C.incarnation).where(C.id == bindparam("cid"))
+CACHED_SOURCES = 512  # source branches kept read in this process
+_sources: OrderedDict[tuple[str, str, int | None], Source] = OrderedDict()
+_sources_lock = threading.Lock()
+
+
 def source_loader(connection: Connection, conversation_id: str) -> SourceLoader:
     """Reads the source branches of ``conversation_id``'s attachments on ``connection``: a
-    source that is gone, created again since it was attached, or another owner's reads None."""
-    owner = connection.execute(select(C.owner).where(C.id == conversation_id)).scalar()
+    source that is gone, created again since it was attached, or another owner's reads None.
+
+    A source branch up to its leaf never changes (the tree is append-only, and an erased
+    conversation's id comes back with another incarnation), so each is read once per process
+    and kept (``CACHED_SOURCES``); its conversation row is checked at every load."""
+    owner = connection.execute(_ROW, {"cid": conversation_id}).first()
+    mine = owner[0] if owner is not None else None
 
     def load(pointer: Pointer) -> Source | None:
-        row = connection.execute(
-            select(C.owner, C.incarnation).where(C.id == pointer.source)
-        ).first()
-        if row is None or row[0] != owner:
+        row = connection.execute(_ROW, {"cid": pointer.source}).first()
+        if row is None or row[0] != mine:
             return None
         if pointer.incarnation is not None and row[1] != pointer.incarnation:
             return None
+        key = (pointer.source, str(row[1]), pointer.leaf)
+        with _sources_lock:
+            cached = _sources.get(key)
+            if cached is not None:
+                _sources.move_to_end(key)
+                return cached
         try:
             path = branch_path(connection, pointer.source, pointer.leaf)
         except NotFoundError:
             return None
-        return Source(
-            messages_of(connection, pointer.source, path),
-            pointers_of(connection, pointer.source),
-        )
+        on_path = set(path)
+        pointers = {
+            k: p for k, p in pointers_of(connection, pointer.source).items() if k in on_path
+        }
+        source = Source(messages_of(connection, pointer.source, path), pointers)
+        with _sources_lock:
+            _sources[key] = source
+            while len(_sources) > CACHED_SOURCES:
+                _sources.popitem(last=False)
+        return source
 
     return load
 
