@@ -23,9 +23,8 @@ from recap.core.request import timeline as timelines
 from recap.core.request.assembly import stored_prompt
 from recap.core.request.refs import message_ref, span_ref
 from recap.core.results import PinResult
-from recap.core.service import conversation_stats
+from recap.core.service import attaching, conversation_stats
 from recap.core.settings import Settings
-from recap.core.service import attaching
 from recap.core.storage import attachments, compressed, erase, pins, reads
 from recap.core.storage import profile as profiles
 from recap.core.storage.db import session_scope
@@ -192,7 +191,9 @@ def timeline(
         summary_refs={s.id: span_ref(s.cutoff_message_id) for s in summaries},
     )
     merges = [m.as_dict() for m in merged if m.instruction_id in on_branch]
-    return dataclasses.replace(derived, merges=merges).in_provider_tokens(budgets.calibration_factor(reading, leaf_id=head, now=utcnow()))
+    return dataclasses.replace(derived, merges=merges).in_provider_tokens(
+        budgets.calibration_factor(reading, leaf_id=head, now=utcnow())
+    )
 
 
 def _utc(moment: datetime) -> datetime:

@@ -130,9 +130,7 @@ def test_parent_requests_carry_the_sub_agents_attached_work(
     # the turn after the sub-agent ran carries its work, its own tool call and result included
     after = lead_requests[2]
     assert FINDING in after.text and "Attached: the messages of conversation" in after.text
-    calls = [
-        c["function"]["name"] for m in after.messages for c in m.get("tool_calls") or []
-    ]
+    calls = [c["function"]["name"] for m in after.messages for c in m.get("tool_calls") or []]
     assert "archive" in calls and "research" in calls
     assert all(r.text.count(f"{FINDING}: the archive") <= 1 for r in lead_requests)
     # as it ages the worker summarizes it with the parent's own turns

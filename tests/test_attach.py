@@ -42,7 +42,11 @@ def sub_agent(recap: Recap, cid: str = "sub") -> list[int]:
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": "{}"},
+                    }
                 ],
             },
             {"role": "tool", "tool_call_id": "c1", "content": "total: 4711 EUR"},
@@ -137,7 +141,9 @@ def test_attach_bad_input(engine: Engine) -> None:
         {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            "tool_calls": [
+                {"id": "x", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
         },
     )
     with pytest.raises(InputError, match="tool calls"):
@@ -154,7 +160,9 @@ def branches(recap: Recap) -> tuple[int, int, int]:
         {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": "a1", "type": "function", "function": {"name": "bench", "arguments": "{}"}}],
+            "tool_calls": [
+                {"id": "a1", "type": "function", "function": {"name": "bench", "arguments": "{}"}}
+            ],
         },
         parent_id=root,
     )

@@ -34,7 +34,10 @@ def result(mid: int, cid: str) -> Msg:
 
 
 def marks(open_id: int, source: str, leaf: int | None) -> list[Msg]:
-    return [msg(open_id, content=open_text(source, leaf)), msg(open_id + 1, content=close_text(source))]
+    return [
+        msg(open_id, content=open_text(source, leaf)),
+        msg(open_id + 1, content=close_text(source)),
+    ]
 
 
 def loader(sources: dict[tuple[str, int | None], Source]) -> Any:
@@ -90,7 +93,9 @@ CASES: list[tuple[str, Any, Any, Any, list[int], list[str]]] = [
         [*marks(1, "mid", 52)],
         {1: Pointer(1, 2, "mid", 52)},
         {
-            ("mid", 52): Source([*marks(50, "sub", 104), msg(52)], {50: Pointer(50, 51, "sub", 104)}),
+            ("mid", 52): Source(
+                [*marks(50, "sub", 104), msg(52)], {50: Pointer(50, 51, "sub", 104)}
+            ),
             ("sub", 104): Source(SUB),
         },
         [1, 50, 101, 102, 103, 104, 51, 52, 2],
@@ -107,7 +112,9 @@ CASES: list[tuple[str, Any, Any, Any, list[int], list[str]]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "branch", "pointers", "sources", "ids", "prov"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "branch", "pointers", "sources", "ids", "prov"), CASES, ids=[c[0] for c in CASES]
+)
 def test_expansion_table(
     name: str, branch: Any, pointers: Any, sources: Any, ids: list[int], prov: list[str]
 ) -> None:
@@ -126,7 +133,9 @@ def test_fallback_item_text_never_the_source() -> None:
 
 def test_locked_items_named() -> None:
     out = expand(
-        [*marks(1, "sub", 104)], {1: Pointer(1, 2, "sub", 104, "merge", True)}, loader({("sub", 104): Source(SUB)})
+        [*marks(1, "sub", 104)],
+        {1: Pointer(1, 2, "sub", 104, "merge", True)},
+        loader({("sub", 104): Source(SUB)}),
     )
     assert out.locked == frozenset({101, 102, 103, 104})
 
@@ -154,7 +163,9 @@ CUTS = [
 
 
 @pytest.mark.parametrize(("ids", "spans", "cutoff", "expected"), CUTS)
-def test_summary_cutoff_outside_blocks(ids: list[int], spans: Any, cutoff: int, expected: int | None) -> None:
+def test_summary_cutoff_outside_blocks(
+    ids: list[int], spans: Any, cutoff: int, expected: int | None
+) -> None:
     assert outside_spans(ids, spans, cutoff) == expected
 
 
@@ -213,7 +224,9 @@ def reference(name: str, convs: Any, ptrs: Any, seen: set[int], depth: int = 0) 
     return out
 
 
-def reference_sub(name: str, fresh: list[Msg], sub: set[int], convs: Any, ptrs: Any, seen: set[int], depth: int) -> list[int]:
+def reference_sub(
+    name: str, fresh: list[Msg], sub: set[int], convs: Any, ptrs: Any, seen: set[int], depth: int
+) -> list[int]:
     out: list[int] = []
     for m in fresh:
         out.append(m.id)
@@ -264,7 +277,9 @@ def test_summary_split_never_inside_an_attachment() -> None:
     for budget in range(0, 80, 5):
         free = plan_split(messages, recent_budget=budget, recent_cap=budget)
         held = plan_split(messages, recent_budget=budget, recent_cap=budget, attached=[(4, 5)])
-        if free is not None and (4 in [m.id for m in free.older]) != (5 in [m.id for m in free.older]):
+        if free is not None and (4 in [m.id for m in free.older]) != (
+            5 in [m.id for m in free.older]
+        ):
             split_inside += 1  # without the spans, this cut would split the block
         if held is not None:
             older = [m.id for m in held.older]

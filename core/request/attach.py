@@ -49,9 +49,7 @@ def provenance_of(source: str, message_id: int) -> str:
     return f"{source}:{message_id}"
 
 
-def expand(
-    branch: Sequence[Msg], pointers: Mapping[int, Pointer], load: SourceLoader
-) -> Expansion:
+def expand(branch: Sequence[Msg], pointers: Mapping[int, Pointer], load: SourceLoader) -> Expansion:
     """``branch`` with each attachment on it expanded (see the module). ``pointers`` are the
     branch's attach pointers by open marker id; ``load`` reads a source branch."""
     if not pointers or not any(m.id in pointers for m in branch):
@@ -88,11 +86,7 @@ class _State:
         return out
 
     def _block(self, opener: Msg, pointer: Pointer, depth: int, skipped: set[int]) -> list[Msg]:
-        source = (
-            self.load(pointer)
-            if depth < MAX_DEPTH and pointer.leaf is not None
-            else None
-        )
+        source = self.load(pointer) if depth < MAX_DEPTH and pointer.leaf is not None else None
         if source is None:
             skipped.add(pointer.close_id)
             self.blocks.append(
@@ -100,11 +94,7 @@ class _State:
             )
             return [opener._replace(content=fallback_text(pointer.source), content_parts=None)]
         self.opened.add(pointer.open_id)
-        fresh = [
-            m
-            for m in source.messages
-            if m.id not in self.seen and m.role not in SYSTEM_ROLES
-        ]
+        fresh = [m for m in source.messages if m.id not in self.seen and m.role not in SYSTEM_ROLES]
         self.seen.update(m.id for m in fresh)
         inner = self.walk(fresh, source.pointers, depth + 1)
         items = paired(inner)

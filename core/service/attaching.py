@@ -101,7 +101,9 @@ def open_merge(
             if isinstance(peer, int):
                 if peer in path:
                     raise InputError(f"peer {peer} is on the branch it would merge into")
-                found.append(attachments.check_source(connection, conversation_id, conversation_id, peer))
+                found.append(
+                    attachments.check_source(connection, conversation_id, conversation_id, peer)
+                )
             else:
                 found.append(attachments.check_source(connection, conversation_id, peer, None))
         _check_head(connection, conversation_id, head)
@@ -123,9 +125,7 @@ def open_merge(
         )
         attachments.set_merge(connection, [p.open_id for p in pointers], merge_id)
     parents = [*([head] if head is not None else []), *(f.leaf for f in found if f.leaf)]
-    made = [
-        Attached(conversation_id, p.open_id, p.close_id, p.source, p.leaf) for p in pointers
-    ]
+    made = [Attached(conversation_id, p.open_id, p.close_id, p.source, p.leaf) for p in pointers]
     return MergeStarted(None, merge_id, instruction_id, parents, made)
 
 
@@ -145,7 +145,9 @@ def expand_loaded(
     pointers = attachments.pointers_of(connection, conversation_id)
     if not pointers:
         return loaded, None
-    expansion = expand(loaded.branch, pointers, attachments.source_loader(connection, conversation_id))
+    expansion = expand(
+        loaded.branch, pointers, attachments.source_loader(connection, conversation_id)
+    )
     if not expansion.blocks:
         return loaded, None
     clearings = loaded.clearings

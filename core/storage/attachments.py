@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select, update
 from sqlmodel import Session
 
-from recap.core.errors import InputError, NotFoundError
+from recap.core.errors import NotFoundError
 from recap.core.request.attach import close_text, open_text
 from recap.core.storage import store
 from recap.core.storage.models import ATTACHMENTS, CONVERSATIONS, MERGES, MESSAGES, utcnow
@@ -220,7 +220,9 @@ def attached_rows(connection: Connection, conversation_id: str, ids: set[int]) -
     text of attached items a summary covers."""
     owner = connection.execute(select(C.owner).where(C.id == conversation_id)).scalar()
     sources = select(A.source_conversation_id).where(A.conversation_id == conversation_id)
-    owned = select(C.id).where(C.id.in_(sources), C.owner.is_(owner) if owner is None else C.owner == owner)
+    owned = select(C.id).where(
+        C.id.in_(sources), C.owner.is_(owner) if owner is None else C.owner == owner
+    )
     statement = select(*store.MESSAGE_COLUMNS).where(M.conversation_id.in_(owned))
     found: dict[int, Any] = {}
     wanted = sorted(ids)

@@ -25,9 +25,9 @@ from sqlmodel import Session
 from recap.core.decision import policy
 from recap.core.decision.toolresults import ARGUMENT_AGED_CHARS
 from recap.core.errors import NotFoundError
+from recap.core.request.attach import expand
 from recap.core.request.branch import applicable_summary
 from recap.core.request.pins import effective_clearings
-from recap.core.request.attach import expand
 from recap.core.storage import attachments, compressed, store
 from recap.core.storage.models import (
     CONVERSATIONS,
@@ -284,7 +284,9 @@ def load_contents(session: Session, conversation_id: str, ids: Iterable[int]) ->
         for row in connection.execute(statement, params):
             found[int(row[0])] = store.to_msg(row)
     if len(found) < len(wanted):  # attached items are read from their sources
-        found.update(attachments.attached_rows(connection, conversation_id, set(wanted) - set(found)))
+        found.update(
+            attachments.attached_rows(connection, conversation_id, set(wanted) - set(found))
+        )
     return found
 
 

@@ -106,18 +106,24 @@ class AssembledRequest:
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of ``recap assemble --json``."""
-        return {
-            "messages": self.messages,
-            "tokens": self.tokens.as_dict(),
-            "budget": self.budget,
-            "window": self.window,
-            "summary_id": self.summary_id,
-            "dropped_message_ids": self.dropped_message_ids,
-            "forgotten_files": self.forgotten_files,
-            "truncated": self.truncated,
-        } | (
-            {} if self.max_output_tokens is None else {"max_output_tokens": self.max_output_tokens}
-        ) | ({"attachments": [_block(b) for b in self.attachments]} if self.attachments else {})
+        return (
+            {
+                "messages": self.messages,
+                "tokens": self.tokens.as_dict(),
+                "budget": self.budget,
+                "window": self.window,
+                "summary_id": self.summary_id,
+                "dropped_message_ids": self.dropped_message_ids,
+                "forgotten_files": self.forgotten_files,
+                "truncated": self.truncated,
+            }
+            | (
+                {}
+                if self.max_output_tokens is None
+                else {"max_output_tokens": self.max_output_tokens}
+            )
+            | ({"attachments": [_block(b) for b in self.attachments]} if self.attachments else {})
+        )
 
 
 def _block(block: Block) -> dict[str, Any]:

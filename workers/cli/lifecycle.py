@@ -134,7 +134,11 @@ def attach(
     source: Annotated[str, typer.Option("--source", help="The conversation to attach.")],
     leaf: Annotated[
         int | None,
-        typer.Option("--leaf", help="The source's message its branch ends at (default: its latest).", **MESSAGE_ID),
+        typer.Option(
+            "--leaf",
+            help="The source's message its branch ends at (default: its latest).",
+            **MESSAGE_ID,
+        ),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -158,12 +162,21 @@ def merge(
     conversation: Annotated[str, typer.Argument(help="Conversation id.")],
     peers: Annotated[
         list[str],
-        typer.Option("--peer", help="A peer: a branch head's message id, or a conversation id (repeat; the first is the base)."),
+        typer.Option(
+            "--peer",
+            help="A branch head's message id or a conversation id (repeat; first: the base).",
+        ),
     ],
-    instruction: Annotated[str, typer.Option("--instruction", help="What the model is asked to do with the peers.")],
+    instruction: Annotated[
+        str, typer.Option("--instruction", help="What the model is asked to do with the peers.")
+    ],
     leaf: Annotated[
         int | None,
-        typer.Option("--leaf", help="The head of the branch to merge into (default: the latest message).", **MESSAGE_ID),
+        typer.Option(
+            "--leaf",
+            help="The head of the branch to merge into (default: the latest).",
+            **MESSAGE_ID,
+        ),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -174,7 +187,13 @@ def merge(
 
     given = [int(p) if p.isdigit() else p for p in peers]
     done = service.merge(
-        engine(), conversation, settings(), RequestSpec(), peers=given, instruction=instruction, leaf=leaf
+        engine(),
+        conversation,
+        settings(),
+        RequestSpec(),
+        peers=given,
+        instruction=instruction,
+        leaf=leaf,
     )
     emit(
         done.as_dict(),
