@@ -218,3 +218,39 @@ def test_merge_bad_input(engine: Engine) -> None:
     with pytest.raises(NotFoundError):
         recap.merge("m", peers=[10**9], instruction="x", leaf=main)
     assert recap.merges("m") == []
+
+
+def test_cli_attach_and_merge(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from tests.support.cli_helpers import assert_one_line_error
+    from tests.support.cli_helpers import recap as cli
+
+    monkeypatch.setenv("RECAP_DATABASE_URL", sqlite_url)
+    assert cli("init").code == 0
+    host = Recap(get_settings())
+    sub_ids = sub_agent(host)
+    parent(host)
+    done = cli("attach", "parent", "--source", "sub", "--json")
+    assert done.code == 0, done.stderr
+    assert json.loads(done.stdout)["leaf"] == sub_ids[-1]
+    assert_one_line_error(cli("attach", "parent", "--source", "sub"), "attached already")
+    assert_one_line_error(cli("attach", "parent", "--source", "nope"), "nope")
+    main, peer_a, peer_b = branches(host)
+    opened = cli(
+        "merge",
+        "m",
+        "--peer",
+        str(peer_a),
+        "--peer",
+        str(peer_b),
+        "--instruction",
+        "merge",
+        "--leaf",
+        str(main),
+        "--json",
+    )
+    assert opened.code == 0, opened.stderr
+    assert json.loads(opened.stdout)["parents"] == [main, peer_a, peer_b]
+    assert_one_line_error(cli("merge", "m", "--peer", "nope", "--instruction", "x"), "nope")
+    host.engine.dispose()
