@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import Connection, bindparam, func, select, update
 from sqlmodel import Session
 
 from recap.core.errors import NotFoundError
 from recap.core.request.attach import close_text, open_text
 from recap.core.storage import store
 from recap.core.storage.models import ATTACHMENTS, CONVERSATIONS, MERGES, MESSAGES, utcnow
-from recap.core.storage.reads import branch_path, stored_json
+from recap.core.storage.reads import branch_path, read_tree, stored_json
 from recap.core.values.attach import ATTACH, Pointer, Source, SourceLoader
 
 A, C, G, M = ATTACHMENTS.c, CONVERSATIONS.c, MERGES.c, MESSAGES.c
@@ -40,6 +40,7 @@ class Found:
     conversation_id: str
     incarnation: str
     leaf: int | None
+    tokens: int = 0  # the branch's stored tokens
 
 
 def check_source(
@@ -58,8 +59,11 @@ def check_source(
         raise NotFoundError(f"unknown conversation {conversation_id!r}")
     if source not in rows or rows[source][0] != rows[conversation_id][0]:
         raise NotFoundError(f"unknown conversation {source!r}")
-    path = branch_path(connection, source, leaf)
-    return Found(source, str(rows[source][1]), path[-1] if path else None)
+    tree = read_tree(connection, source)
+    path = tree.path(source, leaf)
+    return Found(
+        source, str(rows[source][1]), path[-1] if path else None, sum(tree.tokens_along(path))
+    )
 
 
 def open_calls_at(connection: Connection, conversation_id: str, head: int | None) -> bool:
@@ -111,6 +115,7 @@ def attach(
                 source_conversation_id=pointer.source,
                 source_incarnation=pointer.incarnation,
                 source_leaf_id=pointer.leaf,
+                source_tokens=source.tokens,
                 kind=kind,
                 locked=locked,
                 created_at=utcnow(),
@@ -125,6 +130,15 @@ def set_merge(connection: Connection, open_ids: Sequence[int], merge_id: int) ->
     connection.execute(
         update(ATTACHMENTS).where(A.open_message_id.in_(list(open_ids))).values(merge_id=merge_id)
     )
+
+
+def tokens_after(connection: Connection, conversation_id: str, cutoff: int) -> int:
+    """The stored tokens of the sources attached after ``cutoff`` (any branch's): what the
+    attachments add to a history, at most."""
+    statement = select(func.coalesce(func.sum(A.source_tokens), 0)).where(
+        A.conversation_id == conversation_id, A.close_message_id > cutoff
+    )
+    return int(connection.execute(statement).scalar() or 0)
 
 
 def attached_already(

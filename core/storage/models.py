@@ -295,6 +295,11 @@ class Attachment(SQLModel, table=True):
     source_conversation_id: str = Field(max_length=255)
     source_incarnation: str | None = Field(default=None, max_length=32)
     source_leaf_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
+    # The source branch's stored tokens when attached: the early bound of a compression run
+    # counts them (``core.storage.snapshot.history_bound``).
+    source_tokens: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default="0")
+    )
     kind: str = Field(max_length=16)
     locked: bool = False
     merge_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))

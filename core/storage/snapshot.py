@@ -226,6 +226,7 @@ def history_bound(session: Session, conversation_id: str) -> Bound | None:
     is_prompt = root_row is not None and root_row[1] in SYSTEM_ROLES  # sent anyway
     root_id = int(root_row[2]) if root_row is not None and is_prompt else 0
     pinned = pinned_tokens_up_to(connection, conversation_id, cutoff, root_id) if cutoff else 0
+    walked += attachments.tokens_after(connection, conversation_id, cutoff)  # their sources
     bound = summary_tokens + walked + pinned + (root if cutoff else 0)
     history = summary_tokens + walked + pinned - int(reclaimed or 0) - (0 if cutoff else prompt)
     return Bound(bound, int(leaf), history)

@@ -6,7 +6,8 @@ Create Date: 2026-12-07
 
 ``Recap.attach`` appends two marker messages to a conversation's branch (the open and the close
 marker) and one ``attachments`` row naming the source conversation (its incarnation) and the
-leaf its branch ends at; assembly expands the source's messages between the markers.
+leaf its branch ends at (with its stored tokens, which the compression's early bound counts);
+assembly expands the source's messages between the markers.
 ``Recap.merge`` attaches each peer branch the same way (``kind`` merge, the base one
 ``locked``) and records one ``merges`` row: the target's previous head, the peers' heads, the
 instruction message, and the reply that commits the merge once it is added.
@@ -40,6 +41,7 @@ def upgrade() -> None:
         sa.Column("source_conversation_id", NAME(length=255), nullable=False),
         sa.Column("source_incarnation", NAME(length=32), nullable=True),
         sa.Column("source_leaf_id", ID, nullable=True),
+        sa.Column("source_tokens", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("kind", NAME(length=16), nullable=False),
         sa.Column("locked", sa.Boolean(), nullable=False),
         sa.Column("merge_id", ID, nullable=True),
