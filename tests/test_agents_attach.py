@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from recap.core.client import Recap
 from recap.core.settings import get_settings
+from recap.core.storage.models import ATTACHMENTS, SUMMARIES
 from recap.workers import enqueue
 from tests.support.frameworks_stack import (
     FrameworkStack,
@@ -136,6 +138,22 @@ def test_parent_requests_carry_the_sub_agents_attached_work(
     # as it ages the worker summarizes it with the parent's own turns
     assert host.summaries(parent.session_id), "the worker wrote no summary"
     assert carries_summary(lead_requests[-1])
-    assert FINDING not in lead_requests[-1].text or len(attached) < TURNS
-    timeline = host.export(parent.session_id)
-    assert timeline is not None
+    assert (
+        attached == lead_requests[2 : 2 + len(attached)]
+    )  # from the next turn on, until summarized
+    last = lead_requests[-1]
+    assert FINDING not in last.text and "Attached: the messages" not in last.text
+    with host.engine.connect() as connection:
+        close = connection.execute(
+            select(ATTACHMENTS.c.close_message_id).where(
+                ATTACHMENTS.c.conversation_id == parent.session_id
+            )
+        ).scalar_one()
+        texts = connection.execute(
+            select(SUMMARIES.c.text, SUMMARIES.c.cutoff_message_id)
+            .where(SUMMARIES.c.conversation_id == parent.session_id)
+            .order_by(SUMMARIES.c.id)
+        ).all()
+    # the summary covers the attachment whole, and was made from the sub-agent's own items
+    assert texts[0][1] >= close
+    assert "archive(" in texts[0][0]
