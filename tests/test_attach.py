@@ -254,3 +254,41 @@ def test_cli_attach_and_merge(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) 
     assert json.loads(opened.stdout)["parents"] == [main, peer_a, peer_b]
     assert_one_line_error(cli("merge", "m", "--peer", "nope", "--instruction", "x"), "nope")
     host.engine.dispose()
+
+
+def test_console_and_timeline_show_attachments_and_merges(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console's timeline marks each attached item with its provenance and lists the
+    branch's merges with their parents; ``recap timeline`` gives each attached message a
+    ``source`` and the merges."""
+    from starlette.testclient import TestClient
+
+    from recap.core import lifecycle
+    from recap.workers.ui.app import standalone
+
+    monkeypatch.setenv("RECAP_UI_KEYS", "console-operator-key")
+    get_settings.cache_clear()
+    recap = client(sqlite_engine)
+    sub_ids = sub_agent(recap)
+    main, peer_a, peer_b = branches(recap)
+    recap.attach("m", source="sub")
+    started = recap.merge("m", peers=[peer_a, peer_b], instruction="merge", leaf=None)
+    reply = recap.add("m", {"role": "assistant", "content": "merged"})
+    line = lifecycle.timeline(sqlite_engine, "m", recap.settings).as_dict()
+    sources = {m["id"]: m.get("source") for m in line["messages"]}
+    assert all(sources[mid] == f"sub:{mid}" for mid in sub_ids)
+    assert line["merges"][0]["commit"] == reply
+    assert line["merges"][0]["parents"] == started.parents
+    http = TestClient(standalone(), base_url="http://127.0.0.1")
+    assert (
+        http.post(
+            "/ui/login", data={"key": "console-operator-key"}, follow_redirects=False
+        ).status_code
+        == 303
+    )
+    page = http.get("/ui/c/m").text
+    assert f'data-source="sub:{sub_ids[0]}"' in page
+    parents = ", ".join(f"#{p}" for p in started.parents)
+    assert f"committed by #{reply} with parents {parents}" in page
+    assert main
