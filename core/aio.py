@@ -213,6 +213,10 @@ class AsyncRecap:
             )
         )
 
+    async def merges(self, conversation_id: str) -> list[dict[str, Any]]:
+        """``Recap.merges``: the conversation's merges, oldest first."""
+        return await self.run(self.recap.merges, conversation_id)
+
     async def delete(self, conversation_id: str) -> dict[str, Any]:
         """``Recap.delete``: the conversation and everything derived from it."""
         return await self.run(self.recap.delete, conversation_id)

@@ -292,3 +292,25 @@ def test_console_and_timeline_show_attachments_and_merges(
     parents = ", ".join(f"#{p}" for p in started.parents)
     assert f"committed by #{reply} with parents {parents}" in page
     assert main
+
+
+def test_async_twins(sqlite_engine: Engine) -> None:
+    import asyncio
+
+    from recap.core.aio import AsyncRecap
+
+    recap = client(sqlite_engine)
+    sub_agent(recap)
+    main, peer_a, peer_b = branches(recap)
+
+    async def go() -> None:
+        async with AsyncRecap(recap) as arecap:
+            made = await arecap.attach("m", source="sub")
+            started = await arecap.merge(
+                "m", peers=[peer_a], instruction="merge", leaf=made.close_id
+            )
+            assert started.request is not None and started.parents == [made.close_id, peer_a]
+            reply = await arecap.add("m", {"role": "assistant", "content": "merged"})
+            assert [m["commit"] for m in await arecap.merges("m")] == [reply]
+
+    asyncio.run(go())
