@@ -301,7 +301,7 @@ def test_async_twins(sqlite_engine: Engine) -> None:
 
     recap = client(sqlite_engine)
     sub_agent(recap)
-    main, peer_a, peer_b = branches(recap)
+    _, peer_a, _ = branches(recap)
 
     async def go() -> None:
         async with AsyncRecap(recap) as arecap:
