@@ -314,3 +314,27 @@ def test_async_twins(sqlite_engine: Engine) -> None:
             assert [m["commit"] for m in await arecap.merges("m")] == [reply]
 
     asyncio.run(go())
+
+
+def test_same_owner_attaches_another_does_not(engine: Engine) -> None:
+    """A serve key's conversations attach each other; another key's, or the library's, are
+    refused as unknown."""
+    recap = client(engine)
+    sub_agent(recap)
+    parent(recap)
+    sub_agent(recap, "sub-b")
+    owners = {"sub": "a" * 64, "parent": "a" * 64, "sub-b": "b" * 64}
+    with session_scope(engine) as session:
+        for cid, owner in owners.items():
+            session.connection().execute(
+                update(CONVERSATIONS).where(CONVERSATIONS.c.id == cid).values(owner=owner)
+            )
+    assert recap.attach("parent", source="sub").source == "sub"
+    with pytest.raises(NotFoundError):
+        recap.attach("parent", source="sub-b")
+    recap.new("library", model="gpt-4o")
+    recap.add("library", {"role": "user", "content": "hi"})
+    with pytest.raises(NotFoundError):
+        recap.attach("parent", source="library")
+    with pytest.raises(NotFoundError):
+        recap.attach("library", source="sub")
