@@ -338,3 +338,31 @@ def test_same_owner_attaches_another_does_not(engine: Engine) -> None:
         recap.attach("parent", source="library")
     with pytest.raises(NotFoundError):
         recap.attach("library", source="sub")
+
+
+def test_erasing_a_source_drops_summaries_that_quote_it(engine: Engine) -> None:
+    """A summary of the parent made over the attached items may quote them: erasing the source
+    deletes it, so no request sends the erased text again (the fallback stands in its place)."""
+    recap = client(engine)
+    sub_agent(recap)
+    recap.new("parent", model="gpt-4o", max_input_tokens=4_000)
+    recap.add("parent", {"role": "user", "content": "what do we owe?"})
+    recap.add("parent", {"role": "assistant", "content": "Let me ask the helper."})
+    recap.attach("parent", source="sub")
+    for n in range(12):
+        words = " ".join(f"q{n}w{i}" for i in range(120))
+        recap.add("parent", {"role": "user", "content": f"question {n} {words}"})
+        recap.add("parent", {"role": "assistant", "content": f"answer {n} {words}"})
+    done = recap.compress("parent", force=True)
+    assert done.action == "summarized"
+    summary = recap.summaries("parent")[-1]
+    with engine.connect() as connection:
+        close = connection.execute(select(ATTACHMENTS.c.close_message_id)).scalar_one()
+    assert summary.cutoff_message_id >= close
+    assert "lookup" in joined(recap.assemble("parent"))  # the summary names the sub-agent's call
+    deleted = recap.delete("sub")
+    assert deleted["rows"]["attaching_summaries"] == 1
+    assert recap.summaries("parent") == []
+    request = joined(recap.assemble("parent"))
+    assert "lookup" not in request and "4711" not in request and "invoice" not in request
+    assert fallback_text("sub") in joined(recap.assemble("parent", max_input_tokens=100_000))

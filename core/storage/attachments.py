@@ -19,13 +19,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, select, update
+from sqlalchemy import Connection, bindparam, delete, func, select, update
 from sqlmodel import Session
 
 from recap.core.errors import NotFoundError
 from recap.core.request.attach import close_text, open_text
 from recap.core.storage import store
-from recap.core.storage.models import ATTACHMENTS, CONVERSATIONS, MERGES, MESSAGES, utcnow
+from recap.core.storage.models import (
+    ATTACHMENTS,
+    CONVERSATIONS,
+    MERGES,
+    MESSAGES,
+    SUMMARIES,
+    utcnow,
+)
 from recap.core.storage.reads import branch_path, read_tree, stored_json
 from recap.core.values.attach import ATTACH, Pointer, Source, SourceLoader
 
@@ -244,6 +251,26 @@ def attached_rows(connection: Connection, conversation_id: str, ids: set[int]) -
         for row in connection.execute(statement.where(M.id.in_(wanted[start : start + ID_CHUNK]))):
             found[int(row[0])] = store.to_msg(row)
     return found
+
+
+def forget_source(connection: Connection, source: str) -> int:
+    """Before ``source`` is erased: delete the summaries of the conversations attaching it that
+    may quote its text (each one whose cutoff is at or after its first attachment's open
+    marker), so that no request of theirs sends the erased text again; their next compression
+    summarizes the fallback instead. The summaries deleted."""
+    firsts = connection.execute(
+        select(A.conversation_id, func.min(A.open_message_id))
+        .where(A.source_conversation_id == source, A.conversation_id != source)
+        .group_by(A.conversation_id)
+    ).all()
+    deleted = 0
+    for conversation_id, first in firsts:
+        statement = delete(SUMMARIES).where(
+            SUMMARIES.c.conversation_id == conversation_id,
+            SUMMARIES.c.cutoff_message_id >= first,
+        )
+        deleted += int(connection.execute(statement).rowcount or 0)
+    return deleted
 
 
 # --- merges ------------------------------------------------------------------------------------
