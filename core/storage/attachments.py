@@ -160,22 +160,24 @@ def attached_already(
     return connection.execute(statement.limit(1)).first() is not None
 
 
+_POINTERS = select(
+    A.open_message_id,
+    A.close_message_id,
+    A.source_conversation_id,
+    A.source_leaf_id,
+    A.kind,
+    A.locked,
+    A.source_incarnation,
+).where(A.conversation_id == bindparam("cid"))
+
+
 def pointers_of(connection: Connection, conversation_id: str) -> dict[int, Pointer]:
     """The conversation's attach pointers by open marker id (one indexed read; none for most)."""
-    statement = select(
-        A.open_message_id,
-        A.close_message_id,
-        A.source_conversation_id,
-        A.source_leaf_id,
-        A.kind,
-        A.locked,
-        A.source_incarnation,
-    ).where(A.conversation_id == conversation_id)
     return {
         int(row[0]): Pointer(
             int(row[0]), int(row[1]), str(row[2]), row[3], str(row[4]), bool(row[5]), row[6]
         )
-        for row in connection.execute(statement)
+        for row in connection.execute(_POINTERS, {"cid": conversation_id})
     }
 
 
