@@ -77,6 +77,7 @@ def _model(url: str) -> tuple[Any, Any]:
     return agents.OpenAIChatCompletionsModel(model="stand-in", openai_client=client), client
 
 
+@pytest.mark.slow
 def test_parent_requests_carry_the_sub_agents_attached_work(
     stack: FrameworkStack, host: Recap
 ) -> None:

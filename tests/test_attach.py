@@ -126,7 +126,8 @@ def test_another_owners_source_is_refused(engine: Engine) -> None:
         assert connection.execute(count).scalar() == 2
 
 
-def test_attach_bad_input(engine: Engine) -> None:
+def test_attach_bad_input(sqlite_engine: Engine) -> None:
+    engine = sqlite_engine
     recap = client(engine)
     sub_agent(recap)
     parent(recap)
@@ -206,7 +207,8 @@ def test_merge_locked_base_and_commit_parents(engine: Engine) -> None:
     assert [m["commit"] for m in recap.merges("m")] == [reply]
 
 
-def test_merge_bad_input(engine: Engine) -> None:
+def test_merge_bad_input(sqlite_engine: Engine) -> None:
+    engine = sqlite_engine
     recap = client(engine)
     main, peer_a, _ = branches(recap)
     with pytest.raises(InputError):
@@ -316,7 +318,8 @@ def test_async_twins(sqlite_engine: Engine) -> None:
     asyncio.run(go())
 
 
-def test_same_owner_attaches_another_does_not(engine: Engine) -> None:
+def test_same_owner_attaches_another_does_not(sqlite_engine: Engine) -> None:
+    engine = sqlite_engine
     """A serve key's conversations attach each other; another key's, or the library's, are
     refused as unknown."""
     recap = client(engine)
