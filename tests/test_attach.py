@@ -219,6 +219,13 @@ def test_merge_bad_input(sqlite_engine: Engine) -> None:
         recap.merge("m", peers=[peer_a - 4], instruction="x", leaf=main)  # the root
     with pytest.raises(NotFoundError):
         recap.merge("m", peers=[10**9], instruction="x", leaf=main)
+    with pytest.raises(InputError, match="twice"):
+        recap.merge("m", peers=[peer_a, peer_a], instruction="x", leaf=main)
+    recap.new("empty", model="gpt-4o")
+    with pytest.raises(InputError, match="no messages"):
+        recap.merge("m", peers=["empty"], instruction="x", leaf=main)
+    with pytest.raises(InputError, match="on the branch"):
+        recap.merge("m", peers=["m"], instruction="x", leaf=None)  # its head is the target's
     assert recap.merges("m") == []
 
 

@@ -11,13 +11,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select
 
-from recap.core.errors import InputError, NotFoundError
+from recap.core.errors import InputError
 from recap.core.request import assembly
 from recap.core.request.attach import expand
 from recap.core.storage import attachments, reads
 from recap.core.storage.db import session_scope
 from recap.core.storage.models import MESSAGES
-from recap.core.values.attach import ATTACH, MERGE, Expansion
+from recap.core.values.attach import MERGE, Expansion
 
 Peer = int | str  # a branch head of the same conversation, or another conversation (its head)
 
@@ -106,6 +106,13 @@ def open_merge(
                 )
             else:
                 found.append(attachments.check_source(connection, conversation_id, peer, None))
+            if found[-1].leaf is None:
+                raise InputError(f"conversation {peer!r} has no messages to merge")
+            if found[-1].conversation_id == conversation_id and found[-1].leaf in path:
+                raise InputError(f"peer {peer!r} is on the branch it would merge into")
+        heads = [(f.conversation_id, f.leaf) for f in found]
+        if len(set(heads)) < len(heads):
+            raise InputError("a peer is named twice")
         _check_head(connection, conversation_id, head)
     instruction_message = {"role": "user", "content": instruction}
     with session_scope(engine) as session:
@@ -178,6 +185,3 @@ def commit_on_add(connection: Connection, conversation_id: str, ids: Sequence[in
         select(MESSAGES.c.parent_id).where(MESSAGES.c.id == ids[0])
     ).scalar()
     attachments.commit_merges(connection, conversation_id, parent, ids)
-
-
-__all__ = ["ATTACH", "MERGE", "Attached", "MergeStarted", "NotFoundError", "attach", "open_merge"]
