@@ -85,10 +85,16 @@ def test_attach_expands_between_markers_once(engine: Engine) -> None:
     later = recap.assemble("parent")
     assert texts(later)[: len(t)] == t
     assert joined(later).count("total: 4711 EUR") == 1
-    # counted like ordinary items
-    plain = Recap(get_settings(), engine)
-    plain.new("inline", model="gpt-4o", max_input_tokens=100_000)
-    assert later.tokens.history > first.tokens.history > 0
+    # counted like ordinary items: the same messages stored inline count the same, but for the
+    # two markers
+    recap.new("inline", model="gpt-4o", max_input_tokens=100_000)
+    own = [{k: v for k, v in m.items() if k != "id"} for m in recap.export("parent")["messages"]]
+    sub = [{k: v for k, v in m.items() if k != "id"} for m in recap.export("sub")["messages"]]
+    recap.add_many("inline", [*own[:2], *sub, own[4]])
+    inline = recap.assemble("inline")
+    markers = first.tokens.history - inline.tokens.history
+    assert 0 < markers < 80, markers
+    assert later.tokens.history > first.tokens.history
 
 
 def test_erased_source_leaves_the_fallback(engine: Engine) -> None:
