@@ -41,6 +41,7 @@ BENCHES: tuple[str, ...] = (
     "summaries",
     "race",
     "native",
+    "attach",
 )
 
 

@@ -39,6 +39,7 @@ from recap.core.results import (
     SummaryInfo,
     UsageRecorded,
 )
+from recap.core.service.attaching import Attached, MergeStarted
 from recap.core.settings import Settings
 from recap.core.values.request import ContextFile, RequestSpec, request_from
 
@@ -188,6 +189,37 @@ class AsyncRecap:
     async def unpin(self, conversation_id: str, message_id: int) -> PinResult:
         """``Recap.unpin``: undo ``pin``."""
         return await self.run(self.recap.unpin, conversation_id, message_id)
+
+    async def attach(
+        self, conversation_id: str, *, source: str, leaf: int | None = None
+    ) -> Attached:
+        """``Recap.attach``: attach another branch after the conversation's head."""
+        return await self.run(self.recap.attach, conversation_id, source=source, leaf=leaf)
+
+    async def merge(
+        self,
+        conversation_id: str,
+        *,
+        peers: Sequence[int | str],
+        instruction: str,
+        leaf: int | None = None,
+        request: RequestSpec | None = None,
+    ) -> MergeStarted:
+        """``Recap.merge``: attach the peers and the instruction; the request to send."""
+        return await self.run(
+            functools.partial(
+                self.recap.merge,
+                conversation_id,
+                peers=peers,
+                instruction=instruction,
+                leaf=leaf,
+                request=request,
+            )
+        )
+
+    async def merges(self, conversation_id: str) -> list[dict[str, Any]]:
+        """``Recap.merges``: the conversation's merges, oldest first."""
+        return await self.run(self.recap.merges, conversation_id)
 
     async def delete(self, conversation_id: str) -> dict[str, Any]:
         """``Recap.delete``: the conversation and everything derived from it."""

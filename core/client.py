@@ -264,6 +264,46 @@ class Recap:
 
         return lifecycle.unpin(self.engine, conversation_id, message_id, self.settings)
 
+    def attach(
+        self, conversation_id: str, *, source: str, leaf: int | None = None
+    ) -> service.Attached:
+        """Attach ``source``'s branch ending at ``leaf`` (default: its latest message) after the
+        conversation's head: every later request of this branch carries the source's messages
+        there, between an open and a close marker, once (``core.request.attach``). A source
+        that is erased later leaves one item saying so. ``NotFoundError`` for an unknown
+        conversation, source or leaf (another owner's source is refused as unknown)."""
+        return service.attach(self.engine, conversation_id, source, leaf=leaf)
+
+    def merge(
+        self,
+        conversation_id: str,
+        *,
+        peers: Sequence[int | str],
+        instruction: str,
+        leaf: int | None = None,
+        request: RequestSpec | None = None,
+    ) -> service.MergeStarted:
+        """Merge ``peers`` (branch heads of this conversation, or other conversations' ids)
+        into the branch ending at ``leaf``: each is attached (the first, the base, locked: sent
+        as stored for the merge turn), then ``instruction``; ``.request`` is the request to
+        send. Adding the reply (``add``, after ``.instruction_id``: the new head) commits the
+        merge, whose parents are the previous head and each peer's head."""
+        return service.merge(
+            self.engine,
+            conversation_id,
+            self.settings,
+            request or RequestSpec(),
+            peers=list(peers),
+            instruction=instruction,
+            leaf=leaf,
+            reuse=self._reuse,
+        )
+
+    def merges(self, conversation_id: str) -> list[dict[str, Any]]:
+        """The conversation's merges, oldest first: instruction, commit (None while open) and
+        the commit's parents."""
+        return [m.as_dict() for m in service.merges(self.engine, conversation_id)]
+
     def delete(self, conversation_id: str) -> dict[str, Any]:
         """Delete the conversation and everything derived from it: its messages, summaries,
         clearings, pins, compaction log, usage, request profile and lease, and the files saved

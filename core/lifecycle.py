@@ -9,6 +9,7 @@ their size, last activity and context pressure (``core.service``'s stats).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,9 +23,9 @@ from recap.core.request import timeline as timelines
 from recap.core.request.assembly import stored_prompt
 from recap.core.request.refs import message_ref, span_ref
 from recap.core.results import PinResult
-from recap.core.service import conversation_stats
+from recap.core.service import attaching, conversation_stats
 from recap.core.settings import Settings
-from recap.core.storage import compressed, erase, pins, reads
+from recap.core.storage import attachments, compressed, erase, pins, reads
 from recap.core.storage import profile as profiles
 from recap.core.storage.db import session_scope
 from recap.core.storage.models import utcnow
@@ -160,6 +161,8 @@ def timeline(
         if as_of is not None and leaf is None:
             leaf = reads.leaf_at(session, conversation_id, _utc(as_of))
         whole = reads.load_whole_branch(session, conversation_id, leaf)
+        whole, _ = attaching.expand_loaded(session.connection(), conversation_id, whole)
+        merged = attachments.merges_of(session.connection(), conversation_id)
         moment = _utc(as_of) if as_of is not None else None
         summaries = compressed.load_summaries(session, conversation_id, moment)
         clearings = compressed.load_clearings(session, conversation_id, moment)
@@ -177,7 +180,8 @@ def timeline(
     )
     head = whole.branch[-1].id if whole.branch else leaf
     reading = profile.reading if profile is not None else None
-    return timelines.derive(
+    on_branch = {m.id for m in whole.branch}
+    derived = timelines.derive(
         whole.branch,
         request,
         summaries=summaries,
@@ -185,7 +189,11 @@ def timeline(
         pinned=pinned,
         refs={m.id: message_ref(m.id) for m in whole.branch},
         summary_refs={s.id: span_ref(s.cutoff_message_id) for s in summaries},
-    ).in_provider_tokens(budgets.calibration_factor(reading, leaf_id=head, now=utcnow()))
+    )
+    merges = [m.as_dict() for m in merged if m.instruction_id in on_branch]
+    return dataclasses.replace(derived, merges=merges).in_provider_tokens(
+        budgets.calibration_factor(reading, leaf_id=head, now=utcnow())
+    )
 
 
 def _utc(moment: datetime) -> datetime:

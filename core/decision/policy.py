@@ -137,6 +137,9 @@ class Snapshot:
     # The branch's pinned messages, root first, without text (those a summary covers too):
     # sent whatever is summarized or cleared, so fixed history (``core.request.pins``).
     pinned: tuple[Msg, ...] = ()
+    # The branch's expanded attachments: their open and close marker ids (a summary's cut never
+    # falls inside one).
+    attached: tuple[tuple[int, int], ...] = ()
 
     @property
     def leaf_id(self) -> int | None:
@@ -309,6 +312,7 @@ def _summarize(
         recent_cap=cap,
         keep_turns=knobs.keep_turns,
         clearings=clearings,
+        attached=snapshot.attached,
     )
     fallback = CLEAR if plan else SKIP
     span = replaced_tokens(split.older, clearings, pins) if split is not None else 0
@@ -319,6 +323,7 @@ def _summarize(
             recent_cap=cap,
             keep_turns=1,
             clearings=clearings,
+            attached=snapshot.attached,
         )
         if deeper is not None:
             split = deeper

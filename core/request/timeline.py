@@ -58,6 +58,7 @@ class MessageState:
     summary_id: int | None = None  # the summary covering it
     tool: str | None = None  # a tool result's tool name
     ref: str | None = None  # what ``Recap.recall`` takes to bring it back, when it is not full
+    source: str | None = None  # an attached item's provenance (``conversation:message``)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -67,7 +68,7 @@ class MessageState:
             "tokens": self.tokens,
             "sent_tokens": self.sent_tokens,
         }
-        for key in ("reason", "summary_id", "tool", "ref"):
+        for key in ("reason", "summary_id", "tool", "ref", "source"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -117,6 +118,9 @@ class Timeline:
     calibration: float = 1.0
     estimated_request_tokens: int = 0
     estimated_budget: int = 0
+    # The branch's merges (``core.storage.attachments.MergeRow.as_dict``): each commit with its
+    # parents.
+    merges: list[dict[str, Any]] = field(default_factory=list)
 
     def in_provider_tokens(self, calibration: float) -> Timeline:
         """This timeline with its totals in provider tokens: Recap's counts times
@@ -151,7 +155,7 @@ class Timeline:
                 "budget": self.estimated_budget,
             },
             "forgotten_files": list(self.forgotten_files),
-        }
+        } | ({"merges": list(self.merges)} if self.merges else {})
 
 
 Refs = Mapping[int, str]  # message id -> its recall reference
@@ -218,6 +222,7 @@ def derive(
                 summary_id=summary_id,
                 tool=message.name if message.role == "tool" else None,
                 ref=refs.get(message.id) if state not in (FULL, PINNED) else None,
+                source=request.provenance.get(message.id),
             )
         )
     spans = _spans(branch, on_branch, sent_summary, summary_refs or {})

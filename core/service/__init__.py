@@ -9,7 +9,9 @@ from recap.core.service.assembling import (
     assemble,
     assemble_unrecorded,
     media_policy,
+    merge,
 )
+from recap.core.service.attaching import Attached, MergeStarted, attach, merges
 from recap.core.service.conversations import (
     Prepare,
     add_many,
@@ -27,18 +29,23 @@ from recap.core.service.conversations import (
 )
 
 __all__ = [
+    "Attached",
+    "MergeStarted",
     "Prepare",
     "Recording",
     "add_many",
     "add_message",
     "assemble",
     "assemble_unrecorded",
+    "attach",
     "conversation_meta",
     "conversation_stats",
     "export_conversation",
     "import_conversations",
     "list_summaries",
     "media_policy",
+    "merge",
+    "merges",
     "new_conversation",
     "read_import_file",
     "record_usage",

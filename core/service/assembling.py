@@ -18,6 +18,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from recap.core.counting import budget as budgets
 from recap.core.counting import media, tokens
 from recap.core.request import assembly
+from recap.core.service import attaching
 from recap.core.service.conversations import guard_schema, log
 from recap.core.settings import Settings
 from recap.core.storage import outputs, reads, recount, spans, store, versions
@@ -27,6 +28,7 @@ from recap.core.storage.db import session_scope
 from recap.core.storage.models import utcnow
 from recap.core.storage.reuse import BranchReuse
 from recap.core.values.assembly import prompt_cache_key
+from recap.core.values.attach import Expansion
 from recap.core.values.records import ClearingRec, Msg, merge_step, steps_of
 from recap.core.values.request import RequestParts, RequestSpec, request_from
 
@@ -156,12 +158,16 @@ def assemble_unrecorded(
         *assembly.fixed_part_tokens(loaded.branch, spec, model=target.model)
     )
     built = _assembled(loaded, settings, spec, target)
+    expansion = read.expansion
     if built.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
         with session_scope(engine) as session:
             loaded = reads.load_request_branch(
                 session, conversation_id, read.leaf, None, spec.as_of
             )
-        loaded, read.recounted = recount.refreshed(loaded, target.model)
+            loaded, read.recounted = recount.refreshed(loaded, target.model)
+            loaded, expansion = attaching.expand_loaded(
+                session.connection(), conversation_id, loaded
+            )
         built = _assembled(loaded, settings, spec, target)
     built = dataclasses.replace(
         built,
@@ -171,6 +177,10 @@ def assemble_unrecorded(
         prompt_cache_key=prompt_cache_key(conversation_id, loaded.root),
         prompt_cache_retention=settings.prompt_cache_retention,
     )
+    if expansion is not None:
+        built = dataclasses.replace(
+            built, attachments=expansion.blocks, provenance=expansion.provenance
+        )
     if spec.as_of is not None:
         return built, None
     recording = Recording(
@@ -204,6 +214,7 @@ class _Read:
     stored_model: str
     calibration: float
     incarnation: str | None = None  # the conversation read (``store.Identity``)
+    expansion: Expansion | None = None  # its attachments expanded (``core.request.attach``)
 
 
 def _read_for_request(
@@ -254,6 +265,9 @@ def _read_for_request(
             head = loaded.branch[-1].id if loaded.branch else leaf
             plan, limit = budget_at(head), limit_at(head)
             loaded, recounted = recount.refreshed(loaded, model)
+            loaded, expansion = attaching.expand_loaded(
+                session.connection(), conversation_id, loaded
+            )
             forgotten = _span_forgotten(session, conversation_id, loaded, leaf, settings)
             incarnation = store.incarnation_of(session.connection(), conversation_id)
     except (OperationalError, ProgrammingError) as exc:
@@ -277,6 +291,7 @@ def _read_for_request(
         stored_model,
         plan.calibration,
         incarnation,
+        expansion,
     )
 
 
@@ -489,3 +504,25 @@ def _record_media(
             items = tuple(PlannedClearing(mid, reclaimed) for mid, reclaimed in done)
             if items:
                 apply_clearings(session, conversation.id, ClearingPlan(reason, items))
+
+
+def merge(
+    engine: Engine,
+    conversation_id: str,
+    settings: Settings,
+    spec: RequestSpec,
+    *,
+    peers: list[attaching.Peer],
+    instruction: str,
+    leaf: int | None = None,
+    reuse: BranchReuse | None = None,
+) -> attaching.MergeStarted:
+    """Open a merge of ``peers`` into the branch ending at ``leaf`` (``attaching.open_merge``)
+    and assemble the request to send for it: the peers' blocks, then the instruction."""
+    started = attaching.open_merge(
+        engine, conversation_id, peers=peers, instruction=instruction, leaf=leaf
+    )
+    request = assemble(
+        engine, conversation_id, settings, spec, leaf=started.instruction_id, reuse=reuse
+    )
+    return dataclasses.replace(started, request=request)

@@ -136,7 +136,12 @@ def add_many(
         raise InputError("add_many needs at least one message")
     try:
         with _undone_on_error(prepare) as ingest, session_scope(engine) as session:
-            return store.append_messages(session, conversation_id, messages, parent_id, ingest)
+            ids = store.append_messages(session, conversation_id, messages, parent_id, ingest)
+            if messages[0].get("role") == "assistant":  # perhaps the reply committing a merge
+                from recap.core.service.attaching import commit_on_add
+
+                commit_on_add(session.connection(), conversation_id, ids)
+            return ids
     except (OperationalError, ProgrammingError) as exc:
         guard_schema(exc)
         raise

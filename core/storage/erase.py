@@ -35,7 +35,7 @@ from sqlmodel import SQLModel
 
 from recap.core.counting import media
 from recap.core.errors import NotFoundError
-from recap.core.storage import store
+from recap.core.storage import attachments, store
 from recap.core.storage.db import session_scope
 from recap.core.storage.models import CONVERSATIONS, MESSAGES
 from recap.core.storage.outputs import saved_name, saved_path
@@ -101,6 +101,10 @@ def delete_conversation(
                 return None
         names = _own_files(connection, conversation_id, root)
         done = Deleted(conversation_id)
+        # summaries elsewhere that may quote it (core.storage.attachments.forget_source)
+        forgotten = attachments.forget_source(connection, conversation_id)
+        if forgotten:
+            done.rows["attaching_summaries"] = forgotten
         for table in conversation_tables():
             statement = delete(table).where(table.c.conversation_id == conversation_id)
             done.rows[table.name] = int(connection.execute(statement).rowcount or 0)

@@ -158,7 +158,11 @@ class Clearing(SQLModel, table=True):
 
     __tablename__ = "clearings"
     __table_args__ = (
-        UniqueConstraint("message_id", "stage", name="uq_clearings_message_stage"),
+        # Per conversation: an attached message is cleared for each conversation's requests
+        # on its own (migration 0016).
+        UniqueConstraint(
+            "conversation_id", "message_id", "stage", name="uq_clearings_message_stage"
+        ),
         NEVER_REUSED,
     )
 
@@ -274,6 +278,52 @@ class Pin(SQLModel, table=True):
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
 
 
+class Attachment(SQLModel, table=True):
+    """An attach pointer: the open and close marker messages on the conversation's branch, and
+    the source branch (another conversation's, or another branch of this one, up to
+    ``source_leaf_id``) expanded between them when a request is assembled
+    (``core.request.attach``). A merge's peers are attachments of ``kind`` merge; the base peer
+    is ``locked`` (sent as stored) until the merge commits."""
+
+    __tablename__ = "attachments"
+    __table_args__ = NEVER_REUSED
+
+    id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
+    conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
+    open_message_id: int = Field(sa_column=Column(ID_TYPE, nullable=False))
+    close_message_id: int = Field(sa_column=Column(ID_TYPE, nullable=False))
+    source_conversation_id: str = Field(max_length=255)
+    source_incarnation: str | None = Field(default=None, max_length=32)
+    source_leaf_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
+    # The source branch's stored tokens when attached: the early bound of a compression run
+    # counts them (``core.storage.snapshot.history_bound``).
+    source_tokens: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default="0")
+    )
+    kind: str = Field(max_length=16)
+    locked: bool = False
+    merge_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class Merge(SQLModel, table=True):
+    """A merge of peer branches into a conversation's branch: its previous head, the peers'
+    heads (``[conversation, leaf]`` pairs), the instruction message, and the reply that commits
+    it (None until added). The commit is the one message with several parents: the previous
+    head and each peer's head."""
+
+    __tablename__ = "merges"
+    __table_args__ = NEVER_REUSED
+
+    id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
+    conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
+    base_head_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
+    instruction_message_id: int = Field(sa_column=Column(ID_TYPE, nullable=False))
+    peers: list[Any] = Field(sa_column=Column(JSON, nullable=False))
+    commit_message_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
 def table_of(model: type[SQLModel]) -> Table:
     """The Core table of a model, for hot-path reads that skip the ORM's per-row work."""
     table = model.__table__  # type: ignore[attr-defined]
@@ -287,3 +337,5 @@ SUMMARIES = table_of(Summary)
 CLEARINGS = table_of(Clearing)
 REQUEST_PROFILES = table_of(RequestProfile)
 PINS = table_of(Pin)
+ATTACHMENTS = table_of(Attachment)
+MERGES = table_of(Merge)

@@ -25,9 +25,10 @@ from sqlmodel import Session
 from recap.core.decision import policy
 from recap.core.decision.toolresults import ARGUMENT_AGED_CHARS
 from recap.core.errors import NotFoundError
+from recap.core.request.attach import expand
 from recap.core.request.branch import applicable_summary
 from recap.core.request.pins import effective_clearings
-from recap.core.storage import compressed, store
+from recap.core.storage import attachments, compressed, store
 from recap.core.storage.models import (
     CONVERSATIONS,
     MESSAGES,
@@ -133,6 +134,15 @@ def read_snapshot(
     read = {m.id: m for m in branch}
     missing = [mid for mid in pinned_ids if mid not in read]
     read.update((m.id, m) for m in load_index(connection, conversation_id, missing))
+    spans: tuple[tuple[int, int], ...] = ()
+    pointers = attachments.pointers_of(connection, conversation_id)
+    if pointers:  # attached items are decided on like the branch's own
+        expansion = expand(branch, pointers, attachments.source_loader(connection, conversation_id))
+        branch, spans = expansion.branch, expansion.spans()
+        if expansion.locked:
+            read.update((m.id, m) for m in branch if m.id in expansion.locked)
+            pinned_ids = [m.id for m in branch if m.id in expansion.locked or m.id in pinned_ids]
+            clearings = {k: v for k, v in clearings.items() if k not in expansion.locked}
     return policy.Snapshot(
         conversation_id=conversation_id,
         model=model,
@@ -144,6 +154,7 @@ def read_snapshot(
         now=now or utcnow(),
         failures=tuple(recent_failures(connection, conversation_id, failures)),
         pinned=tuple(read[mid] for mid in pinned_ids if mid in read),
+        attached=spans,
     )
 
 
@@ -215,6 +226,7 @@ def history_bound(session: Session, conversation_id: str) -> Bound | None:
     is_prompt = root_row is not None and root_row[1] in SYSTEM_ROLES  # sent anyway
     root_id = int(root_row[2]) if root_row is not None and is_prompt else 0
     pinned = pinned_tokens_up_to(connection, conversation_id, cutoff, root_id) if cutoff else 0
+    walked += attachments.tokens_after(connection, conversation_id, cutoff)  # their sources
     bound = summary_tokens + walked + pinned + (root if cutoff else 0)
     history = summary_tokens + walked + pinned - int(reclaimed or 0) - (0 if cutoff else prompt)
     return Bound(bound, int(leaf), history)
@@ -272,6 +284,10 @@ def load_contents(session: Session, conversation_id: str, ids: Iterable[int]) ->
         params = {"conversation_id": conversation_id, "ids": wanted[start : start + ID_CHUNK]}
         for row in connection.execute(statement, params):
             found[int(row[0])] = store.to_msg(row)
+    if len(found) < len(wanted):  # attached items are read from their sources
+        found.update(
+            attachments.attached_rows(connection, conversation_id, set(wanted) - set(found))
+        )
     return found
 
 

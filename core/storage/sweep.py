@@ -50,7 +50,7 @@ from recap.core.values.records import AGED, ARGUMENTS, CLEARED, STAGES
 # (``core.storage.models.TOOL_ONLY``): a bound parameter would keep either database from using it.
 TOOL_ROLE = literal_column("'tool'", String)
 INSERT_CHUNK = 500  # rows per multi-row insert: far below SQLite's bound-parameter limit
-UNIQUE_KEY = ["message_id", "stage"]  # a step is recorded once (core.storage.models.Clearing)
+UNIQUE_KEY = ["conversation_id", "message_id", "stage"]  # a step is recorded once (Clearing)
 
 
 class Applied(NamedTuple):

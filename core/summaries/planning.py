@@ -133,16 +133,33 @@ def _spanned(messages: Sequence[Msg]) -> list[bool]:
     return spanned
 
 
-def _boundaries(messages: Sequence[Msg]) -> tuple[list[int], list[int]]:
+def _inside(messages: Sequence[Msg], attached: Sequence[tuple[int, int]]) -> set[int]:
+    """Indices a cut may not fall before because it would split an attachment: after its open
+    marker, up to its close marker (``core.request.attach``)."""
+    if not attached:
+        return set()
+    index = {m.id: i for i, m in enumerate(messages)}
+    inside: set[int] = set()
+    for open_id, close_id in attached:
+        start, end = index.get(open_id), index.get(close_id)
+        if start is not None:
+            inside.update(range(start + 1, (end if end is not None else len(messages) - 1) + 1))
+    return inside
+
+
+def _boundaries(
+    messages: Sequence[Msg], attached: Sequence[tuple[int, int]] = ()
+) -> tuple[list[int], list[int]]:
     """Indices a cut may fall before: user messages, and assistant steps with no open call;
-    never between a call and its result."""
+    never between a call and its result, nor inside an attachment."""
     users: list[int] = []
     steps: list[int] = []
     open_calls: set[str] = set()
     substantive = False
     spanned = _spanned(messages)
+    inside = _inside(messages, attached)
     for index, message in enumerate(messages):
-        if index > 0 and substantive and not spanned[index]:
+        if index > 0 and substantive and not spanned[index] and index not in inside:
             if message.role == "user":
                 users.append(index)
             elif message.role == "assistant" and not open_calls:
@@ -164,6 +181,7 @@ def plan_split(
     recent_cap: int,
     keep_turns: int = 0,
     clearings: Mapping[int, ClearingRec] | None = None,
+    attached: Sequence[tuple[int, int]] = (),
 ) -> Split | None:
     """Cut the unsummarized messages into an older part and a recent part, or None when there is
     no older part to summarize.
@@ -172,13 +190,15 @@ def plan_split(
     (raised to hold the last ``keep_turns`` turns when they fit the cap), else the latest one
     within the cap. An agent run can be one user turn with a hundred tool calls, so when no user
     message qualifies the cut falls before an assistant step whose calls are all answered.
+    A cut never falls inside an attachment (``attached``: its open and close marker ids): a
+    summary covers an attachment whole or not at all.
     """
     cleared = clearings or {}
     sizes = [message_tokens(m, cleared) for m in messages]
     suffix = [0] * (len(messages) + 1)
     for index in range(len(messages) - 1, -1, -1):
         suffix[index] = suffix[index + 1] + sizes[index]
-    users, steps = _boundaries(messages)
+    users, steps = _boundaries(messages, attached)
     if not users and not steps:
         return None
     budget = recent_budget

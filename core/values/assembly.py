@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from recap.core.values.attach import Block
 from recap.core.values.records import ClearingRec, Msg, SummaryRec
 
 
@@ -91,6 +92,11 @@ class AssembledRequest:
     # as the OpenAI client's keyword arguments.
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
+    # Attachments expanded into this request (``core.request.attach``), set by
+    # ``core.service.assemble``: each block, and each attached item's provenance (message id ->
+    # ``conversation:message``).
+    attachments: tuple[Block, ...] = ()
+    provenance: Mapping[int, str] = field(default_factory=dict)
 
     def cache_params(self) -> dict[str, str]:
         """The caching hints as keyword arguments of an OpenAI request (those that are set)."""
@@ -100,18 +106,36 @@ class AssembledRequest:
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of ``recap assemble --json``."""
-        return {
-            "messages": self.messages,
-            "tokens": self.tokens.as_dict(),
-            "budget": self.budget,
-            "window": self.window,
-            "summary_id": self.summary_id,
-            "dropped_message_ids": self.dropped_message_ids,
-            "forgotten_files": self.forgotten_files,
-            "truncated": self.truncated,
-        } | (
-            {} if self.max_output_tokens is None else {"max_output_tokens": self.max_output_tokens}
+        return (
+            {
+                "messages": self.messages,
+                "tokens": self.tokens.as_dict(),
+                "budget": self.budget,
+                "window": self.window,
+                "summary_id": self.summary_id,
+                "dropped_message_ids": self.dropped_message_ids,
+                "forgotten_files": self.forgotten_files,
+                "truncated": self.truncated,
+            }
+            | (
+                {}
+                if self.max_output_tokens is None
+                else {"max_output_tokens": self.max_output_tokens}
+            )
+            | ({"attachments": [_block(b) for b in self.attachments]} if self.attachments else {})
         )
+
+
+def _block(block: Block) -> dict[str, Any]:
+    """An expanded attachment as ``recap assemble --json`` prints it."""
+    return {
+        "source": block.source,
+        "leaf": block.leaf,
+        "open": block.open_id,
+        "close": block.close_id,
+        "items": list(block.items),
+        "fallback": block.fallback,
+    }
 
 
 CacheRetention = Literal["in_memory", "24h"]

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from recap.convert import openai_agents as convert
 from recap.core.aio import AsyncRecap
 from recap.core.client import Recap
+from recap.core.errors import InputError
 from recap.core.request.render import NO_RESULT_TEXT
 from recap.core.settings import Settings
 from recap.core.values.limits import NAME_MAX_CHARS
@@ -108,6 +109,36 @@ class RecapSession:
         # next model call): one entry per run in flight
         self._runs: dict[int, tuple[int, int | None]] = {}
         self._model_records = False  # a wrapped model records every call itself
+        self._subs: list[RecapSession] = []  # sub-agents' sessions attached as they grow
+
+    # --- sub-agents ---------------------------------------------------------------------------
+
+    def attach_sub_agent(self, sub: RecapSession) -> None:
+        """Attach ``sub``'s conversation (a sub-agent's session) to this one each time this
+        session stores items after the sub-agent's run grew it: the parent's later requests
+        carry the sub-agent's work, between markers, once (``Recap.attach``)."""
+        if sub is self:
+            raise ValueError("a session cannot attach itself")
+        if sub not in self._subs:
+            self._subs.append(sub)
+
+    async def attach(self, source: RecapSession | str, *, leaf: int | None = None) -> Any:
+        """Attach another session's conversation (or a conversation id) after this one's head
+        now (``Recap.attach``)."""
+        cid = await self.conversation_id()
+        name = await source.conversation_id() if isinstance(source, RecapSession) else source
+        return await self._recap.attach(cid, source=name, leaf=leaf)
+
+    def _attach_subs(self, cid: str) -> None:
+        """Attach each registered sub-agent session that grew since (an empty one, or one whose
+        head is attached already, is refused and skipped; so is a head waiting for tool
+        results: the next store tries again)."""
+        for sub in self._subs:
+            source = sub._current()
+            try:
+                self.recap.attach(cid, source=source, leaf=sub.branch_end(source))
+            except InputError:
+                continue
 
     @property
     def recap(self) -> Recap:
@@ -206,6 +237,8 @@ class RecapSession:
             return
         plain = [json.loads(json.dumps(item)) for item in items]
         cid = await self._recap.run(self._add, plain, wrapper)
+        if self._subs:
+            await self._recap.run(self._attach_subs, cid)
         if self.enqueue and any(convert.is_model_output(item) for item in plain):
             await self._recap.run(_host.enqueue, self.recap, cid, None)
 
@@ -377,3 +410,15 @@ def usage_numbers(usage: Any) -> tuple[int, int, int] | None:
     details = getattr(usage, "input_tokens_details", None)
     cached = getattr(details, "cached_tokens", 0) if details is not None else 0
     return prompt, int(completion or 0), int(cached or 0)
+
+
+def sub_agent_tool(
+    agent: Any, *, parent: RecapSession, session: RecapSession, **as_tool: Any
+) -> Any:
+    """``agent.as_tool(...)`` run on its own ``RecapSession`` (``session``), whose conversation
+    is attached to ``parent``'s after each run of the tool (``RecapSession.attach_sub_agent``).
+    The keyword arguments are ``Agent.as_tool``'s (``tool_name``, ``tool_description``, ...)."""
+    parent.attach_sub_agent(session)
+    as_tool.setdefault("tool_name", None)
+    as_tool.setdefault("tool_description", None)
+    return agent.as_tool(session=session, **as_tool)

@@ -126,3 +126,82 @@ def expire(
         if not done.more or not done.conversations:
             break
     emit(total, as_json, lambda: table("expire", list(total), [list(total.values())]))
+
+
+@handles_errors
+def attach(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    source: Annotated[str, typer.Option("--source", help="The conversation to attach.")],
+    leaf: Annotated[
+        int | None,
+        typer.Option(
+            "--leaf",
+            help="The source's message its branch ends at (default: its latest).",
+            **MESSAGE_ID,
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Attach another conversation's branch after this one's head: later requests carry its
+    messages there, between markers, once."""
+    from recap.core import service
+
+    done = service.attach(engine(), conversation, source, leaf=leaf)
+    emit(
+        done.as_dict(),
+        as_json,
+        lambda: typer.echo(
+            f"{source} (up to message {done.leaf}) attached to {conversation}: "
+            f"markers {done.open_id} and {done.close_id}"
+        ),
+    )
+
+
+@handles_errors
+def merge(
+    conversation: Annotated[str, typer.Argument(help="Conversation id.")],
+    peers: Annotated[
+        list[str],
+        typer.Option(
+            "--peer",
+            help="A branch head's message id or a conversation id (repeat; first: the base).",
+        ),
+    ],
+    instruction: Annotated[
+        str, typer.Option("--instruction", help="What the model is asked to do with the peers.")
+    ],
+    leaf: Annotated[
+        int | None,
+        typer.Option(
+            "--leaf",
+            help="The head of the branch to merge into (default: the latest).",
+            **MESSAGE_ID,
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Merge peer branches into this one: attach each, then the instruction, and print the
+    request to send; adding its reply (`recap add CONV --role assistant`) commits the merge."""
+    from recap.core import service
+    from recap.core.values.request import RequestSpec
+
+    given = [int(p) if p.isdigit() else p for p in peers]
+    done = service.merge(
+        engine(),
+        conversation,
+        settings(),
+        RequestSpec(),
+        peers=given,
+        instruction=instruction,
+        leaf=leaf,
+    )
+    emit(
+        done.as_dict(),
+        as_json,
+        lambda: typer.echo(
+            f"merge {done.merge_id} opened in {conversation}: instruction {done.instruction_id}, "
+            f"parents {', '.join(map(str, done.parents))}; the request has "
+            f"{len(done.request.messages) if done.request else 0} messages "
+            f"({done.request.tokens.total if done.request else 0} tokens)"
+        ),
+    )

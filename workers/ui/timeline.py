@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +46,7 @@ class Entry:
     sent_tokens: int  # what the request sends of it (0 when summarized or omitted)
     reason: str | None = None  # the clearing's reason
     created_at: datetime | None = None
+    source: str | None = None  # an attached item's provenance (``conversation:message``)
 
     @property
     def id(self) -> int:
@@ -172,6 +173,7 @@ def timeline(
     dropped: Collection[int],
     created: Mapping[int, datetime] | None = None,
     pinned: Collection[int] = frozenset(),
+    provenance: Mapping[int, str] | None = None,
 ) -> list[Item]:
     """The branch, root first, with the messages each summary on it covers gathered in its band
     (a later summary's band starts after the cutoff of the one before it)."""
@@ -193,6 +195,8 @@ def timeline(
     band: Band | None = Band(on_branch[0], in_effect=on_branch[0] is effect) if on_branch else None
     for message in branch:
         entry = _entry(message, found[message.id], clearings, (created or {}).get(message.id))
+        if provenance and message.id in provenance:
+            entry = replace(entry, source=provenance[message.id])
         if band is not None and not (message.id == branch[0].id and entry.role == "system"):
             band.entries.append(entry)
         else:

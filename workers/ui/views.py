@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,8 +26,9 @@ from recap.core.errors import InputError, NotFoundError, RecapError
 from recap.core.redact import known_secrets, redact
 from recap.core.request import assembly
 from recap.core.results import Stats
+from recap.core.service import attaching
 from recap.core.settings import Settings
-from recap.core.storage import compressed, console, outputs, reads
+from recap.core.storage import attachments, compressed, console, outputs, reads
 from recap.core.storage.db import session_scope
 from recap.core.storage.models import utcnow
 from recap.core.storage.profile import Profile, load_profile
@@ -179,6 +180,7 @@ class ConversationView:
     pinned: int = 0  # pinned messages on the branch
     as_of: AsOfView | None = None  # the request as of a chosen time, when one was asked for
     leaf_given: int | None = None  # the branch named in the address (else the latest)
+    merges: list[dict[str, Any]] = field(default_factory=list)  # each commit and its parents
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,9 @@ class _Read:
     created: dict[int, datetime]
     cleared_at: dict[int, datetime]
     branches: list[tuple[int, datetime | None]]
+    expanded: reads.RequestBranch | None = None  # the branch with its attachments expanded
+    provenance: dict[int, str] = field(default_factory=dict)  # attached items: where from
+    merges: list[dict[str, Any]] = field(default_factory=list)  # the branch's merges
 
 
 def _read(engine: Engine, conversation_id: str, leaf: int | None) -> _Read:
@@ -218,7 +223,16 @@ def _read(engine: Engine, conversation_id: str, leaf: int | None) -> _Read:
             raise NotFoundError(f"unknown conversation {conversation_id!r}")
         model, override = reads.conversation_head(session, conversation_id)
         loaded = reads.load_whole_branch(session, conversation_id, leaf)
+        expanded, expansion = attaching.expand_loaded(connection, conversation_id, loaded)
+        on_branch = {m.id for m in loaded.branch}
         return _Read(
+            expanded=expanded,
+            provenance=dict(expansion.provenance) if expansion is not None else {},
+            merges=[
+                m.as_dict()
+                for m in attachments.merges_of(connection, conversation_id)
+                if m.instruction_id in on_branch
+            ],
             model=model,
             window_override=override,
             owner=owner,
@@ -273,14 +287,16 @@ def conversation_view(
         urgent_ratio=settings.urgent_ratio,
     )
     in_effect = summary.id if summary is not None else None
+    shown = read.expanded or read.loaded
     items = timeline(
-        read.loaded.branch,
+        shown.branch,
         summaries=read.summaries,
         summary_in_effect=in_effect,
-        clearings=read.loaded.clearings,
+        clearings=shown.clearings,
         dropped=request.dropped_message_ids if request is not None else (),
         created=read.created,
-        pinned=[m.id for m in read.loaded.pinned],
+        pinned=[m.id for m in shown.pinned],
+        provenance=read.provenance,
     )
     secrets = known_secrets(settings)
     past = None
@@ -309,6 +325,7 @@ def conversation_view(
         pinned=len(read.loaded.pinned),
         as_of=past,
         leaf_given=leaf,
+        merges=read.merges,
     )
 
 
@@ -416,7 +433,7 @@ def preview_request(
             profile.reading if profile is not None else None, leaf_id=leaf, now=utcnow()
         ),
     ).request
-    loaded = read.loaded
+    loaded = read.expanded or read.loaded  # attachments expanded, as a request has them
     missing = frozenset(
         m.output_path
         for m in loaded.branch
