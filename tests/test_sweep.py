@@ -277,28 +277,21 @@ def test_sweep_files_nothing_under_a_conversation_recreated_during_its_insert(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """PostgreSQL: the sweep's insert reads from its snapshot; a conversation erased and created
-    again while the insert waits must not be left with clearings that name the erased one's
-    messages. The insert is held on the clearings' unique index by another transaction's
-    uncommitted clearing of the same message (filed under another conversation, so the victim's
-    row stays unlocked), the victim is deleted and imported again, then the holder rolls back."""
+    again while the insert runs must not be left with clearings that name the erased one's
+    messages. The insert is held at its first row, the clearing of an earlier idle conversation
+    whose row another transaction holds `FOR UPDATE` (the foreign-key check waits for it), the
+    victim is deleted and imported again meanwhile, then the holder rolls back."""
     import threading
 
     engine = migrated(postgres_url, monkeypatch)
     monkeypatch.setenv("RECAP_IDLE_KEEP_TOOL_RESULTS", "1")
     get_settings.cache_clear()
-    records = [agent_record("victim", ["bash", "bash"]), agent_record("other", ["bash"])]
+    records = [agent_record("first", ["bash", "bash"]), agent_record("victim", ["bash", "bash"])]
     service.import_conversations(engine, records, get_settings())
-    make_idle(engine, "victim")
-    erased = tool_ids(engine, "victim")[0]  # the one result the sweep clears
+    make_idle(engine, "first", "victim")
     holder = engine.connect()
     holder.begin()
-    holder.execute(
-        text(
-            "INSERT INTO clearings (conversation_id, message_id, reason, tokens_reclaimed,"
-            " created_at, stage) VALUES ('other', :m, 'idle', 1, now(), 'cleared')"
-        ),
-        {"m": erased},
-    )
+    holder.execute(text("SELECT id FROM conversations WHERE id = 'first' FOR UPDATE"))
     outcome: dict[str, Any] = {}
 
     def run() -> None:
