@@ -17,10 +17,20 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from recap.core.counting import budget as budgets
 from recap.core.counting import media, tokens
+from recap.core.decision.activation import cache_rules
 from recap.core.request import assembly
 from recap.core.service.conversations import guard_schema, log
 from recap.core.settings import Settings
-from recap.core.storage import outputs, reads, recount, spans, store, versions
+from recap.core.storage import (
+    activation,
+    compressed,
+    outputs,
+    reads,
+    recount,
+    spans,
+    store,
+    versions,
+)
 from recap.core.storage import profile as profiles
 from recap.core.storage import reuse as reuses
 from recap.core.storage.db import session_scope
@@ -116,6 +126,7 @@ class Recording:
             (self.model, self.loaded, built),
         )
         _record_media(engine, conversation, built)
+        _record_activation(engine, conversation, self.loaded, self.now)
         if recount.current_bases(self.model) == recount.current_bases(self.stored_model):
             recount.record(
                 engine,
@@ -243,13 +254,16 @@ def _read_for_request(
                 return budget_at(leaf_id).request - max(reserve_tokens, 0)
 
             budget = None if spec.text_only else limit_at
+            activating = None
+            if spec.as_of is None:
+                activating = _activating(session, conversation_id, settings, model, profile, now)
             if reused is not None and version is not None:
                 loaded = reuses.load_request_branch(
-                    session, conversation_id, leaf, budget, version, reused
+                    session, conversation_id, leaf, budget, version, reused, activating
                 )
             else:
                 loaded = reads.load_request_branch(
-                    session, conversation_id, leaf, budget, spec.as_of
+                    session, conversation_id, leaf, budget, spec.as_of, activating
                 )
             head = loaded.branch[-1].id if loaded.branch else leaf
             plan, limit = budget_at(head), limit_at(head)
@@ -276,6 +290,34 @@ def _read_for_request(
         stored_model,
         plan.calibration,
         incarnation,
+    )
+
+
+def _activating(
+    session: Any,
+    conversation_id: str,
+    settings: Settings,
+    model: str,
+    profile: profiles.Profile | None,
+    now: datetime,
+) -> activation.Context:
+    """What choosing between a ready summary and the one in use knows beside the branch
+    (``core.storage.activation``): the model's cache rules, the setting, the idle time since the
+    last request was assembled, that request's leaf and the fixed parts it carried."""
+    last = profile.assembled_at if profile is not None else None
+    sent = profile.sent if profile is not None else None
+    parts = profile.parts if profile is not None else None
+
+    def clearings_before(moment: datetime) -> dict[int, ClearingRec]:
+        return compressed.load_clearings(session, conversation_id, waiting_since=moment)
+
+    return activation.Context(
+        rules=cache_rules(model, retention=settings.prompt_cache_retention),
+        horizon=settings.activation_horizon_requests,
+        idle_seconds=(now - last).total_seconds() if last is not None else None,
+        sent_leaf=sent.leaf_id if sent is not None else None,
+        clearings_before=clearings_before,
+        fixed=parts.total if parts is not None else 0,
     )
 
 
@@ -465,6 +507,19 @@ def media_policy(settings: Settings) -> media.MediaPolicy:
         max_request_bytes=settings.max_request_bytes,
         load=outputs.media_loader(settings.output_dir),
     )
+
+
+def _record_activation(
+    engine: Engine, conversation: store.Identity, loaded: reads.RequestBranch, now: datetime
+) -> None:
+    """Record a ready summary's first use (``core.storage.activation``): from now on it is in use
+    whatever the next request's numbers say."""
+    choice = loaded.choice
+    if choice is None or choice.activated is None:
+        return
+    with session_scope(engine) as session:
+        if store.lock_conversation(session, conversation.id, incarnation=conversation.incarnation):
+            compressed.activate_summary(session.connection(), choice.activated.id, now)
 
 
 def _record_media(
