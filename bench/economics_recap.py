@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from bench.economics_peers import (
+    INSTRUCTION_TOKENS,
     MODEL,
     SUMMARY_PROMPT_TOKENS,
     Bill,
@@ -130,8 +131,11 @@ def replay(
     *,
     hold: bool = True,
     horizon: int = act.DEFAULT_HORIZON,
+    prefix: bool = False,
 ) -> RecapRun:
-    """Recap over one run (the module's docstring)."""
+    """Recap over one run (the module's docstring); with ``prefix`` its summarizer's request is
+    the chat's last request and an instruction (``core.summaries.onprefix``) where that shape
+    applies: the summary that request sent is the newest written (else its own request)."""
     meter = Meter(pricing, run.window)
     done = RecapRun(meter.bill)
     used, last_at, last_end = 0, None, None
@@ -163,7 +167,8 @@ def replay(
         meter.request(blocks, at)
         done.active.append(used)
         last_at, last_end = at, end
-        _decide_after(run, done, step, end, at, knobs, meter, hold=hold)
+        sent = (blocks, used) if prefix else None
+        _decide_after(run, done, step, end, at, knobs, meter, hold=hold, sent=sent)
     return done
 
 
@@ -177,6 +182,7 @@ def _decide_after(
     meter: Meter,
     *,
     hold: bool,
+    sent: tuple[list[Block], int] | None = None,
 ) -> None:
     """The compress run after the reply at ``end`` is stored: it sees every batch written."""
     branch = run.branch[: end + 1]
@@ -199,7 +205,11 @@ def _decide_after(
     previous = newest.tokens if newest is not None else 0
     size = min(summary_size(span + previous, run.window), split.summary_room or 2_000)
     summary = SummaryRec(len(done.batches) + 1, split.cutoff_message_id, None, "", size)
-    meter.summarize(SUMMARY_PROMPT_TOKENS + previous + span, size, on_prefix=None, at=at)
+    in_use = sent is not None and all(b.summary is None for b in done.batches[sent[1] :])
+    if sent is not None and in_use:  # the chat's prefix, then the instruction
+        meter.summarize(INSTRUCTION_TOKENS, size, on_prefix=sent[0], at=at)
+    else:
+        meter.summarize(SUMMARY_PROMPT_TOKENS + previous + span, size, on_prefix=None, at=at)
     after = policy.post_summary_clearing(split.recent, clearings, knobs)
     batch = [
         ClearingRec(
