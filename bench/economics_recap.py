@@ -189,10 +189,14 @@ def _decide_after(
     newest, written = state(done, step + 1, len(done.batches))
     decision = policy.decide(snapshot(run, branch, newest, written, at), knobs)
     plan = decision.clear
-    pressure = [
-        ClearingRec(i.message_id, plan.reason, i.tokens_reclaimed, i.stage, kept_chars=i.kept_chars)
-        for i in plan or ()
-    ]
+    pressure = []
+    if plan is not None:
+        pressure = [
+            ClearingRec(
+                i.message_id, plan.reason, i.tokens_reclaimed, i.stage, kept_chars=i.kept_chars
+            )
+            for i in plan
+        ]
     if decision.action != policy.SUMMARIZE or decision.split is None:
         if pressure and hold:
             done.batches.append(Batch(step + 1, None, pressure))

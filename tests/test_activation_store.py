@@ -15,6 +15,8 @@ from recap.core import lifecycle
 from recap.core.client import Recap
 from recap.core.settings import Settings
 from recap.core.storage.models import utcnow
+from recap.workers.ui.timeline import Band
+from recap.workers.ui.views import conversation_view
 
 MODEL = "anthropic/claude-sonnet-4-5"
 WINDOW = 24_000
@@ -77,6 +79,9 @@ def test_warm_waits_then_cold_uses_it_and_it_stays(recap: Recap) -> None:
     assert warm.messages == first.messages  # byte for byte the cached request
     spans = lifecycle.timeline(recap.engine, cid, recap.settings).summaries
     assert [s.waiting for s in spans] == [True] and not spans[0].sent
+    page = conversation_view(recap.engine, recap.settings, cid, None)  # the console's page
+    bands = [item for item in page.items if isinstance(item, Band)]
+    assert [(b.summary.id, b.summary.pending, b.in_effect) for b in bands] == [(sid, True, False)]
     age_last_request(recap, cid, 301)  # past Anthropic's five minutes
     cold = recap.assemble(cid)
     assert cold.summary_id == sid

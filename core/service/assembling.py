@@ -17,7 +17,6 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from recap.core.counting import budget as budgets
 from recap.core.counting import media, tokens
-from recap.core.decision.activation import cache_rules
 from recap.core.request import assembly
 from recap.core.service.conversations import guard_schema, log
 from recap.core.settings import Settings
@@ -169,8 +168,9 @@ def assemble_unrecorded(
     built = _assembled(loaded, settings, spec, target)
     if built.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
         with session_scope(engine) as session:
+            again = _same_choice(session, conversation_id, settings, read, now)
             loaded = reads.load_request_branch(
-                session, conversation_id, read.leaf, None, spec.as_of
+                session, conversation_id, read.leaf, None, spec.as_of, again
             )
         loaded, read.recounted = recount.refreshed(loaded, target.model)
         built = _assembled(loaded, settings, spec, target)
@@ -254,9 +254,10 @@ def _read_for_request(
                 return budget_at(leaf_id).request - max(reserve_tokens, 0)
 
             budget = None if spec.text_only else limit_at
-            activating = None
-            if spec.as_of is None:
-                activating = _activating(session, conversation_id, settings, model, profile, now)
+            moment = now if spec.as_of is None else spec.as_of
+            activating = activation.context_for(
+                session, conversation_id, settings, model, profile, moment, as_of=spec.as_of
+            )
             if reused is not None and version is not None:
                 loaded = reuses.load_request_branch(
                     session, conversation_id, leaf, budget, version, reused, activating
@@ -293,32 +294,18 @@ def _read_for_request(
     )
 
 
-def _activating(
-    session: Any,
-    conversation_id: str,
-    settings: Settings,
-    model: str,
-    profile: profiles.Profile | None,
-    now: datetime,
-) -> activation.Context:
-    """What choosing between a ready summary and the one in use knows beside the branch
-    (``core.storage.activation``): the model's cache rules, the setting, the idle time since the
-    last request was assembled, that request's leaf and the fixed parts it carried."""
-    last = profile.assembled_at if profile is not None else None
-    sent = profile.sent if profile is not None else None
-    parts = profile.parts if profile is not None else None
-
-    def clearings_before(moment: datetime) -> dict[int, ClearingRec]:
-        return compressed.load_clearings(session, conversation_id, waiting_since=moment)
-
-    return activation.Context(
-        rules=cache_rules(model, retention=settings.prompt_cache_retention),
-        horizon=settings.activation_horizon_requests,
-        idle_seconds=(now - last).total_seconds() if last is not None else None,
-        sent_leaf=sent.leaf_id if sent is not None else None,
-        clearings_before=clearings_before,
-        fixed=parts.total if parts is not None else 0,
+def _same_choice(
+    session: Any, conversation_id: str, settings: Settings, read: _Read, now: datetime
+) -> activation.Context | None:
+    """A read again of the branch chooses the summary its first read chose: a ready summary it
+    used is used again (horizon 0: at once), one it left waiting waits (no context)."""
+    first = read.loaded.choice
+    if first is None or first.activated is None:
+        return None
+    found = activation.context_for(
+        session, conversation_id, settings, read.target.model, read.profile, now
     )
+    return dataclasses.replace(found, horizon=0) if found is not None else None
 
 
 def _reply_room(

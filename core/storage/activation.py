@@ -16,9 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from recap.core.decision import activation as rules
 from recap.core.request.branch import applicable_summary
+from recap.core.storage import compressed
+from recap.core.values.profile import Profile
 from recap.core.values.records import ClearingRec, SummaryRec
 
 ClearingsBefore = Callable[[datetime], dict[int, ClearingRec]]
@@ -110,3 +113,37 @@ def choose(
     if decided.use:
         return Choice(newest, clearings, activated=newest, reason=decided.reason)
     return Choice(in_use, earlier, waiting=newest, reason=decided.reason)
+
+
+def context_for(
+    session: Any,
+    conversation_id: str,
+    settings: Any,
+    model: str,
+    profile: Profile | None,
+    now: datetime,
+    *,
+    as_of: datetime | None = None,
+) -> Context | None:
+    """What the choice knows for a request built at ``now`` in ``session``: the model's cache
+    rules, ``settings.activation_horizon_requests``, the idle time since the last request was
+    assembled, that request's leaf and the fixed parts it carried. A request ``as_of`` a past
+    moment gets one only when no request was assembled after that moment (else what was in use
+    then is what the summaries recorded: None)."""
+    last = profile.assembled_at if profile is not None else None
+    if as_of is not None and last is not None and last > as_of:
+        return None
+    sent = profile.sent if profile is not None else None
+    parts = profile.parts if profile is not None else None
+
+    def clearings_before(moment: datetime) -> dict[int, ClearingRec]:
+        return compressed.load_clearings(session, conversation_id, as_of, waiting_since=moment)
+
+    return Context(
+        rules=rules.cache_rules(model, retention=settings.prompt_cache_retention),
+        horizon=settings.activation_horizon_requests,
+        idle_seconds=(now - last).total_seconds() if last is not None else None,
+        sent_leaf=sent.leaf_id if sent is not None else None,
+        clearings_before=clearings_before,
+        fixed=parts.total if parts is not None else 0,
+    )

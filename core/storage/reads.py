@@ -250,11 +250,15 @@ class _SentCounts:
 
 
 def load_whole_branch(
-    session: Session, conversation_id: str, leaf: int | None = None
+    session: Session,
+    conversation_id: str,
+    leaf: int | None = None,
+    activating: activation.Context | None = None,
 ) -> RequestBranch:
     """Every message from the root to ``leaf`` (default: the latest message), with content, and
-    the summary and clearings that apply: what ``export`` prints and what the request view is
-    checked against. The request path reads less (``load_request_branch``)."""
+    the summary and clearings that apply (a ready summary as ``activating`` chooses, else the
+    one in use): what ``export`` prints and what the request view is checked against. The
+    request path reads less (``load_request_branch``)."""
     conversation_head(session, conversation_id)
     connection = session.connection()
     path = branch_path(connection, conversation_id, leaf)
@@ -262,19 +266,20 @@ def load_whole_branch(
     rows.fetch(path)
     pins = load_pins(connection, conversation_id)
     branch = [rows.msg(mid) for mid in path]
-    pinned = [m for m in branch if m.id in pins]
+    summaries = compressed.load_summaries(session, conversation_id)
+    clearings = compressed.load_clearings(session, conversation_id)
+    choice = activation.choose(
+        summaries, path, [m.tokens for m in branch], clearings, None, activating
+    )
     return RequestBranch(
         branch=branch,
-        summary=activation.choose(
-            compressed.load_summaries(session, conversation_id), path, [], {}, None, None
-        ).summary,
-        clearings=dict(
-            effective_clearings(compressed.load_clearings(session, conversation_id), pins)
-        ),
+        summary=choice.summary,
+        clearings=dict(effective_clearings(choice.clearings, pins)),
         omitted=[],
         bases={mid: rows.by_id[mid][BASIS] for mid in path},
-        pinned=pinned,
+        pinned=[m for m in branch if m.id in pins],
         root=path[0] if path else None,
+        choice=choice,
     )
 
 
