@@ -27,9 +27,10 @@ def filler(index: int, words: int = 180) -> str:
 
 
 @pytest.fixture
-def recap(tmp_path: Path) -> Recap:
+def recap(db_url: str, tmp_path: Path) -> Recap:
+    """On SQLite and PostgreSQL (the migration's column and its in-place stamp on both)."""
     settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'a.db'}",
+        database_url=db_url,
         output_dir=tmp_path / "o",
         activation_horizon_requests=1,  # one request never pays a rewrite back: waits warm
     )
