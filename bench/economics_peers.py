@@ -68,7 +68,11 @@ class Meter:
             shared += new[1]
         return shared if shared >= rules.min_prefix_tokens else 0
 
-    def request(self, blocks: list[Block], at: float) -> None:
+    def request(self, blocks: list[Block], at: float, *, newest_result: bool = False) -> None:
+        """One request; over the window with a tool result last (``newest_result``), that
+        result is sent as its head and tail to fit, as every strategy would have to (Recap's
+        assembly does: ``shortened``), so that the over-window count is the strategy's own."""
+        blocks = fitted(blocks, self.window, newest_result=newest_result)
         total = sum(count for _, count in blocks)
         hit = self.cached(blocks, at)
         rules = self.pricing.rules
@@ -93,6 +97,16 @@ class Meter:
         self.bill.summary_cached += hit
         if on_prefix is not None:
             self.last_at = at  # the call kept the prefix warm
+
+
+def fitted(blocks: list[Block], window: int, *, newest_result: bool) -> list[Block]:
+    """The request with its newest tool result cut to its head and tail when it is over the
+    window with that result last (``Meter.request``)."""
+    total = sum(count for _, count in blocks)
+    if total <= window or not newest_result or not blocks:
+        return blocks
+    key, count = blocks[-1]
+    return [*blocks[:-1], ((key, "shortened"), max(count - (total - window), 0))]
 
 
 def summary_size(replaced: int, window: int) -> int:
@@ -120,10 +134,27 @@ def _full(run: Run, renderer: _Renderer, start: int, end: int) -> list[Block]:
     return [(("m", m.id), renderer.render(m, None)[1]) for m in run.branch[start:end]]
 
 
+def _after_summary(
+    run: Run, renderer: _Renderer, start: int, end: int, summary: int | None
+) -> list[Block]:
+    """The stored system prompt (it stays whatever is summarized), the summary, then the
+    messages from ``start``."""
+    head: list[Block] = []
+    if summary:
+        if start > 0 and run.branch[0].role == "system":
+            head.append(_full(run, renderer, 0, 1)[0])
+        head.append((("sum", start), summary))
+    return [*head, *_full(run, renderer, start, end)]
+
+
+def _tool_last(run: Run, end: int) -> bool:
+    return run.branch[end - 1].role == "tool"
+
+
 def none(run: Run, pricing: Pricing, renderer: _Renderer) -> Bill:
     meter = Meter(pricing, run.window)
     for end, at in zip(run.ends, run.times, strict=True):
-        meter.request(_full(run, renderer, 0, end), at)
+        meter.request(_full(run, renderer, 0, end), at, newest_result=_tool_last(run, end))
     return meter.bill
 
 
@@ -136,9 +167,7 @@ def _compacting(trigger: float, *, server_clear: bool) -> Strategy:
         start, summary = 0, None  # messages before ``start`` are summarized
         scale = run.window / DOCUMENTED_WINDOW
         for end, at in zip(run.ends, run.times, strict=True):
-            blocks = ([(("sum", start), summary)] if summary else []) + _full(
-                run, renderer, start, end
-            )
+            blocks = _after_summary(run, renderer, start, end, summary)
             if server_clear:
                 blocks = _clear_tool_uses(run, blocks, int(100_000 * scale), keep=3)
             total = sum(c for _, c in blocks)
@@ -146,8 +175,8 @@ def _compacting(trigger: float, *, server_clear: bool) -> Strategy:
                 size = summary_size(total, run.window)
                 meter.summarize(INSTRUCTION_TOKENS, size, on_prefix=blocks, at=at)
                 start, summary = end - 1, size  # the newest message stays
-                blocks = [(("sum", start), summary), *_full(run, renderer, start, end)]
-            meter.request(blocks, at)
+                blocks = _after_summary(run, renderer, start, end, summary)
+            meter.request(blocks, at, newest_result=_tool_last(run, end))
         return meter.bill
 
     return strategy
@@ -189,8 +218,12 @@ def langchain(run: Run, pricing: Pricing, renderer: _Renderer) -> Bill:
             )
             start = cut
             kept = _full(run, renderer, start, end)
-        blocks = ([(("sum", start), summary)] if summary else []) + kept
-        meter.request(_clear_tool_uses(run, blocks, int(100_000 * scale), keep=3), at)
+        blocks = _after_summary(run, renderer, start, end, summary)
+        meter.request(
+            _clear_tool_uses(run, blocks, int(100_000 * scale), keep=3),
+            at,
+            newest_result=_tool_last(run, end),
+        )
     return meter.bill
 
 
@@ -211,8 +244,8 @@ def agents_sdk(run: Run, pricing: Pricing, renderer: _Renderer) -> Bill:
             summary = summary_size(whole, run.window)
             meter.summarize(whole, summary, on_prefix=None, at=at)
             start = end
-        blocks = ([(("sum", start), summary)] if summary else []) + _full(run, renderer, start, end)
-        meter.request(blocks, at)
+        blocks = _after_summary(run, renderer, start, end, summary)
+        meter.request(blocks, at, newest_result=_tool_last(run, end))
     return meter.bill
 
 

@@ -26,6 +26,7 @@ from bench.economics_peers import (
     Meter,
     Pricing,
     Run,
+    fitted,
     summary_size,
 )
 from recap.core.decision import activation as act
@@ -164,7 +165,7 @@ def replay(
             _decide_after(run, done, step - 1, end - 1, at, knobs, meter, hold=hold)
             used = len(done.batches)
             blocks = blocks_of(run, renderer, end, *state(done, step, used))
-        meter.request(blocks, at)
+        meter.request(blocks, at, newest_result=run.branch[end - 1].role == "tool")
         done.active.append(used)
         last_at, last_end = at, end
         sent = (blocks, used) if prefix else None
@@ -230,10 +231,14 @@ def oracle(run: Run, pricing: Pricing, renderer: _Renderer, done: RecapRun) -> f
     plus Recap's summarizer calls."""
     rules = pricing.rules
     cache: dict[tuple[int, int], list[Block]] = {}
+    whole: dict[tuple[int, int], int] = {}
 
     def blocks(step: int, used: int) -> list[Block]:
         if (step, used) not in cache:
-            cache[step, used] = blocks_of(run, renderer, run.ends[step], *state(done, step, used))
+            built = blocks_of(run, renderer, run.ends[step], *state(done, step, used))
+            tool_last = run.branch[run.ends[step] - 1].role == "tool"
+            cache[step, used] = fitted(built, run.window, newest_result=tool_last)
+            whole[step, used] = tokens_of(built)  # what fits is judged before any cut
         return cache[step, used]
 
     def price(before: list[Block] | None, gap: float, now: list[Block]) -> float:
@@ -250,7 +255,7 @@ def oracle(run: Run, pricing: Pricing, renderer: _Renderer, done: RecapRun) -> f
     for step, at in enumerate(run.times):
         ready = sum(1 for b in done.batches if b.ready_at <= step)
         options = range(ready + 1)
-        fits = [u for u in options if tokens_of(blocks(step, u)) <= run.window]
+        fits = [u for u in options if blocks(step, u) and whole[step, u] <= run.window]
         following: dict[int, float] = {}
         for u in fits or options:
             if step == 0:
@@ -272,7 +277,10 @@ def summarizer_cost(run: Run, pricing: Pricing, renderer: _Renderer, done: Recap
     """Recap's bill less its requests priced again: its summarizer calls."""
     meter = Meter(pricing, run.window)
     for step, at in enumerate(run.times):
+        end = run.ends[step]
         meter.request(
-            blocks_of(run, renderer, run.ends[step], *state(done, step, done.active[step])), at
+            blocks_of(run, renderer, end, *state(done, step, done.active[step])),
+            at,
+            newest_result=run.branch[end - 1].role == "tool",
         )
     return done.bill.cost - meter.bill.cost
