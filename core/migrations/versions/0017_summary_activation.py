@@ -1,7 +1,7 @@
 """summaries: a summary written when ready, used from the first request where that pays
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-12-07
 
 A compression run writes its summary ``pending`` (ready, not yet in use); the first request
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0015"
-down_revision = "0014"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
