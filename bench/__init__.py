@@ -42,6 +42,7 @@ BENCHES: tuple[str, ...] = (
     "race",
     "native",
     "attach",
+    "economics",
 )
 
 

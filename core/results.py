@@ -62,6 +62,9 @@ class Stats(_Readable):
     reason: str
     summary_tokens: int = 0  # the summary in use on this branch (0: none yet)
     summary_cap: int = 0  # the most any summary may take (RECAP_SUMMARY_MAX_OUTPUT_TOKENS)
+    # The newest summary is ready but not in use yet: requests are built with the one before
+    # it until using it pays (``core.decision.activation``); ``summary_tokens`` is its size.
+    summary_waiting: bool = False
     # The conversation's recorded provider readings (``record_usage``) added up: the input
     # tokens, the part read from the provider's cache and the part written to it;
     # ``cache_hit_rate`` is cached over input (None until a reading with input is recorded).

@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     # OpenAI's `prompt_cache_retention` for each request (`assemble`, `recap serve`); None: the
     # provider's default.
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    # A ready summary waits while the cache is warm and the request fits, until its saving over
+    # this many requests pays for the cache rewrite (core.decision.activation); 0: used at once.
+    activation_horizon_requests: int = Field(default=4, ge=0)
     # Fixed parts (system, tools, reminder, files) assumed until the host's first assemble.
     default_fixed_tokens: int = Field(default=0, ge=0)
     # At this pressure a run is urgent: no clear-at-least gate, no cooldown wait.

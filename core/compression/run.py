@@ -356,6 +356,7 @@ def _validated(
         "output_tokens": result.output_tokens,
         "identifier_retention": result.retention,
         "created_at": run.clock(),
+        "pending": True,  # used from the first request where that pays (core.decision.activation)
     }
     return PassResult(outcome, row, split.recent, snapshot.clearings, snapshot.pinned_ids)
 

@@ -84,9 +84,11 @@ class SummarySpan:
     cutoff_message_id: int
     messages: int
     tokens: int
-    sent: bool  # the summary the request sends (the newest on the branch)
+    sent: bool  # the summary the request sends (the newest in use on the branch)
     created_at: str = ""
     ref: str | None = None
+    # ready but not in use yet (``core.decision.activation``): the request sends the one before
+    waiting: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -98,6 +100,8 @@ class SummarySpan:
             "sent": self.sent,
             "created_at": self.created_at,
         }
+        if self.waiting:
+            out["waiting"] = True
         if self.ref is not None:
             out["ref"] = self.ref
         return out
@@ -278,6 +282,7 @@ def _spans(
                 sent=sent is not None and summary.id == sent.id,
                 created_at=summary.created_at.isoformat() if summary.created_at else "",
                 ref=refs.get(summary.id),
+                waiting=summary.pending and not (sent is not None and summary.id == sent.id),
             )
         )
         start = end + 1

@@ -21,7 +21,16 @@ from recap.core.request import assembly
 from recap.core.service import attaching
 from recap.core.service.conversations import guard_schema, log
 from recap.core.settings import Settings
-from recap.core.storage import outputs, reads, recount, spans, store, versions
+from recap.core.storage import (
+    activation,
+    compressed,
+    outputs,
+    reads,
+    recount,
+    spans,
+    store,
+    versions,
+)
 from recap.core.storage import profile as profiles
 from recap.core.storage import reuse as reuses
 from recap.core.storage.db import session_scope
@@ -118,6 +127,7 @@ class Recording:
             (self.model, self.loaded, built),
         )
         _record_media(engine, conversation, built)
+        _record_activation(engine, conversation, self.loaded, self.now)
         if recount.current_bases(self.model) == recount.current_bases(self.stored_model):
             recount.record(
                 engine,
@@ -161,8 +171,9 @@ def assemble_unrecorded(
     expansion = read.expansion
     if built.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
         with session_scope(engine) as session:
+            again = _same_choice(session, conversation_id, settings, read, now)
             loaded = reads.load_request_branch(
-                session, conversation_id, read.leaf, None, spec.as_of
+                session, conversation_id, read.leaf, None, spec.as_of, again
             )
             loaded, read.recounted = recount.refreshed(loaded, target.model)
             loaded, expansion = attaching.expand_loaded(
@@ -254,13 +265,17 @@ def _read_for_request(
                 return budget_at(leaf_id).request - max(reserve_tokens, 0)
 
             budget = None if spec.text_only else limit_at
+            moment = now if spec.as_of is None else spec.as_of
+            activating = activation.context_for(
+                session, conversation_id, settings, model, profile, moment, as_of=spec.as_of
+            )
             if reused is not None and version is not None:
                 loaded = reuses.load_request_branch(
-                    session, conversation_id, leaf, budget, version, reused
+                    session, conversation_id, leaf, budget, version, reused, activating
                 )
             else:
                 loaded = reads.load_request_branch(
-                    session, conversation_id, leaf, budget, spec.as_of
+                    session, conversation_id, leaf, budget, spec.as_of, activating
                 )
             head = loaded.branch[-1].id if loaded.branch else leaf
             plan, limit = budget_at(head), limit_at(head)
@@ -293,6 +308,20 @@ def _read_for_request(
         incarnation,
         expansion,
     )
+
+
+def _same_choice(
+    session: Any, conversation_id: str, settings: Settings, read: _Read, now: datetime
+) -> activation.Context | None:
+    """A read again of the branch chooses the summary its first read chose: a ready summary it
+    used is used again (horizon 0: at once), one it left waiting waits (no context)."""
+    first = read.loaded.choice
+    if first is None or first.activated is None:
+        return None
+    found = activation.context_for(
+        session, conversation_id, settings, read.target.model, read.profile, now
+    )
+    return dataclasses.replace(found, horizon=0) if found is not None else None
 
 
 def _reply_room(
@@ -481,6 +510,19 @@ def media_policy(settings: Settings) -> media.MediaPolicy:
         max_request_bytes=settings.max_request_bytes,
         load=outputs.media_loader(settings.output_dir),
     )
+
+
+def _record_activation(
+    engine: Engine, conversation: store.Identity, loaded: reads.RequestBranch, now: datetime
+) -> None:
+    """Record a ready summary's first use (``core.storage.activation``): from now on it is in use
+    whatever the next request's numbers say."""
+    choice = loaded.choice
+    if choice is None or choice.activated is None:
+        return
+    with session_scope(engine) as session:
+        if store.lock_conversation(session, conversation.id, incarnation=conversation.incarnation):
+            compressed.activate_summary(session.connection(), choice.activated.id, now)
 
 
 def _record_media(

@@ -320,6 +320,7 @@ def conversation_stats(
         reason=decision.reason,
         summary_tokens=snapshot.summary.tokens if snapshot.summary else 0,
         summary_cap=settings.summary_max_output_tokens,
+        summary_waiting=snapshot.summary is not None and snapshot.summary.pending,
         recorded_input_tokens=recorded,
         cached_tokens=cached,
         cache_write_tokens=written,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import bindparam
+from sqlalchemy import Connection, and_, bindparam, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session
 
@@ -13,6 +13,7 @@ from recap.core.storage.models import CLEARINGS, SUMMARIES
 from recap.core.storage.store import as_utc
 from recap.core.values.records import ClearingRec, SummaryRec, merge_step
 
+WITH_SUMMARY = "post_summary"  # ``core.decision.toolresults.POST_SUMMARY``: a run's batch
 _SUMMARIES_OF = (
     sa_select(
         SUMMARIES.c.id,
@@ -23,6 +24,8 @@ _SUMMARIES_OF = (
         SUMMARIES.c.model,
         SUMMARIES.c.identifier_retention,
         SUMMARIES.c.created_at,
+        SUMMARIES.c.pending,
+        SUMMARIES.c.activated_at,
     )
     .where(SUMMARIES.c.conversation_id == bindparam("conversation_id"))
     .order_by(SUMMARIES.c.id)
@@ -44,7 +47,8 @@ def load_summaries(
     session: Session, conversation_id: str, before: datetime | None = None
 ) -> list[SummaryRec]:
     """The conversation's summaries, oldest first (only those recorded at or before ``before``
-    when given: the request as it was then)."""
+    when given: the request as it was then). A summary is ``pending`` while it waits for its
+    first use (``core.decision.activation``), and as of ``before`` when it was first used later."""
     statement = _SUMMARIES_OF
     if before is not None:
         statement = statement.where(SUMMARIES.c.created_at <= before)
@@ -59,20 +63,48 @@ def load_summaries(
             model=row[5],
             identifier_retention=float(row[6]),
             created_at=as_utc(row[7]),
+            pending=bool(row[8]) or _later(row[9], before),
         )
         for row in rows
     ]
 
 
+def _later(activated: datetime | None, before: datetime | None) -> bool:
+    """Whether a summary first used at ``activated`` was still waiting at ``before``."""
+    if before is None or activated is None:
+        return False
+    return (as_utc(activated) or activated) > before
+
+
+def activate_summary(connection: Connection, summary_id: int, now: datetime) -> None:
+    """Record a pending summary's first use (``core.decision.activation``); one in use stays."""
+    c = SUMMARIES.c
+    statement = (
+        update(SUMMARIES)
+        .where(c.id == summary_id, c.pending.is_(True))
+        .values(pending=False, activated_at=now)
+    )
+    connection.execute(statement)
+
+
 def load_clearings(
-    session: Session, conversation_id: str, before: datetime | None = None
+    session: Session,
+    conversation_id: str,
+    before: datetime | None = None,
+    *,
+    waiting_since: datetime | None = None,
 ) -> dict[int, ClearingRec]:
     """How each recorded message of the conversation renders, by message id: its steps (aged,
     cleared, shortened arguments...) merged by ``core.values.records.merge_step``; only the
-    steps recorded at or before ``before`` when given."""
+    steps recorded at or before ``before`` when given. ``waiting_since`` (a ready summary's
+    time) leaves out the steps its run recorded after it (``post_summary``): they wait with it."""
     statement = _CLEARINGS_OF
     if before is not None:
         statement = statement.where(CLEARINGS.c.created_at <= before)
+    if waiting_since is not None:
+        statement = statement.where(
+            ~and_(CLEARINGS.c.created_at >= waiting_since, CLEARINGS.c.reason == WITH_SUMMARY)
+        )
     rows = session.connection().execute(statement, {"conversation_id": conversation_id})
     found: dict[int, ClearingRec] = {}
     for message_id, reason, reclaimed, stage, chars in rows:

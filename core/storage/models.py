@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Index,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlmodel import Field, SQLModel
@@ -148,6 +150,14 @@ class Summary(SQLModel, table=True):
     output_tokens: int = 0
     identifier_retention: float = 1.0
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    # Written by a compression run when ready, used from the first request where that pays
+    # (``core.decision.activation``): pending until then, ``activated_at`` its first use.
+    pending: bool = Field(
+        default=False, sa_column=Column(Boolean, nullable=False, server_default=false())
+    )
+    activated_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
 
 
 class Clearing(SQLModel, table=True):

@@ -63,7 +63,7 @@ def load_profile(connection: Connection, conversation_id: str) -> Profile | None
     if row[7] is not None and row[8] is not None:
         reading = Reading(int(row[7]), int(row[8]), row[9], as_utc(row[10]), row[11])
     sent = Sent(int(row[12]), row[13], row[14]) if row[12] is not None else None
-    return Profile(parts, row[4], row[6], reading, sent)
+    return Profile(parts, row[4], row[6], reading, sent, as_utc(row[5]))
 
 
 def _upsert(connection: Connection, conversation_id: str, values: Mapping[str, Any]) -> None:

@@ -26,9 +26,9 @@ from sqlmodel import Session
 from recap.core.counting import media
 from recap.core.errors import NotFoundError
 from recap.core.request import assembly
-from recap.core.request.branch import applicable_summary, branch_ids
+from recap.core.request.branch import branch_ids
 from recap.core.request.pins import effective_clearings
-from recap.core.storage import compressed, store
+from recap.core.storage import activation, compressed, store
 from recap.core.storage.models import CONVERSATIONS, MESSAGES
 from recap.core.storage.pins import load_pins
 from recap.core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
@@ -101,6 +101,7 @@ class RequestBranch:
     pinned: list[Msg] = field(default_factory=list)
     # The first message of the branch (``Tree.branch_root``): its prompt cache key is of it.
     root: int | None = None
+    choice: activation.Choice | None = None  # a ready summary used now or left waiting
 
 
 def conversation_head(session: Session, conversation_id: str) -> tuple[str, int | None]:
@@ -117,6 +118,7 @@ def load_request_branch(
     leaf: int | None,
     budget: int | Callable[[int], int] | None,
     as_of: datetime | None = None,
+    activating: activation.Context | None = None,
 ) -> RequestBranch:
     """The branch ending at ``leaf`` (default: the latest message), without the oldest messages
     after the cutoff that no request within ``budget`` tokens can hold (None: read them all).
@@ -135,10 +137,20 @@ def load_request_branch(
     rows = Rows(connection, conversation_id)
     tokens_along = tree.tokens_along(path)
     root = tree.branch_root(path)
-    return request_branch(rows, path, tokens_along, summaries, clearings, budget, pins, root=root)
+    return request_branch(
+        rows,
+        path,
+        tokens_along,
+        summaries,
+        clearings,
+        budget,
+        pins,
+        root=root,
+        activating=activating,
+    )
 
 
-def request_branch(
+def request_branch(  # noqa: PLR0913 - the parts of a read, and the choice of summary
     rows: Rows,
     path: list[int],
     stored_tokens: list[int],
@@ -148,6 +160,7 @@ def request_branch(
     pins: frozenset[int] = frozenset(),
     *,
     root: int | None = None,
+    activating: activation.Context | None = None,
 ) -> RequestBranch:
     """``load_request_branch`` once the branch's ``path`` (with each message's stored count,
     read from the tree index), the conversation's summaries, clearings and pinned messages are
@@ -162,12 +175,15 @@ def request_branch(
     summed from the counts, with no read."""
     if callable(budget):
         budget = budget(path[-1]) if path else None
-    summary = applicable_summary(summaries, set(path))
+    choice = activation.choose(summaries, path, stored_tokens, clearings, budget, activating)
+    summary, clearings = choice.summary, choice.clearings
     pinned_ids = [mid for mid in path if mid in pins] if pins else []
     if pinned_ids:
         clearings = dict(effective_clearings(clearings, pinned_ids))
     if not path:
-        return RequestBranch(branch=[], summary=summary, clearings=clearings, omitted=[])
+        return RequestBranch(
+            branch=[], summary=summary, clearings=clearings, omitted=[], choice=choice
+        )
     cutoff = summary.cutoff_message_id if summary is not None else path[0]
     low = path.index(cutoff) + 1  # the first message after the cutoff
     counts = _SentCounts(path, stored_tokens, clearings)
@@ -199,6 +215,7 @@ def request_branch(
         omitted_tokens=counts.between(first, first + skip),
         pinned=[rows.msg(mid) for mid in pinned_ids],
         root=path[0] if root is None else root,
+        choice=choice,
     )
 
 
@@ -233,11 +250,15 @@ class _SentCounts:
 
 
 def load_whole_branch(
-    session: Session, conversation_id: str, leaf: int | None = None
+    session: Session,
+    conversation_id: str,
+    leaf: int | None = None,
+    activating: activation.Context | None = None,
 ) -> RequestBranch:
     """Every message from the root to ``leaf`` (default: the latest message), with content, and
-    the summary and clearings that apply: what ``export`` prints and what the request view is
-    checked against. The request path reads less (``load_request_branch``)."""
+    the summary and clearings that apply (a ready summary as ``activating`` chooses, else the
+    one in use): what ``export`` prints and what the request view is checked against. The
+    request path reads less (``load_request_branch``)."""
     conversation_head(session, conversation_id)
     connection = session.connection()
     path = branch_path(connection, conversation_id, leaf)
@@ -245,17 +266,20 @@ def load_whole_branch(
     rows.fetch(path)
     pins = load_pins(connection, conversation_id)
     branch = [rows.msg(mid) for mid in path]
-    pinned = [m for m in branch if m.id in pins]
+    summaries = compressed.load_summaries(session, conversation_id)
+    clearings = compressed.load_clearings(session, conversation_id)
+    choice = activation.choose(
+        summaries, path, [m.tokens for m in branch], clearings, None, activating
+    )
     return RequestBranch(
         branch=branch,
-        summary=applicable_summary(compressed.load_summaries(session, conversation_id), set(path)),
-        clearings=dict(
-            effective_clearings(compressed.load_clearings(session, conversation_id), pins)
-        ),
+        summary=choice.summary,
+        clearings=dict(effective_clearings(choice.clearings, pins)),
         omitted=[],
         bases={mid: rows.by_id[mid][BASIS] for mid in path},
-        pinned=pinned,
+        pinned=[m for m in branch if m.id in pins],
         root=path[0] if path else None,
+        choice=choice,
     )
 
 
@@ -273,26 +297,6 @@ def leaf_at(session: Session, conversation_id: str, moment: datetime) -> int:
             f"conversation {conversation_id!r} has no message at or before {moment.isoformat()}"
         )
     return int(leaf)
-
-
-def span_files(
-    session: Session, conversation_id: str, path: list[int], cutoff: int
-) -> list[tuple[int, str | None, Any]]:
-    """The messages of the branch ``path`` up to ``cutoff`` that name a saved file or hold
-    media: (id, output path, content parts). One range read of those rows' file columns."""
-    m = MESSAGES.c
-    statement = select(m.id, m.output_path, type_coerce(m.content_parts, Text)).where(
-        m.conversation_id == conversation_id,
-        m.id <= cutoff,
-        or_(m.output_path.is_not(None), m.content_parts.is_not(None)),
-    )
-    on_path = set(path)
-    rows = session.connection().execute(statement)
-    return [
-        (int(row[0]), row[1], _json_value(row[2]))
-        for row in rows
-        if row[0] in on_path and (row[1] is not None or _holds_media(row[2]))
-    ]
 
 
 def branch_path(connection: Connection, conversation_id: str, leaf: int | None) -> list[int]:
@@ -436,7 +440,7 @@ def _omittable(
         row = rows.by_id[mid]
         cleared = clearings.get(mid)
         count = row[TOKENS] - (cleared.tokens_reclaimed if cleared is not None else 0)
-        if cleared is None and _holds_media(row[PARTS]):
+        if cleared is None and holds_media(row[PARTS]):
             count = 0  # its media may be sent as placeholders: only a lower bound is known
         spent += count
         return row[ROLE], count, row[TOOL_CALL_ID]
@@ -506,7 +510,7 @@ class Rows:
         """The decoded tool calls of a message (decoded once)."""
         calls = self._calls.get(mid)
         if calls is None:
-            calls = self._calls[mid] = _json_value(self.by_id[mid][TOOL_CALLS]) or []
+            calls = self._calls[mid] = json_value(self.by_id[mid][TOOL_CALLS]) or []
         return calls
 
     def msg(self, mid: int) -> Msg:
@@ -519,7 +523,7 @@ class Rows:
     def _made(self, mid: int) -> Msg:
         row = self.by_id[mid]
         _, parent, role, content, count, _, call_id, name, parts, extra, path, size, _ = row
-        parts, extra = _json_value(parts), _json_value(extra)
+        parts, extra = json_value(parts), json_value(extra)
         return Msg(
             mid,
             parent,
@@ -536,7 +540,7 @@ class Rows:
         )
 
 
-def _holds_media(parts: Any) -> bool:
+def holds_media(parts: Any) -> bool:
     """Whether stored content parts hold media (``core.counting.media``), from the column's text or
     its decoded value, without decoding the text."""
     if isinstance(parts, str):
@@ -554,7 +558,7 @@ def plain_rows(
     SQLAlchemy compiles and runs the statement (any dialect), but the rows are fetched from its
     DBAPI cursor: building a ``Row`` per result costs as much as the read itself on these wide
     reads, and the columns read here need no type processing (integers and text; a JSON column
-    comes back as text on SQLite and decoded on PostgreSQL, which ``_json_value`` takes both).
+    comes back as text on SQLite and decoded on PostgreSQL, which ``json_value`` takes both).
     """
     result = connection.execute(statement, params)
     try:
@@ -563,7 +567,7 @@ def plain_rows(
         result.close()
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     if value is None or value == "null":
         return None
     return stored_json(value) if isinstance(value, str) else value

@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select
 from sqlmodel import Session
 
-from recap.core.storage import compressed, reads
+from recap.core.storage import activation, compressed, reads
 from recap.core.storage.models import MESSAGES
 from recap.core.storage.pins import load_pins
 from recap.core.storage.versions import RequestVersion, grown_by
@@ -98,6 +98,7 @@ def load_request_branch(
     budget: int | Callable[[int], int] | None,
     version: RequestVersion,
     reuse: BranchReuse,
+    activating: activation.Context | None = None,
 ) -> reads.RequestBranch:
     """``core.storage.reads.load_request_branch`` (without ``as_of``), starting from the
     conversation's last read when ``version``, read first in this ``session``, allows it."""
@@ -117,7 +118,9 @@ def load_request_branch(
     path = tree.path(conversation_id, leaf)
     tokens = tree.tokens_along(path)
     root = tree.branch_root(path)
-    loaded = reads.request_branch(rows, path, tokens, summaries, clearings, budget, pins, root=root)
+    loaded = reads.request_branch(
+        rows, path, tokens, summaries, clearings, budget, pins, root=root, activating=activating
+    )
     held_now = HeldRead(version, tree, summaries, clearings, rows.held(), pins)
     reuse.put(conversation_id, held_now)
     return loaded

@@ -10,11 +10,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
+from sqlalchemy import Text, or_, select, type_coerce
 from sqlmodel import Session
 
 from recap.core.counting import media
 from recap.core.storage import reads
+from recap.core.storage.models import MESSAGES
 from recap.core.values.records import SummaryRec
 
 SPAN_CACHE_SIZE = 1_024  # summaries whose span's files are kept listed in this process
@@ -49,7 +52,7 @@ def span_forgotten(
         listed = _span_cache.get(key)
     if listed is None:
         path = reads.branch_path(session.connection(), conversation_id, summary.cutoff_message_id)
-        rows = reads.span_files(session, conversation_id, path, summary.cutoff_message_id)
+        rows = span_files(session, conversation_id, path, summary.cutoff_message_id)
         files = tuple(str(p) for _, p, _ in rows if p)
         names = tuple(n for _, _, parts in rows if parts for n in media.names(parts))
         listed = (files, names)
@@ -59,3 +62,23 @@ def span_forgotten(
                 _span_cache.popitem(last=False)
     files, names = listed
     return [*dict.fromkeys(files), *dict.fromkeys(names)]
+
+
+def span_files(
+    session: Session, conversation_id: str, path: list[int], cutoff: int
+) -> list[tuple[int, str | None, Any]]:
+    """The messages of the branch ``path`` up to ``cutoff`` that name a saved file or hold
+    media: (id, output path, content parts). One range read of those rows' file columns."""
+    m = MESSAGES.c
+    statement = select(m.id, m.output_path, type_coerce(m.content_parts, Text)).where(
+        m.conversation_id == conversation_id,
+        m.id <= cutoff,
+        or_(m.output_path.is_not(None), m.content_parts.is_not(None)),
+    )
+    on_path = set(path)
+    rows = session.connection().execute(statement)
+    return [
+        (int(row[0]), row[1], reads.json_value(row[2]))
+        for row in rows
+        if row[0] in on_path and (row[1] is not None or reads.holds_media(row[2]))
+    ]

@@ -14,7 +14,8 @@ conversation's rows (``VERSIONED``), each chosen to change with every write that
   it leaves for one that is current: ``core.storage.recount``). So they are summed up per
   basis: how many rows, the highest id and the token sum of each. An insert moves its basis's
   count and highest id; a recount moves a row from one basis to another;
-- summaries are insert-only: count and highest id;
+- summaries are inserted, and stamped once in place at their first use: count, highest id
+  and how many are stamped;
 - clearings are insert-only, and a recount moves their ``tokens_reclaimed``: count, highest
   id and that sum;
 - the conversation row's ``created_at`` tells a conversation deleted and made again under the
@@ -57,7 +58,8 @@ def aggregates(table: Table, *summed: Any) -> tuple[ColumnElement[Any], ...]:
 # Each table the request view reads besides messages, with aggregates over the conversation's
 # rows that change with every write the table sees (in this order in ``RequestVersion.others``).
 VERSIONED: tuple[tuple[Table, tuple[ColumnElement[Any], ...]], ...] = (
-    (SUMMARIES, aggregates(SUMMARIES)),
+    # a summary's first use (``core.decision.activation``) stamps ``activated_at`` in place
+    (SUMMARIES, (*aggregates(SUMMARIES), func.count(SUMMARIES.c.activated_at))),
     (CLEARINGS, aggregates(CLEARINGS, CLEARINGS.c.tokens_reclaimed)),
     # pins are inserted and deleted (an unpin deletes its row), never updated; ids only grow, so
     # a later set of pins with the same count and highest id as an earlier one is that set

@@ -57,6 +57,7 @@ class Profile:
     reserve_override: int | None
     reading: Reading | None
     sent: Sent | None = None
+    assembled_at: datetime | None = None  # the last request assembled (its cache's last use)
 
 
 def state_key(

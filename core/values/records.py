@@ -63,6 +63,9 @@ class SummaryRec:
     model: str = ""
     identifier_retention: float = 1.0
     created_at: datetime | None = None
+    # ready but not in use yet: requests are built with the summary before it until the
+    # activation rules say otherwise (``core.decision.activation``)
+    pending: bool = False
 
 
 # The stages of a clearing row (one row per message and stage, one-way): a tool result goes

@@ -28,7 +28,7 @@ from recap.core.request import assembly
 from recap.core.results import Stats
 from recap.core.service import attaching
 from recap.core.settings import Settings
-from recap.core.storage import attachments, compressed, console, outputs, reads
+from recap.core.storage import activation, attachments, compressed, console, outputs, reads
 from recap.core.storage.db import session_scope
 from recap.core.storage.models import utcnow
 from recap.core.storage.profile import Profile, load_profile
@@ -215,14 +215,18 @@ class _Read:
     merges: list[dict[str, Any]] = field(default_factory=list)  # the branch's merges
 
 
-def _read(engine: Engine, conversation_id: str, leaf: int | None) -> _Read:
+def _read(engine: Engine, conversation_id: str, leaf: int | None, settings: Settings) -> _Read:
     with session_scope(engine) as session:
         connection = session.connection()
         exists, owner = console.owner_of(connection, conversation_id)
         if not exists:
             raise NotFoundError(f"unknown conversation {conversation_id!r}")
         model, override = reads.conversation_head(session, conversation_id)
-        loaded = reads.load_whole_branch(session, conversation_id, leaf)
+        profile = load_profile(connection, conversation_id)
+        # a ready summary as the next request would choose it (used now, or still waiting)
+        now = utcnow()
+        context = activation.context_for(session, conversation_id, settings, model, profile, now)
+        loaded = reads.load_whole_branch(session, conversation_id, leaf, context)
         expanded, expansion = attaching.expand_loaded(connection, conversation_id, loaded)
         on_branch = {m.id for m in loaded.branch}
         return _Read(
@@ -238,7 +242,7 @@ def _read(engine: Engine, conversation_id: str, leaf: int | None) -> _Read:
             owner=owner,
             loaded=loaded,
             summaries=compressed.load_summaries(session, conversation_id),
-            profile=load_profile(connection, conversation_id),
+            profile=profile,
             runs=console.runs(connection, conversation_id),
             readings=console.readings(connection, conversation_id),
             created=console.message_times(connection, conversation_id),
@@ -268,7 +272,7 @@ def conversation_view(
 ) -> ConversationView:
     """Everything one conversation's page shows, for the branch ending at ``leaf``; with
     ``as_of`` (a time as typed), the request as of that time too."""
-    read = _read(engine, conversation_id, leaf)
+    read = _read(engine, conversation_id, leaf, settings)
     stats = service.conversation_stats(engine, conversation_id, settings, leaf)
     held_back = _held_back(read.loaded.branch, read.profile)
     request, problem = None, None
