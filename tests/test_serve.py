@@ -28,7 +28,7 @@ from recap.core.storage.hashing import message_hash
 from recap.core.storage.requests import SeenRequests, checked_and_hashed, known_path
 from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from recap.workers.serve import direct, upstream
-from recap.workers.serve.turns import ConversationLocks
+from recap.workers.serve.locks import ConversationLocks
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import (
     BODY_LIMIT,
