@@ -18,15 +18,18 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from recap.core.counting import budget as budgets
 from recap.core.counting import media, tokens
 from recap.core.request import assembly
+from recap.core.request import memory as memory_rules
 from recap.core.service.conversations import guard_schema, log
 from recap.core.settings import Settings
 from recap.core.storage import outputs, reads, recount, spans, store, versions
+from recap.core.storage import memories as memory_store
 from recap.core.storage import profile as profiles
 from recap.core.storage import reuse as reuses
 from recap.core.storage.db import session_scope
 from recap.core.storage.models import utcnow
 from recap.core.storage.reuse import BranchReuse
 from recap.core.values.assembly import prompt_cache_key
+from recap.core.values.memory import MemoryRec
 from recap.core.values.records import ClearingRec, Msg, merge_step, steps_of
 from recap.core.values.request import RequestParts, RequestSpec, request_from
 
@@ -152,17 +155,20 @@ def assemble_unrecorded(
         now=now,
     )
     target, loaded = read.target, read.loaded
-    request_parts = profiles.FixedParts(
-        *assembly.fixed_part_tokens(loaded.branch, spec, model=target.model)
+    system, tools, reminder, files = assembly.fixed_part_tokens(
+        loaded.branch, spec, model=target.model
     )
-    built = _assembled(loaded, settings, spec, target)
+    built = _assembled(loaded, settings, spec, target, read.memories)
     if built.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
         with session_scope(engine) as session:
             loaded = reads.load_request_branch(
                 session, conversation_id, read.leaf, None, spec.as_of
             )
         loaded, read.recounted = recount.refreshed(loaded, target.model)
-        built = _assembled(loaded, settings, spec, target)
+        built = _assembled(loaded, settings, spec, target, read.memories)
+    # the user's memory is recorded with the system prompt: the trigger, reconcile and stats
+    # plan with the fixed parts the request really had (core.counting.budget)
+    request_parts = profiles.FixedParts(system + built.tokens.memory, tools, reminder, files)
     built = dataclasses.replace(
         built,
         max_output_tokens=_reply_room(target.model, target.window, built, read.calibration),
@@ -204,6 +210,7 @@ class _Read:
     stored_model: str
     calibration: float
     incarnation: str | None = None  # the conversation read (``store.Identity``)
+    memories: tuple[MemoryRec, ...] = ()  # the user's entries sent (within the cap)
 
 
 def _read_for_request(
@@ -256,6 +263,7 @@ def _read_for_request(
             loaded, recounted = recount.refreshed(loaded, model)
             forgotten = _span_forgotten(session, conversation_id, loaded, leaf, settings)
             incarnation = store.incarnation_of(session.connection(), conversation_id)
+            remembered = _memories(session.connection(), spec.user_id, settings)
     except (OperationalError, ProgrammingError) as exc:
         guard_schema(exc)
         raise
@@ -276,7 +284,17 @@ def _read_for_request(
         stored_model,
         plan.calibration,
         incarnation,
+        remembered,
     )
+
+
+def _memories(connection: Any, user_id: str | None, settings: Settings) -> tuple[MemoryRec, ...]:
+    """The user's memory entries the request sends (``core.request.memory.chosen``): none
+    without a user, with memory off, or when the user turned theirs off."""
+    if user_id is None or settings.memory == "off" or settings.memory_max_tokens == 0:
+        return ()
+    stored = memory_store.for_request(connection, user_id)
+    return tuple(memory_rules.chosen(stored, settings.memory_max_tokens))
 
 
 def _reply_room(
@@ -319,7 +337,11 @@ def _span_forgotten(
 
 
 def _assembled(
-    loaded: reads.RequestBranch, settings: Settings, spec: RequestSpec, target: assembly.Target
+    loaded: reads.RequestBranch,
+    settings: Settings,
+    spec: RequestSpec,
+    target: assembly.Target,
+    memories: tuple[MemoryRec, ...] = (),
 ) -> assembly.AssembledRequest:
     """``core.request.assembly.assemble`` over the branch as read."""
     missing = _missing_outputs(loaded.branch, loaded.clearings, settings.output_dir)
@@ -330,6 +352,7 @@ def _assembled(
         pinned=loaded.pinned,
         omitted=loaded.omitted,
         missing_outputs=missing,
+        memories=memories,
     )
     return assembly.assemble(stored, spec, target=target)
 
