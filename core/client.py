@@ -32,8 +32,8 @@ from recap.core.values.request import ContextFile, RequestSpec, request_from
 
 if TYPE_CHECKING:
     from recap.core.compression.run import Parts
-    from recap.core.values.memory import MemoryRec
     from recap.core.recall import Recalled
+    from recap.core.values.memory import MemoryRec
 
 
 class Recap:

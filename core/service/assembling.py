@@ -21,8 +21,8 @@ from recap.core.request import assembly
 from recap.core.request import memory as memory_rules
 from recap.core.service.conversations import guard_schema, log
 from recap.core.settings import Settings
-from recap.core.storage import outputs, reads, recount, spans, store, versions
 from recap.core.storage import memories as memory_store
+from recap.core.storage import outputs, reads, recount, spans, store, versions
 from recap.core.storage import profile as profiles
 from recap.core.storage import reuse as reuses
 from recap.core.storage.db import session_scope

@@ -1,5 +1,6 @@
 """Stage 5, the tail (the last user message and everything after it) within what the fixed parts
-leave: the user's memory left out first when the whole would not fit, the summary shortened first when the whole would crowd the newest turn out, the tail's
+leave: the user's memory left out first when the whole would not fit, the summary shortened
+first when the whole would crowd the newest turn out, the tail's
 results shortened or its older steps left out (``fit_tail``), the summary cut to its note when
 the tail still does not fit; else a ``BudgetError``: the tail is never cut silently."""
 
