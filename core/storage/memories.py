@@ -293,8 +293,9 @@ def write_extraction(engine: Engine, run: ExtractionWrite) -> Written:
                 created_at=now,
             )
             .on_conflict_do_nothing(index_elements=["user_id", "conversation_id", "message_id"])
-        )
-        if not marked.rowcount:
+            .returning(R.id)
+        ).first()
+        if marked is None:
             written.done = "this turn's memories were extracted already"
             return written
         for edit in run.edits:
