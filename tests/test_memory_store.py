@@ -1,4 +1,4 @@
-"""A user's memory in the store, on SQLite and PostgreSQL: entries within the cap, the user's
+"""A user's memory in the store (the writes that race on both SQLite and PostgreSQL): entries within the cap, the user's
 switch on both sides, one write per turn however often it is delivered, erasure with the source
 conversation (delete and retention), failures logged apart from compression's, one user (and one
 serve key) never reaching another's entries, and the CLI's one-line refusals that change
@@ -103,7 +103,8 @@ def test_the_cap_refuses_a_set_and_changes_nothing(engine: Engine) -> None:
     assert r.memories("amy")[0].uses == 2
 
 
-def test_the_model_past_the_cap_is_refused_edit_by_edit(engine: Engine) -> None:
+def test_the_model_past_the_cap_is_refused_edit_by_edit(sqlite_engine: Engine) -> None:
+    engine = sqlite_engine
     r = Recap(settings_for(engine, memory_max_tokens=25), engine)
     cid = chat(r, "hello")
     edits = [MemoryEdit("set", "a", "short fact"), MemoryEdit("set", "b", "word " * 30)]
@@ -112,7 +113,8 @@ def test_the_model_past_the_cap_is_refused_edit_by_edit(engine: Engine) -> None:
     assert len(result["refused"]) == 1 and "cap" in result["refused"][0]
 
 
-def test_the_users_switch_off_means_no_call_and_no_injection(engine: Engine) -> None:
+def test_the_users_switch_off_means_no_call_and_no_injection(sqlite_engine: Engine) -> None:
+    engine = sqlite_engine
     r = Recap(settings_for(engine), engine)
     r.set_memory("amy", "units", "The user uses metric units.")
     r.set_memory_enabled("amy", False)
@@ -126,7 +128,8 @@ def test_the_users_switch_off_means_no_call_and_no_injection(engine: Engine) -> 
     assert extract(r, "amy", cid, counting)["action"] == "extracted" and counting.calls == 1
 
 
-def test_memory_off_or_read_extracts_nothing(engine: Engine) -> None:
+def test_memory_off_or_read_extracts_nothing(sqlite_engine: Engine) -> None:
+    engine = sqlite_engine
     for mode in ("off", "read"):
         r = Recap(settings_for(engine, memory=mode), engine)
         cid = chat(r, "my name is Amy")
@@ -156,7 +159,8 @@ def test_erasing_the_source_conversation_erases_what_it_wrote(engine: Engine) ->
     assert memories.written_by(engine, "amy") == []
 
 
-def test_a_failed_extraction_is_logged_apart_and_writes_nothing(engine: Engine) -> None:
+def test_a_failed_extraction_is_logged_apart_and_writes_nothing(sqlite_engine: Engine) -> None:
+    engine = sqlite_engine
     r = Recap(settings_for(engine), engine)
     cid = chat(r, "my name is Amy")
     with pytest.raises(memory_run.Failed, match="bad answer"):
@@ -166,7 +170,8 @@ def test_a_failed_extraction_is_logged_apart_and_writes_nothing(engine: Engine) 
     assert extract(r, "amy", cid)["action"] == "extracted"  # a later run of the turn may write
 
 
-def test_an_extraction_of_a_deleted_conversation_writes_nothing(engine: Engine) -> None:
+def test_an_extraction_of_a_deleted_conversation_writes_nothing(sqlite_engine: Engine) -> None:
+    engine = sqlite_engine
     r = Recap(settings_for(engine), engine)
     cid = chat(r, "my name is Amy")
 
@@ -179,7 +184,8 @@ def test_an_extraction_of_a_deleted_conversation_writes_nothing(engine: Engine) 
     assert r.memories("amy") == []
 
 
-def test_one_user_never_sees_anothers_memory(engine: Engine) -> None:
+def test_one_user_never_sees_anothers_memory(sqlite_engine: Engine) -> None:
+    engine = sqlite_engine
     r = Recap(settings_for(engine), engine)
     amy = chat(r, "my name is Amy")
     extract(r, "amy", amy)
@@ -203,7 +209,8 @@ def test_serve_users_are_scoped_by_the_key() -> None:
         memories.serve_user("f" * 32, "x" * 300)
 
 
-def test_export_holds_everything_kept(engine: Engine) -> None:
+def test_export_holds_everything_kept(sqlite_engine: Engine) -> None:
+    engine = sqlite_engine
     r = Recap(settings_for(engine), engine)
     cid = chat(r, "my name is Amy")
     extract(r, "amy", cid)
