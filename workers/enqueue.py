@@ -105,7 +105,7 @@ class MemoryJob:
 
 def send_memory(app: Celery, job: MemoryJob) -> AsyncResult[Any]:
     """Send ``job`` on ``app``'s broker to the memory queue."""
-    args = [job.user_id, job.conversation_id]
+    args = [job.conversation_id, job.user_id]  # the conversation first, as every task's
     headers = {ENQUEUED_HEADER: time.time()}
     return app.send_task(
         MEMORY_TASK, args=args, kwargs=job.kwargs(), queue=MEMORY_QUEUE, headers=headers

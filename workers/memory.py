@@ -28,12 +28,13 @@ from recap.workers.queues import MEMORY_TASK
 @task(name=MEMORY_TASK, bind=True, max_retries=None, throws=(MemoryFailed,))
 def extract_memories_task(
     self: TaskHandle[dict[str, Any]],
-    user_id: str,
     conversation_id: str,
+    user_id: str,
     leaf_message_id: int | None = None,
 ) -> dict[str, Any]:
-    """Extract the user's memory from the turn ending at ``leaf_message_id``; safe to enqueue
-    many times (one extraction per turn writes)."""
+    """Extract the user's memory from the turn ending at ``leaf_message_id`` (the
+    conversation first, as every Recap task takes it, so logs and Flower name it); safe to
+    enqueue many times (one extraction per turn writes)."""
     from recap.workers.tasks import engine
 
     settings = get_settings()
