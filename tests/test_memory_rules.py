@@ -235,8 +235,15 @@ def branch_of(n: int, words: int = 30) -> list[Msg]:
     for i in range(n):
         role = "user" if i % 2 == 0 else "assistant"
         text = " ".join(f"w{i}x{j}" for j in range(words))
-        out.append(Msg(i + 1, i or None, role, text, tokens.count_message(
-            {"role": role, "content": text}, "o200k_base")))
+        out.append(
+            Msg(
+                i + 1,
+                i or None,
+                role,
+                text,
+                tokens.count_message({"role": role, "content": text}, "o200k_base"),
+            )
+        )
     return out  # fmt: skip
 
 

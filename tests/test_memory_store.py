@@ -1,8 +1,8 @@
-"""A user's memory in the store (the writes that race on both SQLite and PostgreSQL): entries within the cap, the user's
-switch on both sides, one write per turn however often it is delivered, erasure with the source
-conversation (delete and retention), failures logged apart from compression's, one user (and one
-serve key) never reaching another's entries, and the CLI's one-line refusals that change
-nothing."""
+"""A user's memory in the store (the writes that race on both SQLite and PostgreSQL): entries
+within the cap, the user's switch on both sides, one write per turn however often it is
+delivered, erasure with the source conversation (delete and retention), failures logged apart
+from compression's, one user (and one serve key) never reaching another's entries, and the CLI's
+one-line refusals that change nothing."""
 
 from __future__ import annotations
 

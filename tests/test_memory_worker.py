@@ -127,7 +127,9 @@ def as_user(
     """One stored turn naming its user by the ``X-Recap-User`` header."""
     headers = {"X-Recap-Conversation": cid, "X-Recap-User": user}
     return serve.client(key).chat.completions.create(
-        model=MODEL, messages=messages, extra_headers=headers  # type: ignore[arg-type]
+        model=MODEL,
+        messages=messages,
+        extra_headers=headers,  # type: ignore[arg-type]
     )
 
 

@@ -87,7 +87,7 @@ def extract_memories(
     """One extraction (see the module's text): its JSON result. Raises ``RetryLater`` for a
     retryable model error and ``Failed`` for one that is not (after logging it)."""
     user_id = check_user(user_id)
-    base = {"user_id": user_id, "conversation_id": conversation_id}
+    base: dict[str, Any] = {"user_id": user_id, "conversation_id": conversation_id}
     if settings.memory != "on":
         return _result("skipped", f"RECAP_MEMORY is {settings.memory}, not on", **base)
     started = time.monotonic()
@@ -132,8 +132,6 @@ def extract_memories(
              "duration_ms": _ms(started)},
         )  # fmt: skip
         raise Failed(reason) from None
-    except RetryLater:
-        raise
     done = memories.write_extraction(
         engine,
         memories.ExtractionWrite(

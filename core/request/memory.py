@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from recap.core.values.memory import MemoryRec
 
@@ -24,6 +25,7 @@ MEMORY_INSTRUCTION = (
 )
 MEMORY_HEADING = "# Existing memory about the user:"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+RENDERED_CACHE = 256  # users' memory messages kept rendered (the same entries, the same text)
 
 
 def ranked(memories: Sequence[MemoryRec]) -> list[MemoryRec]:
@@ -37,9 +39,14 @@ def ranked(memories: Sequence[MemoryRec]) -> list[MemoryRec]:
 def chosen(memories: Sequence[MemoryRec], cap: int) -> list[MemoryRec]:
     """The entries a request sends within ``cap`` tokens (their stored counts), in rank order;
     none when ``cap`` is 0."""
+    return within(ranked(memories), cap)
+
+
+def within(memories: Sequence[MemoryRec], cap: int) -> list[MemoryRec]:
+    """``chosen`` of entries already in rank order (as the request path reads them)."""
     kept: list[MemoryRec] = []
     left = cap
-    for memory in ranked(memories):
+    for memory in memories:
         if memory.tokens <= left:
             kept.append(memory)
             left -= memory.tokens
@@ -57,5 +64,10 @@ def memory_text(memories: Sequence[MemoryRec]) -> str | None:
     without entries."""
     if not memories:
         return None
-    lines = "\n".join(line(m) for m in sorted(memories, key=lambda m: m.key))
+    return _text(tuple(sorted((m.key, m.text) for m in memories)))
+
+
+@lru_cache(maxsize=RENDERED_CACHE)
+def _text(entries: tuple[tuple[str, str], ...]) -> str:
+    lines = "\n".join(f"- {key}: {' '.join(text.split())}" for key, text in entries)
     return f"{MEMORY_INSTRUCTION}\n\n{MEMORY_HEADING}\n{lines}"

@@ -294,7 +294,7 @@ def _memories(connection: Any, user_id: str | None, settings: Settings) -> tuple
     if user_id is None or settings.memory == "off" or settings.memory_max_tokens == 0:
         return ()
     stored = memory_store.for_request(connection, user_id)
-    return tuple(memory_rules.chosen(stored, settings.memory_max_tokens))
+    return tuple(memory_rules.within(stored, settings.memory_max_tokens))
 
 
 def _reply_room(

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, select, update
+from sqlalchemy import text as sql_text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from recap.core.counting import tokens
@@ -90,12 +91,21 @@ def enabled(connection: Connection, user_id: str) -> bool:
     return value is None or bool(value)
 
 
+# The request path: one query, in rank order (``core.request.memory.ranked``), no dates parsed;
+# plain SQL, whose cache key costs nothing to make (a select with a subquery cost more than the
+# query itself).
+_FOR_REQUEST = sql_text(
+    "SELECT key, text, tokens, uses FROM memories WHERE user_id = :user_id AND NOT EXISTS "
+    "(SELECT 1 FROM memory_users WHERE memory_users.user_id = :user_id "
+    "AND NOT memory_users.enabled) ORDER BY uses DESC, updated_at DESC, key"
+)
+
+
 def for_request(connection: Connection, user_id: str) -> list[MemoryRec]:
-    """What a request of the user may inject: their entries, none when they turned memory
-    off."""
-    if not enabled(connection, user_id):
-        return []
-    return load(connection, user_id)
+    """What a request of the user may send, in rank order (the most written first, then the
+    newest): their entries, none when they turned memory off. One query."""
+    rows = connection.execute(_FOR_REQUEST, {"user_id": user_id})
+    return [MemoryRec(key=k, text=t, tokens=int(n), uses=int(u)) for k, t, n, u in rows]
 
 
 def list_memories(engine: Engine, user_id: str) -> list[MemoryRec]:

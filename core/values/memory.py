@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from recap.core.errors import InputError
 
@@ -17,11 +18,11 @@ MEMORY_ENCODING = "o200k_base"  # a stored entry's tokens (the cap); a request c
 SET, DELETE = "set", "delete"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemoryRec:
+class MemoryRec(NamedTuple):
     """One stored entry of a user's memory: its key and text, what it costs, how often it was
     written (``uses``), when, and the conversation and message that last wrote it (None for an
-    entry set by hand)."""
+    entry set by hand). A named tuple, like ``Msg``: every request of a user builds one per
+    entry."""
 
     key: str
     text: str
