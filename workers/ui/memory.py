@@ -5,11 +5,14 @@ another key's user is a 404, as its conversations are."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 
 from recap.core.errors import InputError
 from recap.core.storage import memories
+from recap.workers.ui.fields import FieldError
 from recap.workers.ui.routes import console_of, current, not_found, refused, render, to_login
 from recap.workers.ui.views import Scope
 
@@ -45,9 +48,7 @@ def user(request: Request) -> Response:
         entries = memories.list_memories(engine, name)
         runs = memories.written_by(engine, name)
     except InputError as exc:
-        from recap.workers.ui.fields import FieldError
-
         return refused(request, FieldError(str(exc), status=404))
-    context = {"user": name, "entries": entries, "runs": runs, "users": None}
+    context: dict[str, Any] = {"user": name, "entries": entries, "runs": runs, "users": None}
     context["enabled"] = memories.is_enabled(engine, name)
     return render(request, "memory.html", context)
