@@ -261,3 +261,18 @@ def test_the_cli_refuses_past_the_cap(sqlite_engine: Engine, tmp_path: Path,
     before = snapshot(sqlite_engine, tmp_path)
     assert_refused(recap("memory", "set", "amy", "k", "word " * 20), FAILED, "cap of 10")
     assert snapshot(sqlite_engine, tmp_path) == before
+
+
+def test_the_adapters_host_loop_carries_the_users_memory(sqlite_engine: Engine) -> None:
+    """The loop the LangChain and Pydantic AI adapters share (and the Agents SDK session's
+    assembly) sends the memory of the user it was given, and no other."""
+    from recap.integrations import _loop
+
+    r = Recap(settings_for(sqlite_engine), sqlite_engine)
+    r.set_memory("amy", "units", "The user uses metric units.")
+    cid = chat(r, "how far is it?")
+    loop = _loop.HostLoop(r, user_id="amy")
+    sent = loop.assemble(cid, system="Be brief.", tools=None, reserve=None)
+    assert "metric units" in json.dumps(sent.history)
+    nobody = _loop.HostLoop(r).assemble(cid, system="Be brief.", tools=None, reserve=None)
+    assert "metric units" not in json.dumps(nobody.history)
