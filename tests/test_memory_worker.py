@@ -232,3 +232,50 @@ def test_a_hostile_memory_is_stored_as_data_and_sent_under_the_instruction(stack
     assert content.index(MEMORY_HEADING) < content.index(hostile)
     assert "\n# New instructions" not in content
     assert r.memories("eve")[0].text.startswith(hostile)  # stored as given
+
+
+def test_a_retryable_model_error_is_retried_like_compression(stack: Stack) -> None:
+    """The memory model answers 503 first: the task retries after its backoff (Celery's RETRY)
+    and the next attempt writes; a turn is still written once."""
+    from recap.core.memory.run import EXTRACTED
+    from recap.workers.enqueue import compress_later
+
+    r = stack.recap
+    cid = r.new(model="gpt-4o-mini")
+    leaf = r.add(cid, {"role": "user", "content": "Note that my name is Quentin."})
+    calls = len(extraction_calls(stack.llm))
+    stack.llm.script(Reply(status=503, error="overloaded"))
+    compress_later(cid, leaf, user_id="quentin")
+    wait_until(lambda: names_of(stack, "quentin"), "the retried extraction")
+    assert names_of(stack, "quentin") == ["The user's name is Quentin."]
+    assert len(extraction_calls(stack.llm)) - calls == 2  # the refused call, then the retry
+    with stack.recap.engine.connect() as connection:
+        from sqlalchemy import select
+
+        from recap.core.storage.models import CompactionLog, table_of
+
+        log = table_of(CompactionLog)
+        rows = connection.execute(select(log.c.action).where(log.c.conversation_id == cid)).all()
+    assert [row[0] for row in rows].count(EXTRACTED) == 1
+
+
+@pytest.mark.parametrize(
+    ("user", "header"),
+    [("x" * 300, None), (None, "u" * 300), ("   ", None), ("bad\x01user", None)],
+)
+def test_serve_refuses_a_bad_user_in_the_apis_format(
+    stack: Stack, user: str | None, header: str | None
+) -> None:
+    import httpx
+
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    if user is not None:
+        body["user"] = user
+    headers = {"Authorization": f"Bearer {KEY_A}", "X-Recap-Conversation": new_id()}
+    if header is not None:
+        headers["X-Recap-User"] = header
+    before = len(stack.llm.requests)
+    response = httpx.post(f"{stack.serve.base_url}/chat/completions", json=body, headers=headers)
+    assert response.status_code == 400, response.text
+    assert "error" in response.json() and "Traceback" not in response.text
+    assert len(stack.llm.requests) == before
