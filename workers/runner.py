@@ -13,7 +13,7 @@ SIGINT are forwarded (a warm shutdown), and then nothing is restarted.
 
 The compress worker also consumes Celery's default queue (``workers.app.DEFAULT_QUEUE``), so a
 plain ``send_task`` by name reaches it, and the ``memory`` queue (``recap.extract_memories``),
-so memory needs no process of its own (``recap worker --queue memory`` starts one).
+so memory needs no process of its own (``recap worker --queues memory`` starts one).
 
 The supervisor itself imports neither Celery nor SQLAlchemy nor litellm (the queue names come from
 ``workers.queues``): it only starts, watches and signals its children.
@@ -94,6 +94,8 @@ def worker_argv(queue: str, *, beat: bool, extra: Sequence[str]) -> list[str]:
     if queue == COMPRESS_QUEUE:
         pool = {"--pool": "threads", "--concurrency": str(COMPRESS_CONCURRENCY)}
         queues = f"{COMPRESS_QUEUE},{DEFAULT_QUEUE},{MEMORY_QUEUE}"
+    elif queue == MEMORY_QUEUE:  # model calls, I/O-bound like compression
+        pool = {"--pool": "threads", "--concurrency": str(COMPRESS_CONCURRENCY)}
     elif queue == MAINTENANCE_QUEUE:
         pool = {"--pool": "threads", "--concurrency": str(MAINTENANCE_CONCURRENCY)}
     else:
