@@ -276,3 +276,16 @@ def test_the_adapters_host_loop_carries_the_users_memory(sqlite_engine: Engine) 
     assert "metric units" in json.dumps(sent.history)
     nobody = _loop.HostLoop(r).assemble(cid, system="Be brief.", tools=None, reserve=None)
     assert "metric units" not in json.dumps(nobody.history)
+
+
+def test_stats_and_the_trigger_plan_with_the_memory_sent(sqlite_engine: Engine) -> None:
+    """The memory message is recorded with the fixed parts: `stats` (and the trigger, which
+    plans with the same profile) counts what the user's last request really carried."""
+    r = Recap(settings_for(sqlite_engine), sqlite_engine)
+    r.set_memory("amy", "units", "The user uses metric units in every answer.")
+    cid = chat(r, "how far is it?")
+    r.assemble(cid, system="Be brief.")
+    plain = r.stats(cid).used
+    request = r.assemble(cid, system="Be brief.", user_id="amy")
+    assert request.tokens.memory > 0
+    assert r.stats(cid).used == plain + request.tokens.memory
