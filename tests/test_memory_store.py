@@ -244,6 +244,7 @@ def test_the_cli_lists_sets_deletes_and_exports(sqlite_engine: Engine) -> None:
         (("memory", "set", "", "k", "x"), "user id"),
         (("memory", "delete", "amy"), "--yes"),
         (("memory", "list", "a\x01b"), "user id"),
+        (("memory", "extract", "amy", "no-such-conversation"), "unknown conversation"),
     ],
 )
 def test_the_cli_refuses_bad_input_in_one_line_and_changes_nothing(

@@ -25,7 +25,6 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from recap.core.errors import NotFoundError
 from recap.core.memory.extractor import (
     OFFLINE_MODEL,
     ExtractionFailed,
@@ -191,16 +190,17 @@ def extract_now(
     retryable error after its delay up to ``RECAP_MAX_ATTEMPTS`` (``Recap.extract_memories``,
     the CLI). ``NotFoundError`` for an unknown leaf."""
     extractors = installed_extractors()
-    for attempt in range(settings.max_attempts):
+    attempt = 0
+    while True:
         try:
             return extract_memories(
                 engine, settings, user_id, conversation_id, leaf,
                 extractors=extractors, attempt=attempt,
             )  # fmt: skip
         except RetryLater as exc:
-            if attempt + 1 >= settings.max_attempts:
-                return _result("failed", f"gave up after {attempt + 1} attempts: {exc.reason}")
+            attempt += 1
+            if attempt >= settings.max_attempts:
+                return _result("failed", f"gave up after {attempt} attempts: {exc.reason}")
             time.sleep(min(exc.delay, settings.retry_backoff_max))
         except Failed as exc:
             return _result("failed", str(exc))
-    raise NotFoundError("unreachable")  # pragma: no cover

@@ -118,7 +118,10 @@ def extract(
 ) -> None:
     """Extract the user's memory from the conversation's turn now, in this process."""
     from recap.core.memory.run import extract_now
+    from recap.core.storage.erase import conversation_exists
 
+    if not conversation_exists(engine(), conversation):
+        fail(f"unknown conversation {conversation!r}")
     result = extract_now(engine(), settings(), user, conversation, leaf)
     emit(result, as_json, lambda: typer.echo(f"{result['action']}: {result['reason']}"))
     if result["action"] == "failed":
