@@ -43,6 +43,7 @@ BENCHES: tuple[str, ...] = (
     "native",
     "attach",
     "economics",
+    "memory",
 )
 
 

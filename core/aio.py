@@ -123,6 +123,7 @@ class AsyncRecap:
         max_input_tokens: int | None = None,
         as_of: datetime | None = None,
         request: RequestSpec | None = None,
+        user_id: str | None = None,
     ) -> assembly.AssembledRequest:
         """``Recap.assemble``: the request to send now (its keyword parts, or ``request``)."""
         spec = request_from(
@@ -136,6 +137,7 @@ class AsyncRecap:
             model=model,
             max_input_tokens=max_input_tokens,
             as_of=as_of,
+            user_id=user_id,
         )
         return await self.run(self.recap.assemble, conversation_id, leaf=leaf, request=spec)
 

@@ -33,6 +33,7 @@ from recap.core.values.request import ContextFile, RequestSpec, request_from
 if TYPE_CHECKING:
     from recap.core.compression.run import Parts
     from recap.core.recall import Recalled
+    from recap.core.values.memory import MemoryRec
 
 
 class Recap:
@@ -117,13 +118,16 @@ class Recap:
         max_input_tokens: int | None = None,
         as_of: datetime | None = None,
         request: RequestSpec | None = None,
+        user_id: str | None = None,
     ) -> assembly.AssembledRequest:
         """The request to send now: ``.messages`` for the model, ``.tokens`` for accounting.
 
         ``model`` previews the request for another model (its window and tokenizer) without
         changing the conversation's; ``max_input_tokens`` overrides the window for this request.
         ``as_of`` builds the request as it was at that time (only the summaries, clearings and
-        pins recorded by then), writing nothing.
+        pins recorded by then), writing nothing. ``user_id`` sends that user's memory with the
+        request (``RECAP_MEMORY`` ``read`` or ``on``, the user's switch on; see
+        ``Recap.memories``).
 
         The keyword parts build one ``RequestSpec``; a host may pass that value as ``request``
         instead (then giving a part besides it is an ``InputError``)."""
@@ -138,6 +142,7 @@ class Recap:
             model=model,
             max_input_tokens=max_input_tokens,
             as_of=as_of,
+            user_id=user_id,
         )
         since = metrics.started()
         with tracing.span("recap.assemble", {"recap.conversation_id": conversation_id}) as span:
@@ -313,3 +318,50 @@ class Recap:
         from recap.core import lifecycle
 
         return lifecycle.delete(self.engine, conversation_id, self.settings).as_dict()
+
+    # --- a user's memory (docs/memory.md) ---------------------------------------------------
+
+    def memories(self, user_id: str) -> list[MemoryRec]:
+        """The user's memory entries, newest first: each with its text, tokens, how often it
+        was written, and the conversation and message that last wrote it."""
+        from recap.core.storage import memories
+
+        return memories.list_memories(self.engine, user_id)
+
+    def set_memory(self, user_id: str, key: str, text: str) -> MemoryRec:
+        """Set one entry of the user's memory by hand; ``MemoryLimitError`` (an ``InputError``)
+        when it would take the user past ``RECAP_MEMORY_MAX_TOKENS`` (nothing written)."""
+        from recap.core.storage import memories
+
+        return memories.set_memory(
+            self.engine, user_id, key, text, cap=self.settings.memory_max_tokens
+        )
+
+    def delete_memory(self, user_id: str, key: str | None = None) -> int:
+        """Delete one entry, or (no key) all of the user's memory and their switch; how many
+        entries went."""
+        from recap.core.storage import memories
+
+        return memories.delete_memory(self.engine, user_id, key)
+
+    def set_memory_enabled(self, user_id: str, enabled: bool) -> bool:
+        """The user's own switch: off, nothing is extracted from their conversations and
+        nothing injected into their requests (their entries are kept until deleted)."""
+        from recap.core.storage import memories
+
+        return memories.set_enabled(self.engine, user_id, enabled)
+
+    def export_memories(self, user_id: str) -> dict[str, Any]:
+        """Everything kept about the user, as one JSON object (``recap memory export``)."""
+        from recap.core.memory.export import export_user
+
+        return export_user(self.engine, user_id)
+
+    def extract_memories(
+        self, user_id: str, conversation_id: str, *, leaf: int | None = None
+    ) -> dict[str, Any]:
+        """Run ``recap.extract_memories`` now, in this process (the worker's own run, with the
+        installed extractor: the memory model, else the offline one); its JSON result."""
+        from recap.core.memory.run import extract_now
+
+        return extract_now(self.engine, self.settings, user_id, conversation_id, leaf)

@@ -115,6 +115,12 @@ class Settings(BaseSettings):
     # Pins (core.storage.pins): the stored tokens of a conversation's pinned messages, all
     # branches together, may not go past this (a pin beyond it is refused with PinLimitError).
     max_pinned_tokens: int = Field(default=8_000, ge=0)
+    # A user's memory (docs/memory.md): off, read (injected, never extracted) or on.
+    memory: Literal["off", "read", "on"] = "off"
+    memory_model: str | None = None  # the extraction model; unset: the summary model
+    memory_max_tokens: int = Field(default=2_000, ge=0)
+    memory_window_messages: int = Field(default=5, ge=1, le=100)
+    memory_window_tokens: int = Field(default=12_000, ge=100)
     # Recall (core.recall): the most characters one recall returns (a page; offset reads on).
     recall_max_chars: int = Field(default=20_000, ge=100)
     # `recap serve` adds the recap_recall tool upstream and answers its calls itself, at most

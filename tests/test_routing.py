@@ -26,7 +26,7 @@ from recap.core.settings import get_settings
 from recap.core.storage.db import make_engine
 from recap.core.storage.migrate import upgrade
 from recap.workers import enqueue
-from recap.workers.app import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE
+from recap.workers.app import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE, MEMORY_QUEUE
 from recap.workers.enqueue import compress_later
 from recap.workers.runner import worker_argv
 from tests.support.services import RedisServer
@@ -48,12 +48,13 @@ def chat(turns: int, tag: str) -> list[dict[str, str]]:
 @pytest.mark.parametrize(
     ("queue", "consumed"),
     [
-        (COMPRESS_QUEUE, f"{COMPRESS_QUEUE},{DEFAULT_QUEUE}"),
+        (COMPRESS_QUEUE, f"{COMPRESS_QUEUE},{DEFAULT_QUEUE},{MEMORY_QUEUE}"),
         (MAINTENANCE_QUEUE, MAINTENANCE_QUEUE),
     ],
 )
 def test_the_compress_worker_also_consumes_the_default_queue(queue: str, consumed: str) -> None:
-    """`recap worker` gives the compress worker Celery's default queue too; maintenance not."""
+    """`recap worker` gives the compress worker Celery's default queue and the memory queue
+    too; maintenance not."""
     argv = worker_argv(queue, beat=False, extra=())
     assert argv[argv.index("--queues") + 1] == consumed
 

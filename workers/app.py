@@ -46,6 +46,8 @@ from recap.workers.queues import COMPRESS_QUEUE as COMPRESS_QUEUE
 from recap.workers.queues import COMPRESS_TASK as COMPRESS_TASK
 from recap.workers.queues import DEFAULT_QUEUE as DEFAULT_QUEUE
 from recap.workers.queues import MAINTENANCE_QUEUE as MAINTENANCE_QUEUE
+from recap.workers.queues import MEMORY_QUEUE as MEMORY_QUEUE
+from recap.workers.queues import MEMORY_TASK as MEMORY_TASK
 
 TASK_ROUTES = {
     COMPRESS_TASK: {"queue": COMPRESS_QUEUE},
@@ -55,6 +57,7 @@ TASK_ROUTES = {
     "recap.prune_compaction_log": {"queue": MAINTENANCE_QUEUE},
     "recap.recount_tokens": {"queue": MAINTENANCE_QUEUE},
     "recap.expire_conversations": {"queue": MAINTENANCE_QUEUE},
+    MEMORY_TASK: {"queue": MEMORY_QUEUE},
 }
 
 
@@ -128,7 +131,8 @@ def task_queue(name: str, settings: Settings) -> Queue:
 
 def task_queues(settings: Settings) -> tuple[Queue, ...]:
     return tuple(
-        task_queue(name, settings) for name in (COMPRESS_QUEUE, MAINTENANCE_QUEUE, DEFAULT_QUEUE)
+        task_queue(name, settings)
+        for name in (COMPRESS_QUEUE, MAINTENANCE_QUEUE, MEMORY_QUEUE, DEFAULT_QUEUE)
     )
 
 
@@ -227,6 +231,7 @@ def create_app(settings: Settings | None = None) -> Celery:
         "recap.workers.tasks",
         "recap.workers.maintenance",
         "recap.workers.lifecycle",
+        "recap.workers.memory",
     )
     return celery
 

@@ -29,9 +29,24 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from recap.core import tracing
-from recap.workers.queues import COMPRESS_QUEUE, COMPRESS_TASK, ENQUEUED_HEADER
+from recap.workers.queues import (
+    COMPRESS_QUEUE,
+    COMPRESS_TASK,
+    ENQUEUED_HEADER,
+    MEMORY_QUEUE,
+    MEMORY_TASK,
+)
 
-__all__ = ["COMPRESS_TASK", "CompressJob", "compress_later", "producer_app", "reset", "send"]
+__all__ = [
+    "COMPRESS_TASK",
+    "CompressJob",
+    "MemoryJob",
+    "compress_later",
+    "producer_app",
+    "reset",
+    "send",
+    "send_memory",
+]
 _apps: dict[str, Celery] = {}
 _lock = threading.Lock()
 
@@ -82,16 +97,53 @@ def send(app: Celery, job: CompressJob) -> AsyncResult[Any]:
     return sent
 
 
+@dataclass(frozen=True)
+class MemoryJob:
+    """One ``recap.extract_memories`` to send: the user, the conversation and the turn."""
+
+    user_id: str
+    conversation_id: str
+    leaf: int | None = None
+
+    def __post_init__(self) -> None:
+        from recap.core.values.memory import check_user
+
+        check_user(self.user_id)
+        CompressJob(self.conversation_id, self.leaf)  # the same checks of the other two
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"leaf_message_id": self.leaf} if self.leaf is not None else {}
+
+
+def send_memory(app: Celery, job: MemoryJob) -> AsyncResult[Any]:
+    """Send ``job`` on ``app``'s broker to the memory queue."""
+    args = [job.conversation_id, job.user_id]  # the conversation first, as every task's
+    headers = {ENQUEUED_HEADER: time.time()}
+    return app.send_task(
+        MEMORY_TASK, args=args, kwargs=job.kwargs(), queue=MEMORY_QUEUE, headers=headers
+    )
+
+
 def compress_later(
     conversation_id: str,
     leaf: int | None = None,
     force: bool = False,
     *,
     broker_url: str | None = None,
+    user_id: str | None = None,
 ) -> str:
-    """Send one ``recap.compress_session`` to the compress queue; the task id."""
+    """Send one ``recap.compress_session`` to the compress queue; the task id. With
+    ``user_id`` and ``RECAP_MEMORY=on``, also one ``recap.extract_memories`` of the turn to
+    the memory queue (one call after each turn does both)."""
+    from recap.core.settings import get_settings
+
     job = CompressJob(conversation_id, leaf, force)
-    return str(send(producer_app(broker_url), job).id)
+    memory = MemoryJob(user_id, conversation_id, leaf) if user_id is not None else None
+    app = producer_app(broker_url)
+    task_id = str(send(app, job).id)
+    if memory is not None and get_settings().memory == "on":
+        send_memory(app, memory)
+    return task_id
 
 
 def producer_app(broker_url: str | None = None) -> Celery:
@@ -113,6 +165,7 @@ def _make_app(url: str) -> Celery:
 
     settings = get_settings().model_copy(update={"broker_url": url})
     queue = task_queue(COMPRESS_QUEUE, settings)
+    memory = task_queue(MEMORY_QUEUE, settings)
     app = Celery("recap-host", set_as_current=False)
     app.conf.update(
         broker_url=url,
@@ -120,9 +173,12 @@ def _make_app(url: str) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         result_backend=None,
-        task_queues=(queue,),
+        task_queues=(queue, memory),
         task_default_exchange_type=queue.exchange.type,
-        task_routes={COMPRESS_TASK: {"queue": COMPRESS_QUEUE}},
+        task_routes={
+            COMPRESS_TASK: {"queue": COMPRESS_QUEUE},
+            MEMORY_TASK: {"queue": MEMORY_QUEUE},
+        },
     )
     return app
 

@@ -23,3 +23,11 @@ class CompressionRetry(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class MemoryFailed(Exception):
+    """A ``recap.extract_memories`` run failed; the message is its masked reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -7,6 +7,8 @@ COMPRESS_TASK = "recap.compress_session"  # the task every compression is sent a
 RECONCILE_TASK = "recap.reconcile"
 COMPRESS_QUEUE = "compress"
 MAINTENANCE_QUEUE = "maintenance"
+MEMORY_TASK = "recap.extract_memories"  # a user's memory from a turn (docs/memory.md)
+MEMORY_QUEUE = "memory"  # its own queue: `recap worker`'s compress worker also consumes it
 DEFAULT_QUEUE = "celery"  # Celery's own default: where a plain send_task by name goes
 
 # The header a compression is sent with: when it was sent (time.time()), for the worker's queue

@@ -12,7 +12,8 @@ the others and exits non-zero, so a broken setup fails loudly instead of looping
 SIGINT are forwarded (a warm shutdown), and then nothing is restarted.
 
 The compress worker also consumes Celery's default queue (``workers.app.DEFAULT_QUEUE``), so a
-plain ``send_task`` by name reaches it.
+plain ``send_task`` by name reaches it, and the ``memory`` queue (``recap.extract_memories``),
+so memory needs no process of its own (``recap worker --queues memory`` starts one).
 
 The supervisor itself imports neither Celery nor SQLAlchemy nor litellm (the queue names come from
 ``workers.queues``): it only starts, watches and signals its children.
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from recap.workers.queues import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE
+from recap.workers.queues import COMPRESS_QUEUE, DEFAULT_QUEUE, MAINTENANCE_QUEUE, MEMORY_QUEUE
 
 COMPRESS_CONCURRENCY = 16  # threads: each mostly waits on the model's reply
 MAINTENANCE_CONCURRENCY = 2  # threads: short, CPU-light database batches
@@ -92,7 +93,9 @@ def worker_argv(queue: str, *, beat: bool, extra: Sequence[str]) -> list[str]:
     queues = queue
     if queue == COMPRESS_QUEUE:
         pool = {"--pool": "threads", "--concurrency": str(COMPRESS_CONCURRENCY)}
-        queues = f"{COMPRESS_QUEUE},{DEFAULT_QUEUE}"
+        queues = f"{COMPRESS_QUEUE},{DEFAULT_QUEUE},{MEMORY_QUEUE}"
+    elif queue == MEMORY_QUEUE:  # model calls, I/O-bound like compression
+        pool = {"--pool": "threads", "--concurrency": str(COMPRESS_CONCURRENCY)}
     elif queue == MAINTENANCE_QUEUE:
         pool = {"--pool": "threads", "--concurrency": str(MAINTENANCE_CONCURRENCY)}
     else:

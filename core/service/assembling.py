@@ -18,6 +18,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from recap.core.counting import budget as budgets
 from recap.core.counting import media, tokens
 from recap.core.request import assembly
+from recap.core.request import memory as memory_rules
 from recap.core.service import attaching
 from recap.core.service.conversations import guard_schema, log
 from recap.core.settings import Settings
@@ -31,6 +32,7 @@ from recap.core.storage import (
     store,
     versions,
 )
+from recap.core.storage import memories as memory_store
 from recap.core.storage import profile as profiles
 from recap.core.storage import reuse as reuses
 from recap.core.storage.db import session_scope
@@ -38,6 +40,7 @@ from recap.core.storage.models import utcnow
 from recap.core.storage.reuse import BranchReuse
 from recap.core.values.assembly import prompt_cache_key
 from recap.core.values.attach import Expansion
+from recap.core.values.memory import MemoryRec
 from recap.core.values.records import ClearingRec, Msg, merge_step, steps_of
 from recap.core.values.request import RequestParts, RequestSpec, request_from
 
@@ -164,10 +167,10 @@ def assemble_unrecorded(
         now=now,
     )
     target, loaded = read.target, read.loaded
-    request_parts = profiles.FixedParts(
-        *assembly.fixed_part_tokens(loaded.branch, spec, model=target.model)
+    system, tools, reminder, files = assembly.fixed_part_tokens(
+        loaded.branch, spec, model=target.model
     )
-    built = _assembled(loaded, settings, spec, target)
+    built = _assembled(loaded, settings, spec, target, read.memories)
     expansion = read.expansion
     if built.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
         with session_scope(engine) as session:
@@ -179,7 +182,10 @@ def assemble_unrecorded(
             loaded, expansion = attaching.expand_loaded(
                 session.connection(), conversation_id, loaded
             )
-        built = _assembled(loaded, settings, spec, target)
+        built = _assembled(loaded, settings, spec, target, read.memories)
+    # the user's memory is recorded with the system prompt: the trigger, reconcile and stats
+    # plan with the fixed parts the request really had (core.counting.budget)
+    request_parts = profiles.FixedParts(system + built.tokens.memory, tools, reminder, files)
     built = dataclasses.replace(
         built,
         max_output_tokens=_reply_room(target.model, target.window, built, read.calibration),
@@ -226,6 +232,7 @@ class _Read:
     calibration: float
     incarnation: str | None = None  # the conversation read (``store.Identity``)
     expansion: Expansion | None = None  # its attachments expanded (``core.request.attach``)
+    memories: tuple[MemoryRec, ...] = ()  # the user's entries sent (within the cap)
 
 
 def _read_for_request(
@@ -285,6 +292,7 @@ def _read_for_request(
             )
             forgotten = _span_forgotten(session, conversation_id, loaded, leaf, settings)
             incarnation = store.incarnation_of(session.connection(), conversation_id)
+            remembered = _memories(session.connection(), spec.user_id, settings)
     except (OperationalError, ProgrammingError) as exc:
         guard_schema(exc)
         raise
@@ -307,6 +315,7 @@ def _read_for_request(
         plan.calibration,
         incarnation,
         expansion,
+        remembered,
     )
 
 
@@ -322,6 +331,15 @@ def _same_choice(
         session, conversation_id, settings, read.target.model, read.profile, now
     )
     return dataclasses.replace(found, horizon=0) if found is not None else None
+
+
+def _memories(connection: Any, user_id: str | None, settings: Settings) -> tuple[MemoryRec, ...]:
+    """The user's memory entries the request sends (``core.request.memory.chosen``): none
+    without a user, with memory off, or when the user turned theirs off."""
+    if user_id is None or settings.memory == "off" or settings.memory_max_tokens == 0:
+        return ()
+    stored = memory_store.for_request(connection, user_id)
+    return tuple(memory_rules.within(stored, settings.memory_max_tokens))
 
 
 def _reply_room(
@@ -364,7 +382,11 @@ def _span_forgotten(
 
 
 def _assembled(
-    loaded: reads.RequestBranch, settings: Settings, spec: RequestSpec, target: assembly.Target
+    loaded: reads.RequestBranch,
+    settings: Settings,
+    spec: RequestSpec,
+    target: assembly.Target,
+    memories: tuple[MemoryRec, ...] = (),
 ) -> assembly.AssembledRequest:
     """``core.request.assembly.assemble`` over the branch as read."""
     missing = _missing_outputs(loaded.branch, loaded.clearings, settings.output_dir)
@@ -375,6 +397,7 @@ def _assembled(
         pinned=loaded.pinned,
         omitted=loaded.omitted,
         missing_outputs=missing,
+        memories=memories,
     )
     return assembly.assemble(stored, spec, target=target)
 

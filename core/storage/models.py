@@ -334,6 +334,58 @@ class Merge(SQLModel, table=True):
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
 
 
+class Memory(SQLModel, table=True):
+    """One entry of a user's memory (``core.values.memory``): unique per user and key; the
+    conversation and message that last wrote it, so erasing a conversation erases what it
+    contributed (every table with a ``conversation_id`` is erased with it)."""
+
+    __tablename__ = "memories"
+    __table_args__ = (UniqueConstraint("user_id", "key", name="uq_memories_user_key"), NEVER_REUSED)
+
+    id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
+    user_id: str = Field(max_length=255, index=True)
+    key: str = Field(max_length=64)
+    text: str = Field(sa_column=Column(Text, nullable=False))
+    tokens: int = 0
+    uses: int = 1
+    conversation_id: str | None = Field(
+        default=None, foreign_key="conversations.id", max_length=255, index=True
+    )
+    message_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    updated_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class MemoryRun(SQLModel, table=True):
+    """One extraction that wrote its result: unique per user, conversation and turn (the leaf
+    it read), so a redelivered task finds its turn done and writes nothing again."""
+
+    __tablename__ = "memory_runs"
+    __table_args__ = (
+        UniqueConstraint("user_id", "conversation_id", "message_id", name="uq_memory_runs_turn"),
+        NEVER_REUSED,
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
+    user_id: str = Field(max_length=255)
+    conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
+    message_id: int = Field(sa_column=Column(ID_TYPE, nullable=False))
+    task_id: str | None = Field(default=None, max_length=255)
+    edits: int = 0
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class MemoryUser(SQLModel, table=True):
+    """A user's own switch: ``enabled`` False turns memory off for them (nothing extracted,
+    nothing injected). A user without a row has memory on, as the settings allow."""
+
+    __tablename__ = "memory_users"
+
+    user_id: str = Field(primary_key=True, max_length=255)
+    enabled: bool = True
+    updated_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
 def table_of(model: type[SQLModel]) -> Table:
     """The Core table of a model, for hot-path reads that skip the ORM's per-row work."""
     table = model.__table__  # type: ignore[attr-defined]
@@ -349,3 +401,6 @@ REQUEST_PROFILES = table_of(RequestProfile)
 PINS = table_of(Pin)
 ATTACHMENTS = table_of(Attachment)
 MERGES = table_of(Merge)
+MEMORIES = table_of(Memory)
+MEMORY_RUNS = table_of(MemoryRun)
+MEMORY_USERS = table_of(MemoryUser)

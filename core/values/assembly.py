@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from recap.core.values.attach import Block
+from recap.core.values.memory import MemoryRec
 from recap.core.values.records import ClearingRec, Msg, SummaryRec
 
 
@@ -26,6 +27,8 @@ class StoredBranch:
     pinned: Sequence[Msg] = ()
     omitted: Sequence[int] = ()
     missing_outputs: Collection[str] = frozenset()
+    # the user's memory entries to send (``core.request.memory.chosen``: within the cap)
+    memories: Sequence[MemoryRec] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +44,7 @@ class TokenBreakdown:
     total: int
     media: int = 0  # images, audio and files sent in full (not in ``history``)
     reasoning: int = 0  # reasoning and thinking content sent (not in ``history``)
+    memory: int = 0  # the user's memory message (a fixed part, see ``core.request.memory``)
 
     def as_dict(self) -> dict[str, int]:
         """The breakdown as the CLI prints it."""
@@ -53,6 +57,7 @@ class TokenBreakdown:
             "reminder": self.reminder,
             "media": self.media,
             "reasoning": self.reasoning,
+            "memory": self.memory,
             "total": self.total,
         }
 

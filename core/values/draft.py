@@ -54,11 +54,20 @@ class Tally:
     history: int = 0
     media: int = 0
     reasoning: int = 0
+    memory: int = 0  # the user's memory message
 
     @property
     def fixed(self) -> int:
         """The parts fitted before any history, with the reply priming."""
-        return self.system + self.summary + self.reminder + self.tools + self.pinned + self.priming
+        return (
+            self.system
+            + self.summary
+            + self.reminder
+            + self.tools
+            + self.pinned
+            + self.priming
+            + self.memory
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +76,7 @@ class Ends:
     pinned messages a summary covers (``block``, right after it), the reminder last."""
 
     system: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None  # the user's memory, right after the system prompt
     summary: dict[str, Any] | None = None
     reminder: dict[str, Any] | None = None
     block: Sequence[dict[str, Any]] = ()

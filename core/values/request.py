@@ -41,7 +41,9 @@ class RequestSpec:
     cache marks (None: for Anthropic models only). ``model`` previews the request for another
     model (its window and tokenizer) without changing the conversation's;
     ``max_input_tokens`` overrides the window for this request; ``as_of`` builds the request as
-    it was at that moment (kept in UTC; a naive time is taken as UTC).
+    it was at that moment (kept in UTC; a naive time is taken as UTC). ``user_id`` names the
+    user the request is for: their memory is sent with it (``RECAP_MEMORY``, see
+    ``core.request.memory``).
     """
 
     system: str | None = None
@@ -53,6 +55,7 @@ class RequestSpec:
     model: str | None = None
     max_input_tokens: int | None = None
     as_of: datetime | None = None
+    user_id: str | None = None
 
     def __post_init__(self) -> None:
         """Check the fields once, and keep the sequences as tuples (the value stays frozen)."""
@@ -64,6 +67,10 @@ class RequestSpec:
             object.__setattr__(self, "context_files", tuple(self.context_files))
         if self.as_of is not None:
             object.__setattr__(self, "as_of", _as_utc(self.as_of))
+        if self.user_id is not None:
+            from recap.core.values.memory import check_user
+
+            object.__setattr__(self, "user_id", check_user(self.user_id))
 
 
 class RequestParts(TypedDict, total=False):
@@ -78,6 +85,7 @@ class RequestParts(TypedDict, total=False):
     model: str | None
     max_input_tokens: int | None
     as_of: datetime | None
+    user_id: str | None
 
 
 NO_PARTS = RequestSpec()  # what a request given no parts asks for

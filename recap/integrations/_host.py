@@ -67,18 +67,20 @@ def assemble(
     leaf: int | None = None,
     system: str | None = None,
     tools: list[dict[str, Any]] | None = None,
+    user_id: str | None = None,
 ) -> Assembled:
     """Recap's assembly of the branch ending at ``leaf`` (default: the head). ``system`` and
     ``tools`` are what the framework sends beside the history: counted as the request's fixed
     parts, and the system message taken off again (the framework sends its own). A request
     that cannot fit is compressed now, in this process, and assembled once more (the README's
-    host loop)."""
+    host loop). ``user_id`` sends that user's memory with it (docs/memory.md)."""
+    parts: dict[str, Any] = {"system": system, "tools": tools, "user_id": user_id}
     try:
         try:
-            request = recap.assemble(conversation_id, leaf=leaf, system=system, tools=tools)
+            request = recap.assemble(conversation_id, leaf=leaf, **parts)
         except BudgetError:
             recap.compress(conversation_id, leaf=leaf)
-            request = recap.assemble(conversation_id, leaf=leaf, system=system, tools=tools)
+            request = recap.assemble(conversation_id, leaf=leaf, **parts)
     except InputError as exc:
         if str(exc).startswith(EMPTY_BRANCH):
             return Assembled([], None)
@@ -102,13 +104,18 @@ def add_messages(
     return recap.add_many(conversation_id, list(messages), parent_id=parent_id)
 
 
-def enqueue(recap: Recap, conversation_id: str, leaf: int | None = None) -> str | None:
-    """``compress_later`` on the broker of ``recap``'s settings; the task id. A broker that
-    cannot be reached is logged and the turn goes on (``recap reconcile`` catches up)."""
+def enqueue(
+    recap: Recap, conversation_id: str, leaf: int | None = None, user_id: str | None = None
+) -> str | None:
+    """``compress_later`` on the broker of ``recap``'s settings (and the user's memory
+    extraction, with ``user_id``); the task id. A broker that cannot be reached is logged and
+    the turn goes on (``recap reconcile`` catches up)."""
     from recap.workers.enqueue import compress_later
 
     try:
-        return compress_later(conversation_id, leaf, broker_url=recap.settings.broker_url)
+        return compress_later(
+            conversation_id, leaf, broker_url=recap.settings.broker_url, user_id=user_id
+        )
     except Exception as exc:  # the turn must not fail on the broker: reconcile re-enqueues
         log.warning("compress_later failed for %s: %s", conversation_id, exc)
         return None

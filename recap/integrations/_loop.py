@@ -90,9 +90,15 @@ class HostLoop:
     """One adapter's side of the loop, for the conversations it serves."""
 
     def __init__(
-        self, recap: Recap, *, model: str | None = None, max_input_tokens: int | None = None
+        self,
+        recap: Recap,
+        *,
+        model: str | None = None,
+        max_input_tokens: int | None = None,
+        user_id: str | None = None,
     ) -> None:
         self.recap = recap
+        self.user_id = user_id  # the user whose memory the requests carry (docs/memory.md)
         self.model = model
         self.max_input_tokens = max_input_tokens
         self._known: set[str] = set()  # conversations seen to exist
@@ -122,7 +128,7 @@ class HostLoop:
         if reserve != self._reserves.get(cid):  # a stored reserve stays until a call sets one
             self.recap.set_output_reserve(cid, reserve)
         self._reserves[cid] = reserve
-        return _host.assemble(self.recap, cid, system=system, tools=tools)
+        return _host.assemble(self.recap, cid, system=system, tools=tools, user_id=self.user_id)
 
     def record(self, cid: str, reading: Reading | None) -> None:
         """Store the provider's usage of the request last assembled for the conversation (the
@@ -167,4 +173,4 @@ class HostLoop:
 
     def enqueue(self, cid: str) -> None:
         """``compress_session`` for the conversation, on the broker of the settings."""
-        _host.enqueue(self.recap, cid)
+        _host.enqueue(self.recap, cid, user_id=self.user_id)

@@ -56,10 +56,12 @@ class RecapMiddleware(AgentMiddleware[RecapState, Any, Any]):
         max_input_tokens: int | None = None,
         model: str | None = None,
         enqueue: bool = True,
+        user_id: str | None = None,
     ) -> None:
         """``conversation_id`` fixes the conversation (default: each run's ``thread_id``); a new
         one is created with ``model``'s tokenizer and window, or ``max_input_tokens``.
-        ``enqueue=False`` leaves compression to the host."""
+        ``enqueue=False`` leaves compression to the host. ``user_id`` names the user whose
+        memory the requests carry and whose turns it is extracted from (docs/memory.md)."""
         super().__init__()
         if isinstance(recap, AsyncRecap):
             self._async = recap
@@ -70,7 +72,9 @@ class RecapMiddleware(AgentMiddleware[RecapState, Any, Any]):
         self.max_input_tokens = max_input_tokens
         self.model = model
         self.enqueue = enqueue
-        self._loop = _loop.HostLoop(self.recap, model=model, max_input_tokens=max_input_tokens)
+        self._loop = _loop.HostLoop(
+            self.recap, model=model, max_input_tokens=max_input_tokens, user_id=user_id
+        )
 
     # --- which conversation -----------------------------------------------------------------
 
@@ -110,7 +114,7 @@ class RecapMiddleware(AgentMiddleware[RecapState, Any, Any]):
     def _after(self, state: Mapping[str, Any], cid: str) -> dict[str, Any] | None:
         update = self._record(state, cid)
         if self.enqueue:
-            _host.enqueue(self.recap, cid)
+            _host.enqueue(self.recap, cid, user_id=self._loop.user_id)
         return update
 
     def before_model(self, state: RecapState, runtime: Runtime[Any]) -> dict[str, Any] | None:

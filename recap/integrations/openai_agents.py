@@ -81,12 +81,14 @@ class RecapSession:
         tools: list[dict[str, Any]] | None = None,
         enqueue: bool = True,
         session_settings: SessionSettings | Mapping[str, Any] | None = None,
+        user_id: str | None = None,
     ) -> None:
         """``session_id`` names the conversation (created on first use, with ``model``'s
         tokenizer and window, or ``max_input_tokens``). ``instructions`` and ``tools`` (OpenAI
         tool schemas) are counted in the budget until a model wrapped by ``wrap()`` hands the
         agent's own. ``session_settings`` is a ``SessionSettings`` or a dict of its fields
-        (default ``SessionSettings()``). ``enqueue=False`` leaves compression to the host."""
+        (default ``SessionSettings()``). ``enqueue=False`` leaves compression to the host.
+        ``user_id`` names the user whose memory the requests carry (docs/memory.md)."""
         from agents.memory.session_settings import SessionSettings, coerce_session_settings
 
         if not isinstance(session_id, str) or not session_id:
@@ -103,6 +105,7 @@ class RecapSession:
         self.max_input_tokens = max_input_tokens
         self.fixed = FixedParts(instructions, tuple(tools) if tools is not None else None)
         self.enqueue = enqueue
+        self.user_id = user_id
         self._generation = 1
         self._reserve: int | None = None  # the output reserve last set on the conversation
         # id(run context) -> (usage readings seen, the leaf of the request assembled for its
@@ -214,7 +217,12 @@ class RecapSession:
             self.recap.compress(cid, leaf=leaf, force=True)
         tools = list(self.fixed.tools) if self.fixed.tools is not None else None
         return _host.assemble(
-            self.recap, cid, leaf=leaf, system=self.fixed.instructions, tools=tools
+            self.recap,
+            cid,
+            leaf=leaf,
+            system=self.fixed.instructions,
+            tools=tools,
+            user_id=self.user_id,
         )
 
     def items_of(self, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -240,7 +248,7 @@ class RecapSession:
         if self._subs:
             await self._recap.run(self._attach_subs, cid)
         if self.enqueue and any(convert.is_model_output(item) for item in plain):
-            await self._recap.run(_host.enqueue, self.recap, cid, None)
+            await self._recap.run(_host.enqueue, self.recap, cid, None, self.user_id)
 
     def _add(self, plain: list[dict[str, Any]], wrapper: Any) -> str:
         cid = self._current()

@@ -73,11 +73,13 @@ class RecapHistory(AbstractCapability[Any]):
         model: str | None = None,
         max_input_tokens: int | None = None,
         enqueue: bool = True,
+        user_id: str | None = None,
     ) -> None:
         """``conversation_id`` fixes the conversation (default: each run's
         ``conversation_id``, so pass one to ``agent.run``); a new one is created with
         ``model``'s tokenizer and window, or ``max_input_tokens``. ``enqueue=False`` leaves
-        compression to the host."""
+        compression to the host. ``user_id`` names the user whose memory the requests carry
+        (docs/memory.md)."""
         if isinstance(recap, AsyncRecap):
             self._async = recap
         else:
@@ -88,7 +90,9 @@ class RecapHistory(AbstractCapability[Any]):
         self.max_input_tokens = max_input_tokens
         self.enqueue = enqueue
         self._runs: OrderedDict[str, _Run] = OrderedDict()
-        self._loop = _loop.HostLoop(self.recap, model=model, max_input_tokens=max_input_tokens)
+        self._loop = _loop.HostLoop(
+            self.recap, model=model, max_input_tokens=max_input_tokens, user_id=user_id
+        )
 
     @classmethod
     def get_serialization_name(cls) -> str | None:

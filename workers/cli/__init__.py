@@ -8,14 +8,14 @@ The package is laid out by job:
 - ``common``: settings, database engine and output (``--json`` or a table) shared by commands;
 - ``options`` and ``durations``: shared options and the parsing of their values;
 - the commands, one module per job: ``data``, ``views``, ``compression``, ``maintenance``,
-  ``run`` and ``lifecycle``.
+  ``run``, ``lifecycle`` and ``memory`` (the ``recap memory`` group).
 
 The commands are registered below, in the order ``recap --help`` lists them.
 """
 
 from __future__ import annotations
 
-from recap.workers.cli import compression, data, lifecycle, maintenance, run, views
+from recap.workers.cli import compression, data, lifecycle, maintenance, memory, run, views
 from recap.workers.cli.durations import parse_duration
 from recap.workers.cli.root import app
 
@@ -51,6 +51,7 @@ app.command()(lifecycle.conversations)
 app.command()(lifecycle.expire)
 app.command()(views.timeline)
 app.command()(views.recall)
+app.add_typer(memory.memory_app, name="memory")
 
 
 def main() -> None:

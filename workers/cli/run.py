@@ -131,7 +131,11 @@ def demo(
 def worker(
     ctx: typer.Context,
     queues: Annotated[
-        str, typer.Option(help="compress, maintenance, or both (two worker processes).")
+        str,
+        typer.Option(
+            help="compress, maintenance, or both (two worker processes); memory alone starts a "
+            "worker for the memory queue (the compress worker consumes it too)."
+        ),
     ] = "compress,maintenance",
     beat: Annotated[bool, typer.Option(help="Embed beat (single-machine setups).")] = False,
 ) -> None:

@@ -41,6 +41,9 @@ def assemble(
         ),
     ] = None,
     as_of: AsOfOption = None,
+    user: Annotated[
+        str | None, typer.Option(help="The user whose memory the request carries.")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Print the request the host would send now (or would have sent at --as-of TIME)."""
@@ -61,6 +64,7 @@ def assemble(
         text_only=text_only,
         cache_breakpoints=cache,
         as_of=as_of,
+        user_id=user,
     )
     payload = request.as_dict()
     rows = [

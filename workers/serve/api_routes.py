@@ -219,7 +219,10 @@ async def responses(request: Request) -> Response:
         if cid is None:
             first = responses_api.first_message(chat.messages)
             cid = responses_api.derived_conversation(owner, first)
-        turn = routes.new_turn(state, cid, owner, model, chat.with_system(), chat.params)
+        turn = routes.new_turn(
+            state, cid, owner, model, chat.with_system(), chat.params,
+            user=routes.user_header(request),
+        )  # fmt: skip
         turn.after = previous.parent if previous is not None else None
 
         def name(reply_id: int | None) -> str:  # the conversation as the client names it
@@ -417,7 +420,10 @@ async def messages(request: Request) -> Response:
             return await routes.passthrough(
                 state, model, chat.messages, chat.params, chat.stream, True, shape
             )
-        turn = routes.new_turn(state, cid, owner, model, chat.messages, chat.params)
+        turn = routes.new_turn(
+            state, cid, owner, model, chat.messages, chat.params,
+            user=routes.user_header(request),
+        )  # fmt: skip
         if nt is not None:
             turn.native = nt
             shape = native_routes.native_shape(nt, lambda _r: "")

@@ -101,17 +101,51 @@ async def chat_completions(request: Request) -> Response:
         messages, params, stream = checked.messages, checked.params, checked.stream
         if cid is None:
             return await passthrough(state, model, messages, params, stream, checked.include_usage)
-        turn = new_turn(state, cid, owner, model, messages, params)
+        turn = new_turn(state, cid, owner, model, messages, params, user=user_header(request))
         return await stored_turn(state, turn, stream, checked.include_usage, started)
     except ServeError as exc:
         log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
         return exc.response()
 
 
+USER_HEADER = "X-Recap-User"
+
+
+def user_header(request: Request) -> str | None:
+    """The user the ``X-Recap-User`` header names (decoded as the conversation header is)."""
+    raw = request.headers.get(USER_HEADER)
+    try:
+        return headers.decode(raw) if raw is not None else None
+    except ValueError:
+        raise bad_request("X-Recap-User is not UTF-8 (percent-encoded or raw).") from None
+
+
+def turn_user(owner: str, params: dict[str, Any], header: str | None) -> str | None:
+    """The stored id of the user a turn is for: the header's name, else the API's ``user``
+    field, scoped by the client key as conversation ids are (``memories.serve_user``); None
+    when the request names no user."""
+    from recap.core.storage.memories import serve_user
+
+    name = header if header is not None else params.get("user")
+    if name is None or name == "":
+        return None
+    try:
+        return serve_user(owner, name)
+    except RecapError as exc:
+        raise bad_request(f"{USER_HEADER} or `user`: {exc}") from None
+
+
 def new_turn(
-    state: State, cid: str, owner: str, model: str, messages: list[Any], params: dict[str, Any]
+    state: State,
+    cid: str,
+    owner: str,
+    model: str,
+    messages: list[Any],
+    params: dict[str, Any],
+    *,
+    user: str | None = None,
 ) -> Turn:
-    """A stored turn for a checked request."""
+    """A stored turn for a checked request; ``user`` is the ``X-Recap-User`` header's name."""
     if params.get("n", 1) != 1:
         raise bad_request("A stored conversation records one reply per turn: n must be 1.")
     settings = state.turns.settings
@@ -127,6 +161,7 @@ def new_turn(
         tools=tools if isinstance(tools, list) else None,
         history=rest,
         params=params,
+        user_id=turn_user(owner, params, user),
     )
 
 
@@ -199,7 +234,7 @@ async def stored_turn(
         body,
         media_type=JSON_TYPE,
         headers=answer_headers,
-        background=BackgroundTask(turns.enqueue, turn.conversation_id, turn.leaf_id),
+        background=BackgroundTask(turns.enqueue, turn.conversation_id, turn.leaf_id, turn.user_id),
     )
 
 
@@ -278,7 +313,7 @@ def _stream_turn(
                 await turns.record_usage(turn, response)
             except Exception as exc:
                 log.error("serve_usage_not_recorded", error=turns.error_text(exc))
-        await turns.enqueue(turn.conversation_id, turn.leaf_id)
+        await turns.enqueue(turn.conversation_id, turn.leaf_id, turn.user_id)
 
     return TurnStream(relay, close, headers=dict(reply_headers(turn)))
 

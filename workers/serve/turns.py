@@ -68,6 +68,7 @@ class Turn:
     name: str = ""  # the client's name of the conversation (default: ``conversation_id``)
     stream: bool = False  # streamed: sent without ``recap_recall`` (``recall.enabled``)
     native: Any = None  # the API's own dialect upstream (``workers.serve.native``), if sent so
+    user_id: str | None = None  # the user whose memory it carries, scoped to the key
 
     def __post_init__(self) -> None:
         self.name = self.name or self.conversation_id
@@ -144,7 +145,12 @@ class Turns:
             turn.conversation_id = resolved.conversation_id
             mapped = self._store(turn)
         turn.leaf_id = mapped.leaf_id
-        spec = RequestSpec(system=turn.system, tools=self._tools(turn), **self._for_model(turn))
+        spec = RequestSpec(
+            system=turn.system,
+            tools=self._tools(turn),
+            user_id=turn.user_id,
+            **self._for_model(turn),
+        )
         try:
             assembled, turn.recording = self.recap.recap.assemble_unrecorded(
                 turn.conversation_id, spec, leaf=turn.leaf_id
@@ -315,6 +321,7 @@ class Turns:
             system=turn.system,
             tools=self._tools(turn),
             **target,
+            user_id=turn.user_id,
         )
         turn.room = assembled.budget - assembled.tokens.total
         turn.assembled = assembled
@@ -422,11 +429,14 @@ class Turns:
                 leaf=turn.leaf_id,
             )
 
-    async def enqueue(self, conversation_id: str, leaf_id: int | None) -> None:
-        """``recap.compress_session`` for the workers; a broker outage is logged, not raised:
-        the reply is already out, and reconcile picks the conversation up later."""
+    async def enqueue(
+        self, conversation_id: str, leaf_id: int | None, user_id: str | None = None
+    ) -> None:
+        """``recap.compress_session`` for the workers (and ``recap.extract_memories`` of the
+        turn's user); a broker outage is logged, not raised: the reply is already out, and
+        reconcile picks the conversation up later."""
         try:
-            await self.recap.run(_send_compress, conversation_id, leaf_id)
+            await self.recap.run(_send_compress, conversation_id, leaf_id, user_id)
         except Exception as exc:
             log.warning(
                 "serve_enqueue_failed",
@@ -444,11 +454,11 @@ class Turns:
         return client_text(redact(str(exc), self._secrets))
 
 
-def _send_compress(conversation_id: str, leaf_id: int | None) -> None:
+def _send_compress(conversation_id: str, leaf_id: int | None, user_id: str | None) -> None:
     """Enqueue on the configured broker, routed as the workers expect."""
     from recap.workers.enqueue import compress_later
 
-    compress_later(conversation_id, leaf_id)
+    compress_later(conversation_id, leaf_id, user_id=user_id)
 
 
 def reply_headers(turn: Turn) -> Mapping[str, str]:

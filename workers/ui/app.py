@@ -25,7 +25,7 @@ from recap.core.errors import RecapError
 from recap.core.redact import error_text, known_secrets
 from recap.core.settings import Settings, get_settings
 from recap.core.storage.db import get_engine
-from recap.workers.ui import routes
+from recap.workers.ui import memory, routes
 from recap.workers.ui.auth import LoginLimiter, Sessions
 from recap.workers.ui.headers import SecurityHeaders
 
@@ -88,6 +88,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/login", routes.login, methods=["POST"], name="login"),
             Route("/logout", routes.logout, methods=["POST"], name="logout"),
             Route("/c/{cid:path}", routes.conversation, methods=["GET"], name="conversation"),
+            Route("/memory", memory.users, methods=["GET"], name="memory"),
+            Route("/memory/u/{user:path}", memory.user, methods=["GET"], name="memory_user"),
             Route("/actions/compress", routes.compress, methods=["POST"], name="compress"),
             Route("/actions/retry", routes.retry, methods=["POST"], name="retry"),
             Mount("/static", app=SecurityHeaders(static_files, pages=False), name="static"),

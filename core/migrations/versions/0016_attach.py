@@ -1,7 +1,7 @@
 """attach and merge: attach pointers in the tree and merge commits
 
 Revision ID: 0016
-Revises: 0014
+Revises: 0015
 Create Date: 2026-12-07
 
 ``Recap.attach`` appends two marker messages to a conversation's branch (the open and the close
@@ -23,7 +23,7 @@ import sqlmodel
 from alembic import op
 
 revision = "0016"
-down_revision = "0014"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

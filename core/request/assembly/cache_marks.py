@@ -27,7 +27,7 @@ def stage(given: Given, draft: Draft) -> Draft:
         return draft
     ends = draft.ends
     messages = list(draft.messages)
-    stable = [m for m in (ends.summary, *ends.block) if m is not None]
+    stable = [m for m in (ends.memory, ends.summary, *ends.block) if m is not None]
     positions = _marked(
         messages,
         has_system=ends.system is not None,

@@ -1,5 +1,6 @@
 """Stage 4, the fixed parts: the pinned messages (those a summary covers as a block right after
-it, the others in their place but paid for here), the summary, the reminder and the tools."""
+it, the others in their place but paid for here), the user's memory, the summary, the reminder
+and the tools."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from recap.core.counting import tokens
 from recap.core.request import pins as pin_rules
 from recap.core.request.assembly.given import Given
 from recap.core.request.assembly.parts import ADDED_ROLE, count, summary_part, tools_tokens
+from recap.core.request.memory import memory_text
 from recap.core.values.draft import Draft
 
 
@@ -25,12 +27,14 @@ def stage(given: Given, draft: Draft) -> Draft:
     pinned_tokens = sum(tokens.count_message(m, encoding, model=model) for m in block)
     pinned_tokens += sum(unit.tokens for unit in history.older if unit.pinned)
     summary_message, summary_tokens = summary_part(given.stored.summary, encoding)
+    memory = memory_text(given.stored.memories)
     reminder = request.reminder
     return replace(
         draft,
         ends=replace(
             draft.ends,
             summary=summary_message,
+            memory={"role": ADDED_ROLE, "content": memory} if memory else None,
             reminder={"role": ADDED_ROLE, "content": reminder} if reminder else None,
             block=block,
         ),
@@ -40,5 +44,6 @@ def stage(given: Given, draft: Draft) -> Draft:
             summary=summary_tokens,
             reminder=count(ADDED_ROLE, reminder, encoding) if reminder else 0,
             tools=tools_tokens(request.tools, encoding),
+            memory=count(ADDED_ROLE, memory, encoding) if memory else 0,
         ),
     )

@@ -54,7 +54,7 @@ def _finished(given: Given, ends: Ends, fitted: Fitted) -> media.Finished:
 
 def _pinned_positions(ends: Ends, fitted: Fitted) -> tuple[int, ...]:
     """Where the pinned messages sit in ``_whole``'s list: the byte guard ages their media last."""
-    start = sum(1 for m in (ends.system, ends.summary) if m is not None)
+    start = sum(1 for m in (ends.system, ends.memory, ends.summary) if m is not None)
     history = start + len(ends.block)
     return (*range(start, history), *(history + i for i in fitted.pinned_at))
 
@@ -62,7 +62,7 @@ def _pinned_positions(ends: Ends, fitted: Fitted) -> tuple[int, ...]:
 def _whole(ends: Ends, fitted: Fitted) -> list[dict[str, Any]]:
     """The request's messages: the system prompt and summary, the pinned messages the summary
     covers, the history, the reminder."""
-    messages = [m for m in (ends.system, ends.summary) if m is not None]
+    messages = [m for m in (ends.system, ends.memory, ends.summary) if m is not None]
     messages.extend(ends.block)
     messages.extend(fitted.messages)
     if ends.reminder is not None:

@@ -27,6 +27,7 @@ def result(given: Given, draft: Draft) -> AssembledRequest:
         reminder=tally.reminder,
         media=tally.media,
         reasoning=tally.reasoning,
+        memory=tally.memory,
         total=tally.fixed + history - tally.pinned + tally.context + tally.media + tally.reasoning,
     )
     summary = stored.summary

@@ -1,5 +1,6 @@
 """Stage 5, the tail (the last user message and everything after it) within what the fixed parts
-leave: the summary shortened first when the whole would crowd the newest turn out, the tail's
+leave: the user's memory left out first when the whole would not fit, the summary shortened
+first when the whole would crowd the newest turn out, the tail's
 results shortened or its older steps left out (``fit_tail``), the summary cut to its note when
 the tail still does not fit; else a ``BudgetError``: the tail is never cut silently."""
 
@@ -32,6 +33,12 @@ def stage(given: Given, draft: Draft) -> Draft:
     """The tail fitted, the summary shortened or cut for it, and the room left for history."""
     budget, encoding = given.budget, given.encoding
     tally, history = draft.tally, draft.history
+    if tally.memory and tally.fixed + tokens_of(history.tail) > budget:
+        # the user's memory goes first: the newest turn is never cut to keep it
+        draft = replace(
+            draft, ends=replace(draft.ends, memory=None), tally=replace(tally, memory=0)
+        )
+        tally = draft.tally
     others = tally.fixed - tally.summary  # the fixed parts but the summary
     summary, summary_tokens, summary_cut = draft.ends.summary, tally.summary, False
     if summary is not None and tally.fixed + tokens_of(history.tail) > budget:
