@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from recap.core.counting import budget as budgets
-from recap.core.counting import media, tokens
+from recap.core.counting import kinds, media, tokens
 from recap.core.request import assembly
 from recap.core.service.conversations import guard_schema, log
 from recap.core.settings import Settings
@@ -29,6 +29,9 @@ from recap.core.storage.reuse import BranchReuse
 from recap.core.values.assembly import prompt_cache_key
 from recap.core.values.records import ClearingRec, Msg, merge_step, steps_of
 from recap.core.values.request import RequestParts, RequestSpec, request_from
+
+REPLANS = 2  # requests built again when one turns out over its budget at its own mix's factor
+REPLAN_STEP = 0.01  # each such build plans with a factor at least this much higher
 
 
 def assemble(
@@ -99,6 +102,7 @@ class Recording:
     built: assembly.AssembledRequest
     recounted: list[recount.Change]
     incarnation: str | None = None  # the conversation as read: nothing is written for another
+    composition: tuple[float, ...] | None = None  # the request's estimate by kind of content
 
     def write(self) -> None:
         """Write what the request learned, each write in a transaction that holds the
@@ -114,6 +118,7 @@ class Recording:
             self.spec,
             self.now,
             (self.model, self.loaded, built),
+            composition=self.composition,
         )
         _record_media(engine, conversation, built)
         if recount.current_bases(self.model) == recount.current_bases(self.stored_model):
@@ -141,31 +146,40 @@ def assemble_unrecorded(
     """``assemble`` without its writes: the request, and the ``Recording`` to write for it
     (None for a request ``as_of`` a past time, which writes nothing)."""
     now = utcnow()
-    read = _read_for_request(
-        engine,
-        conversation_id,
-        settings,
-        spec,
-        leaf,
-        reserve_tokens=reserve_tokens,
-        reuse=reuse,
-        now=now,
-    )
-    target, loaded = read.target, read.loaded
+    at_least = None
+    for _ in range(REPLANS + 1):
+        read = _read_for_request(
+            engine,
+            conversation_id,
+            settings,
+            spec,
+            leaf,
+            reserve_tokens=reserve_tokens,
+            reuse=reuse,
+            now=now,
+            at_least=at_least,
+        )
+        target, loaded = read.target, read.loaded
+        built = _assembled(loaded, settings, spec, target)
+        if built.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
+            with session_scope(engine) as session:
+                loaded = reads.load_request_branch(
+                    session, conversation_id, read.leaf, None, spec.as_of
+                )
+            loaded, read.recounted = recount.refreshed(loaded, target.model)
+            built = _assembled(loaded, settings, spec, target)
+        composition, factor = _own_factor(read, spec, built, now)
+        limit = target.budget
+        if limit is None or built.tokens.total * factor <= limit * read.calibration:
+            break  # within the budget at the request's own factor
+        at_least = max(factor, read.calibration * (1 + REPLAN_STEP))
     request_parts = profiles.FixedParts(
         *assembly.fixed_part_tokens(loaded.branch, spec, model=target.model)
     )
-    built = _assembled(loaded, settings, spec, target)
-    if built.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
-        with session_scope(engine) as session:
-            loaded = reads.load_request_branch(
-                session, conversation_id, read.leaf, None, spec.as_of
-            )
-        loaded, read.recounted = recount.refreshed(loaded, target.model)
-        built = _assembled(loaded, settings, spec, target)
+    factor = max(factor, read.calibration)
     built = dataclasses.replace(
         built,
-        max_output_tokens=_reply_room(target.model, target.window, built, read.calibration),
+        max_output_tokens=_reply_room(target.model, target.window, built, factor),
         truncated_tokens=built.truncated_tokens + loaded.omitted_tokens,
         forgotten_files=[*built.forgotten_files, *read.forgotten],
         prompt_cache_key=prompt_cache_key(conversation_id, loaded.root),
@@ -186,8 +200,25 @@ def assemble_unrecorded(
         built=built,
         recounted=read.recounted,
         incarnation=read.incarnation,
+        composition=composition,
     )
     return built, recording
+
+
+def _own_factor(
+    read: _Read, spec: RequestSpec, built: assembly.AssembledRequest, now: datetime
+) -> tuple[tuple[float, ...], float]:
+    """The request's estimate split by kind of content (``core.counting.kinds``), and the
+    factor its own mix is planned with (the single factor when no rates per kind are fitted)."""
+    composition = tuple(
+        round(value, 1)
+        for value in kinds.composition(built.messages, spec.tools, built.tokens.total)
+    )
+    reading = read.profile.reading if read.profile is not None else None
+    factor = budgets.calibration_factor(
+        reading, leaf_id=read.head, now=now, composition=composition
+    )
+    return composition, min(max(factor, tokens.CALIBRATION_MIN), tokens.CALIBRATION_MAX)
 
 
 @dataclasses.dataclass(slots=True)
@@ -204,9 +235,10 @@ class _Read:
     stored_model: str
     calibration: float
     incarnation: str | None = None  # the conversation read (``store.Identity``)
+    head: int | None = None  # the last message read
 
 
-def _read_for_request(
+def _read_for_request(  # noqa: PLR0913 - the request and how it is planned, each named
     engine: Engine,
     conversation_id: str,
     settings: Settings,
@@ -216,6 +248,7 @@ def _read_for_request(
     reserve_tokens: int,
     reuse: BranchReuse | None,
     now: datetime,
+    at_least: float | None = None,
 ) -> _Read:
     """One short read session: the conversation's model and window, the request profile, and
     the branch within the budget (from the last read with ``reuse``, not for ``as_of``, whose
@@ -236,7 +269,7 @@ def _read_for_request(
 
             def budget_at(leaf_id: int | None) -> budgets.Budget:
                 return _request_budget(
-                    settings, model, window, given is not None, profile, leaf_id, now
+                    settings, model, window, given is not None, profile, leaf_id, now, at_least
                 )
 
             def limit_at(leaf_id: int | None) -> int:
@@ -276,6 +309,7 @@ def _read_for_request(
         stored_model,
         plan.calibration,
         incarnation,
+        head,
     )
 
 
@@ -342,10 +376,13 @@ def _request_budget(
     profile: profiles.Profile | None,
     leaf: int | None,
     now: datetime,
+    at_least: float | None = None,
 ) -> budgets.Budget:
     """The whole request's budget (``.request``: its limit in estimated tokens):
     ``core.counting.budget`` with the output reserve and the calibration factor of the latest
-    provider reading, weighted by how far the branch moved past it."""
+    provider reading, weighted by how far the branch moved past it: with rates per kind of
+    content fitted, the factor of the last request's mix (the next one is mostly the same), or
+    ``at_least`` when the request built with it turned out to need more."""
     reserve = budgets.output_reserve(
         tokens.model_info(model),
         window_given=window_given,
@@ -353,11 +390,15 @@ def _request_budget(
         override=profile.reserve_override if profile is not None else None,
     )
     reading = profile.reading if profile is not None else None
+    sent = profile.sent if profile is not None else None
+    factor = budgets.calibration_factor(
+        reading, leaf_id=leaf, now=now, composition=sent.composition if sent else None
+    )
     return budgets.request_budget(
         window,
         safety_margin=settings.safety_margin,
         output_reserve=reserve,
-        calibration=budgets.calibration_factor(reading, leaf_id=leaf, now=now),
+        calibration=max(factor, at_least or 0.0),
     )
 
 
@@ -369,6 +410,8 @@ def _record_profile(
     spec: RequestSpec,
     now: datetime,
     built: tuple[str, reads.RequestBranch, assembly.AssembledRequest],
+    *,
+    composition: tuple[float, ...] | None = None,
 ) -> None:
     """Record the fixed parts this request was given and Recap's count of the request built
     (what ``record_usage`` compares the provider's reading with), unless the stored profile
@@ -390,7 +433,10 @@ def _record_profile(
         pins=[m.id for m in loaded.pinned],
         steps=steps_of(after.values()),
     )
-    sent = profiles.Sent(request.tokens.total, leaf_id, state)
+    if composition is None:
+        parts_by_kind = kinds.composition(request.messages, tools, request.tokens.total)
+        composition = tuple(round(value, 1) for value in parts_by_kind)
+    sent = profiles.Sent(request.tokens.total, leaf_id, state, composition)
     if (
         stored is not None
         and stored.parts == parts

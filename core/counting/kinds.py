@@ -1,0 +1,148 @@
+"""What a request is made of, by kind of content (pure): prose, code and JSON, digit runs, and
+base64 or other dense strings.
+
+Providers' tokenizers differ from tiktoken by kind of content more than by anything else: prose
+counts about the same, code and JSON more, digit runs up to twice, base64 and hex strings more
+still. The calibration (``core.counting.calibration``) learns one factor per kind, so it needs
+each request's composition: its estimated tokens split by kind.
+
+The rules are cheap on purpose (``assemble`` runs them over every request it builds): one pass of
+regular expressions per line, no tokenizer. A line's characters go to a kind, and each kind's
+characters become tokens at its own rate (about what ``cl100k_base`` gives for that kind); the
+shares are then scaled to Recap's own count of the request, so that a composition always adds up
+to the estimate a reading is compared with. What is not text (framing, media) is spread over the
+kinds in proportion, a request without any text is all prose.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+KINDS = ("prose", "code", "digits", "other")
+PROSE, CODE, DIGITS, OTHER = range(len(KINDS))
+
+# A run of the base64 (or hex) alphabet this long, with letters and digits both, is dense data.
+DENSE = re.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}")
+DIGIT_RUN = re.compile(r"\d+")
+# Characters that mark code and JSON; a line with more of them than CODE_SHARE of its
+# characters is code.
+CODE_MARKS = frozenset('{}[]()<>;:="\\|&*#@$')
+CODE_SHARE = 0.05
+# Characters per estimated token of each kind (prose and code as cl100k averages them; digits
+# are counted by their groups of three, as cl100k and o200k split them; dense strings).
+CHARS_PER_TOKEN = {PROSE: 4.5, CODE: 3.3, OTHER: 1.5}
+
+Composition = tuple[float, ...]  # estimated tokens per kind, in the order of ``KINDS``
+
+
+def _dense(run: str) -> bool:
+    digits = sum(1 for char in run if char.isdigit())
+    return 2 <= digits < len(run) - 1
+
+
+def text_weights(text: str) -> list[float]:
+    """Approximate tokens of ``text`` per kind (before scaling to any count)."""
+    chars = [0, 0, 0, 0]
+    digit_tokens = 0
+    for line in text.splitlines():
+        rest = line
+        if len(line) >= 32:
+            dense = [run for run in DENSE.findall(line) if _dense(run)]
+            if dense:
+                chars[OTHER] += sum(len(run) for run in dense)
+                for run in dense:
+                    rest = rest.replace(run, " ")
+        for run in DIGIT_RUN.findall(rest):
+            digit_tokens += (len(run) + 2) // 3
+            chars[DIGITS] += len(run)
+        rest = DIGIT_RUN.sub("", rest)
+        size = len(rest.strip())
+        if not size:
+            continue
+        marks = sum(1 for char in rest if char in CODE_MARKS)
+        chars[CODE if marks > CODE_SHARE * size else PROSE] += size
+    return [
+        chars[PROSE] / CHARS_PER_TOKEN[PROSE],
+        chars[CODE] / CHARS_PER_TOKEN[CODE],
+        float(digit_tokens),
+        chars[OTHER] / CHARS_PER_TOKEN[OTHER],
+    ]
+
+
+def _add(into: list[float], more: Iterable[float]) -> None:
+    for index, value in enumerate(more):
+        into[index] += value
+
+
+def _as_code(text: str) -> list[float]:
+    """Text that is code or JSON as a whole (tool arguments and schemas), digits apart."""
+    weights = text_weights(text)
+    return [0.0, weights[PROSE] + weights[CODE], weights[DIGITS], weights[OTHER]]
+
+
+def message_weights(message: Mapping[str, Any]) -> list[float]:
+    """Approximate tokens of one chat-completions message per kind: its text content and text
+    parts, its tool calls' names and arguments (arguments as code), its reasoning text."""
+    weights = [0.0, 0.0, 0.0, 0.0]
+    content = message.get("content")
+    if isinstance(content, str):
+        _add(weights, text_weights(content))
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                _add(weights, text_weights(part["text"]))
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            _add(weights, text_weights(str(function.get("name") or "")))
+            _add(weights, _as_code(str(function.get("arguments") or "")))
+    for key in ("reasoning_content", "thinking"):
+        if isinstance(message.get(key), str):
+            _add(weights, text_weights(message[key]))
+    return weights
+
+
+def composition(messages: Iterable[Mapping[str, Any]], tools: Any, total: int) -> Composition:
+    """The request's ``total`` estimated tokens split by kind: the messages' and the tool
+    schemas' (as code) approximate tokens per kind, scaled to ``total``."""
+    weights = [0.0, 0.0, 0.0, 0.0]
+    for message in messages:
+        if isinstance(message, Mapping):
+            _add(weights, message_weights(message))
+    if tools:
+        _add(weights, _as_code(json.dumps(tools, separators=(",", ":"), default=str)))
+    return scaled(weights, total)
+
+
+def scaled(weights: Iterable[float], total: int) -> Composition:
+    """``weights`` scaled to add up to ``total`` (all prose when they add up to nothing)."""
+    values = [max(value, 0.0) for value in weights]
+    whole = sum(values)
+    if total <= 0:
+        return (0.0,) * len(KINDS)
+    if whole <= 0:
+        return (float(total),) + (0.0,) * (len(KINDS) - 1)
+    return tuple(total * value / whole for value in values)
+
+
+def encode(parts: Composition | None) -> str | None:
+    """A composition as stored: the tokens per kind, rounded, space-separated."""
+    if parts is None:
+        return None
+    return " ".join(f"{value:.1f}" for value in parts)
+
+
+def decode(text: str | None) -> Composition | None:
+    """A stored composition read back (None for nothing stored or anything malformed)."""
+    if not text:
+        return None
+    try:
+        values = tuple(float(part) for part in text.split())
+    except ValueError:
+        return None
+    if len(values) != len(KINDS) or any(value < 0 for value in values):
+        return None
+    return values
