@@ -34,7 +34,7 @@ from recap.core.counting.kinds import KINDS, Composition
 from recap.core.counting.tokens import CALIBRATION_MAX, CALIBRATION_MIN
 
 WINDOW = 16  # the readings a fit uses, newest first
-RIDGE = 0.02  # the pull of each rate towards the pooled ratio
+RIDGE = 0.005  # the pull of each rate towards the pooled ratio
 SEEN = 0.2  # a kind's tokens over the readings, in requests' worth, before its rate is trusted
 UPPER_QUANTILE = 0.9
 UPPER_MAX = 1.15
@@ -123,9 +123,11 @@ def objective(a: list[list[float]], b: list[float], rates: Sequence[float]) -> f
 
 
 def solve(a: list[list[float]], b: list[float], low: float, high: float) -> list[float]:
-    """The minimum of ``f A f - 2 b f`` with every rate within ``[low, high]``: coordinate
-    descent, exact per coordinate (``A`` is positive definite with the ridge, so it converges
-    to the one minimum)."""
+    """The minimum of ``f A f - 2 b f`` with every rate within ``[low, high]`` (``A`` is positive
+    definite with the ridge: one minimum). Coordinate descent, exact per coordinate, finds which
+    rates sit at a bound; the others are then solved exactly together (coordinate descent alone
+    crawls along the directions the readings hardly tell apart), and the point kept is the
+    better one within the box."""
     n = len(b)
     rates = [min(max(b[i] / a[i][i], low), high) for i in range(n)]
     for _ in range(SWEEPS):
@@ -137,7 +139,48 @@ def solve(a: list[list[float]], b: list[float], low: float, high: float) -> list
             rates[i] = value
         if moved < 1e-12:
             break
+    for _ in range(n):
+        free = [i for i in range(n) if low < rates[i] < high]
+        exact = _solve_free(a, b, rates, free)
+        if exact is None or any(not low <= r <= high for r in exact):
+            break
+        if objective(a, b, exact) > objective(a, b, rates):
+            break
+        rates = exact
+        grad = [sum(a[i][j] * rates[j] for j in range(n)) - b[i] for i in range(n)]
+        freed = [i for i in range(n) if i not in free and _pulled_inside(rates[i], grad[i], low)]
+        if not freed:
+            break
+        for i in freed:  # a rate at a bound the gradient pulls inside: free it and solve again
+            rates[i] = min(max(rates[i] - 1e-9 if rates[i] >= high else rates[i] + 1e-9, low), high)
     return rates
+
+
+def _pulled_inside(rate: float, grad: float, low: float) -> bool:
+    return grad > 0 if rate > low else grad < 0
+
+
+def _solve_free(
+    a: list[list[float]], b: list[float], rates: list[float], free: list[int]
+) -> list[float] | None:
+    """``rates`` with the ``free`` ones solved exactly, the others held (Gaussian elimination;
+    None for a singular system)."""
+    held = [j for j in range(len(b)) if j not in free]
+    rows = [[a[i][j] for j in free] + [b[i] - sum(a[i][j] * rates[j] for j in held)] for i in free]
+    size = len(free)
+    for col in range(size):
+        pivot = max(range(col, size), key=lambda r: abs(rows[r][col]))
+        if abs(rows[pivot][col]) < 1e-15:
+            return None
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(size):
+            if r != col:
+                ratio = rows[r][col] / rows[col][col]
+                rows[r] = [x - ratio * y for x, y in zip(rows[r], rows[col], strict=True)]
+    out = list(rates)
+    for k, i in enumerate(free):
+        out[i] = rows[k][size] / rows[k][k]
+    return out
 
 
 def quantile(values: Sequence[float], q: float) -> float:
