@@ -4,7 +4,8 @@ talking to the stand-in model server, which counts by content (``content_meter``
 
 Each session draws a window (3k or 6k tokens in the fast subset), the provider's factors, and a
 conversation: user turns mixing prose, code, JSON and numbers, model answers of either kind, and
-tool calls whose JSON outputs reach half the window. What is counted, per session:
+tool calls whose JSON outputs reach half the window (a fifth of them carrying a base64
+attachment). What is counted, per session:
 
 - ``over_window``: requests the provider counted above the window (it refused them);
 - ``dead_ends``: agent runs that failed, although the system prompt, the tools and the user
@@ -16,6 +17,7 @@ tool calls whose JSON outputs reach half the window. What is counted, per sessio
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import random
 from collections.abc import Callable
@@ -59,10 +61,15 @@ def numbers(rng: random.Random, count: int) -> str:
     return " ".join(str(rng.randrange(10**6, 10**12)) for _ in range(max(count, 1)))
 
 
-def json_blob(rng: random.Random, tokens: int) -> str:
-    """A JSON tool output of about ``tokens`` tiktoken tokens."""
-    rows = []
+def json_blob(rng: random.Random, tokens: int, attachment: bool = False) -> str:
+    """A JSON tool output of about ``tokens`` tiktoken tokens; with ``attachment``, a third of
+    them a base64 attachment."""
+    rows: list[dict[str, Any]] = []
     size = 0
+    if attachment:
+        data = base64.b64encode(rng.randbytes(max(tokens // 3, 8) * 2)).decode()
+        rows.append({"order_id": "scan", "attachment": data})
+        size += tokens // 3
     while size < tokens:
         rows.append(
             {
@@ -123,7 +130,8 @@ class Draw:
             for step in range(rng.choice([0, 0, 1, 1, 2])):
                 key = f"t{turn}s{step}"
                 share = rng.choice([0.02, 0.05, 0.1, 0.2, 0.35, 0.5])
-                self.outputs[key] = json_blob(rng, int(self.window * share / 1.4))
+                scan = rng.random() < 0.2
+                self.outputs[key] = json_blob(rng, int(self.window * share / 1.4), scan)
                 calls.append(key)
             turns.append((user_turn(rng, self.window, turn), calls))
         return turns
@@ -169,11 +177,21 @@ def tool_reply(key: str) -> Reply:
 
 
 async def run_session(
-    stack: FrameworkStack, recap: Recap, make: MakeTalk, draw: Draw, name: str
+    stack: FrameworkStack,
+    recap: Recap,
+    make: MakeTalk,
+    draw: Draw,
+    name: str,
+    upstream: LLMServer | None = None,
 ) -> Figures:
-    """One seeded session through an adapter; the worker's run after each turn is waited for."""
+    """One seeded session through an adapter; the worker's run after each turn is waited for.
+    The model server is a new one, or ``upstream`` (a `recap serve`'s, kept running) given this
+    session's provider and answers."""
     meter = ContentMeter(draw.window, seed=draw.seed)
-    server = LLMServer(default=model_reply(draw.seed), meter=meter).start()
+    if upstream is not None:
+        upstream.clear_script()
+        upstream.meter, upstream.default = meter, model_reply(draw.seed)
+    server = upstream or LLMServer(default=model_reply(draw.seed), meter=meter).start()
     figures = Figures(sessions=1)
     cid = f"{name}-{draw.seed}-{draw.window}"
     try:
@@ -201,7 +219,8 @@ async def run_session(
             figures.failures.append(f"{cid}: requests over the {draw.window} window: {over}")
         _readings(recap, cid, figures)
     finally:
-        server.stop()
+        if upstream is None:
+            server.stop()
     return figures
 
 
