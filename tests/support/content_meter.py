@@ -2,8 +2,8 @@
 from tiktoken: prose about 1.0-1.15x cl100k, code and JSON 1.3-1.7x, runs of digits 2x, base64
 runs 1.7-2.0x (each session draws its own factors from a seed). The stand-in model server
 (``LLMServer(meter=...)``) reports this count as ``prompt_tokens``, the leading messages it saw
-in the previous request as ``cached_tokens`` (a prompt cache), and refuses a request over its window as OpenAI does:
-HTTP 400, code ``context_length_exceeded``, the count in the message.
+in the previous request as ``cached_tokens`` (a prompt cache), and refuses a request over its
+window as OpenAI does: HTTP 400, code ``context_length_exceeded``, the count in the message.
 
 No single calibration factor fits such a provider: a turn heavy in JSON or numbers counts more
 per tiktoken token than a chatty one, which is what the framework live-loop tests put Recap's
