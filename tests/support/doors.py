@@ -85,7 +85,7 @@ def python_api_talk(
     async def call(messages: list[dict[str, Any]]) -> Any:
         return await client.chat.completions.create(
             model="stand-in",
-            messages=messages,
+            messages=messages,  # type: ignore[arg-type]
             tools=tools,  # type: ignore[arg-type]
         )
 
@@ -150,9 +150,10 @@ def langchain_talk(
         checkpointer=InMemorySaver(),
     )
     config: Any = {"configurable": {"thread_id": cid}}
+    graph: Any = agent
 
     async def talk(message: str) -> None:
-        await agent.ainvoke({"messages": [("user", message)]}, config)
+        await graph.ainvoke({"messages": [("user", message)]}, config)
 
     return talk
 
@@ -207,7 +208,7 @@ def agents_sdk_talk(
         return outputs[key]
 
     tool = function_tool(lookup, name_override=loop.TOOL_NAME, description_override=LOOKUP_DOC)
-    session = RecapSession(cid, recap=recap, max_input_tokens=window)
+    session: Any = RecapSession(cid, recap=recap, max_input_tokens=window)
     client = AsyncOpenAI(base_url=server.url, api_key="test-key", max_retries=0)
     model = OpenAIChatCompletionsModel(model="stand-in", openai_client=client)
     agent = Agent(name="support", instructions=loop.SYSTEM, model=session.wrap(model), tools=[tool])

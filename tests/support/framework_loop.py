@@ -20,13 +20,14 @@ import asyncio
 import base64
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import text
 
 from recap.core.client import Recap
+from recap.core.counting import calibration, kinds
 from tests.support.content_meter import ContentMeter
 from tests.support.frameworks_stack import FrameworkStack, tool_call_reply
 from tests.support.llm_server import LLMServer, Reply
@@ -150,6 +151,10 @@ class Figures:
     cached_readings: int = 0
     uncalibrated: int = 0  # sessions whose stored factor stayed 1.0
     failures: list[str] = field(default_factory=list)
+    # per reading after a session's third: |predicted / measured - 1| by the rates per kind
+    # fitted over the readings before it, and by the single factor of the reading before it
+    calibration_errors: list[float] = field(default_factory=list)
+    single_factor_errors: list[float] = field(default_factory=list)
 
     def add(self, other: Figures) -> None:
         for name in (
@@ -164,6 +169,8 @@ class Figures:
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.failures.extend(other.failures)
+        self.calibration_errors.extend(other.calibration_errors)
+        self.single_factor_errors.extend(other.single_factor_errors)
 
 
 # A turn: the user message in; the agent runs (raising on failure) in the session's event loop.
@@ -227,12 +234,36 @@ async def run_session(
 def _readings(recap: Recap, cid: str, figures: Figures) -> None:
     with recap.engine.connect() as connection:
         rows = connection.execute(
-            text("SELECT prompt_tokens, cached_tokens FROM usage WHERE conversation_id = :c"),
+            text(
+                "SELECT prompt_tokens, cached_tokens, estimated_tokens, kinds FROM usage "
+                "WHERE conversation_id = :c ORDER BY id"
+            ),
             {"c": cid},
         ).all()
+    _calibration_errors(rows, figures)
     figures.readings += len(rows)
     figures.cached_readings += sum(1 for row in rows if row[1])
     stats = recap.stats(cid)
     if stats.calibration == 1.0:
         figures.uncalibrated += 1
         figures.failures.append(f"{cid}: no calibration stored ({len(rows)} usage rows)")
+
+
+def _calibration_errors(rows: Sequence[Any], figures: Figures) -> None:
+    """How well each reading after the third was predicted before it was made: by the rates per
+    kind of content fitted over the readings before it, and by the single factor of the one
+    before it (what one factor per conversation would have planned with)."""
+    samples: list[calibration.Sample] = []
+    previous: float | None = None
+    for measured, _cached, estimated, stored in rows:
+        composition = kinds.decode(stored)
+        if composition is None or measured <= 0 or estimated <= 0:
+            continue
+        if len(samples) >= 3 and previous is not None:
+            fitted = calibration.fit(samples[::-1])
+            if fitted is not None:
+                predicted = fitted.predicted(composition)
+                figures.calibration_errors.append(abs(predicted / measured - 1))
+            figures.single_factor_errors.append(abs(previous * estimated / measured - 1))
+        samples.append(calibration.Sample(composition, int(measured)))
+        previous = measured / estimated
