@@ -44,7 +44,7 @@ def dominant(text: str) -> str:
     ],
 )
 def test_text_is_classified_by_its_kind(text: str, kind: str) -> None:
-    assert dominant(text) == kind if text else kinds.text_weights(text) == [0, 0, 0, 0]
+    assert dominant(text) == kind if text else kinds.text_weights(text) == (0, 0, 0, 0)
 
 
 def test_digits_count_by_groups_of_three() -> None:

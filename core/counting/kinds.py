@@ -25,28 +25,47 @@ KINDS = ("prose", "code", "digits", "other")
 PROSE, CODE, DIGITS, OTHER = range(len(KINDS))
 
 # A run of the base64 (or hex) alphabet this long, with letters and digits both, is dense data.
-DENSE = re.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}")
+DENSE = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{32,}={0,2}")  # from a run's start only
 DIGIT_RUN = re.compile(r"\d+")
 # Characters that mark code and JSON; a line with more of them than CODE_SHARE of its
 # characters is code.
 CODE_MARKS = frozenset('{}[]()<>;:="\\|&*#@$')
 CODE_SHARE = 0.05
 # Characters per estimated token of each kind (prose and code as cl100k averages them; digits
-# are counted by their groups of three, as cl100k and o200k split them; dense strings).
+# are counted by their groups of three, as cl100k and o200k split them, a run's last group
+# counted as a whole token on average; dense strings).
 CHARS_PER_TOKEN = {PROSE: 4.5, CODE: 3.3, OTHER: 1.5}
 
 Composition = tuple[float, ...]  # estimated tokens per kind, in the order of ``KINDS``
 
 
+_MARKS_GONE = str.maketrans("", "", "".join(sorted(CODE_MARKS)))
+_DIGITS_GONE = str.maketrans("", "", "0123456789")
+_CACHE_SIZE = 16_384  # texts' weights kept by (hash, length): a conversation's requests repeat them
+_cache: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+
+
 def _dense(run: str) -> bool:
-    digits = sum(1 for char in run if char.isdigit())
+    digits = len(run) - len(run.translate(_DIGITS_GONE))
     return 2 <= digits < len(run) - 1
 
 
-def text_weights(text: str) -> list[float]:
-    """Approximate tokens of ``text`` per kind (before scaling to any count)."""
+def text_weights(text: str) -> tuple[float, float, float, float]:
+    """Approximate tokens of ``text`` per kind (before scaling to any count); remembered for
+    the texts seen last, as a conversation's next request sends most of them again."""
+    key = (hash(text), len(text))
+    found = _cache.get(key)
+    if found is None:
+        found = _text_weights(text)
+        if len(_cache) >= _CACHE_SIZE:
+            _cache.clear()
+        _cache[key] = found
+    return found
+
+
+def _text_weights(text: str) -> tuple[float, float, float, float]:
     chars = [0, 0, 0, 0]
-    digit_tokens = 0
+    digit_tokens = 0.0
     for line in text.splitlines():
         rest = line
         if len(line) >= 32:
@@ -55,21 +74,24 @@ def text_weights(text: str) -> list[float]:
                 chars[OTHER] += sum(len(run) for run in dense)
                 for run in dense:
                     rest = rest.replace(run, " ")
-        for run in DIGIT_RUN.findall(rest):
-            digit_tokens += (len(run) + 2) // 3
-            chars[DIGITS] += len(run)
-        rest = DIGIT_RUN.sub("", rest)
+        without = rest.translate(_DIGITS_GONE)
+        if len(without) < len(rest):  # digit runs: a token per group of three, about
+            runs = len(DIGIT_RUN.findall(rest))
+            digit_chars = len(rest) - len(without)
+            digit_tokens += (digit_chars + 2 * runs) / 3
+            chars[DIGITS] += digit_chars
+            rest = without
         size = len(rest.strip())
         if not size:
             continue
-        marks = sum(1 for char in rest if char in CODE_MARKS)
+        marks = size - len(rest.strip().translate(_MARKS_GONE))
         chars[CODE if marks > CODE_SHARE * size else PROSE] += size
-    return [
+    return (
         chars[PROSE] / CHARS_PER_TOKEN[PROSE],
         chars[CODE] / CHARS_PER_TOKEN[CODE],
-        float(digit_tokens),
+        digit_tokens,
         chars[OTHER] / CHARS_PER_TOKEN[OTHER],
-    ]
+    )
 
 
 def _add(into: list[float], more: Iterable[float]) -> None:
