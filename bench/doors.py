@@ -18,6 +18,7 @@ single factor of the reading before it, as one factor per conversation would hav
 from __future__ import annotations
 
 import os
+import sys
 import statistics
 import tempfile
 from pathlib import Path
@@ -59,9 +60,10 @@ def _measure(folder: Path) -> dict[str, loop.Figures]:
                 finally:
                     recap.engine.dispose()
                 figures = results[door]
-                print(door, {k: v for k, v in vars(figures).items() if k != "failures"}.items())
+                shown = {k: v for k, v in vars(figures).items() if not isinstance(v, list)}
+                print(door, shown, file=sys.stderr)
                 for line in figures.failures[:5]:
-                    print("  ", line, flush=True)
+                    print("  ", line, file=sys.stderr, flush=True)
         return results
     finally:
         os.environ.clear()
