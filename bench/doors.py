@@ -18,8 +18,8 @@ single factor of the reading before it, as one factor per conversation would hav
 from __future__ import annotations
 
 import os
-import sys
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
