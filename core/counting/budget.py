@@ -45,6 +45,9 @@ CALIBRATION_STALE = timedelta(days=7)
 # ignored (ids grow with every message, so their difference is how far the branch moved on).
 CALIBRATION_NEAR_MESSAGES = 200
 CALIBRATION_FAR_MESSAGES = 2_000
+# A factor per kind of content this close to the single one is the single one (one reading
+# gives every kind its ratio, up to rounding).
+SAME_FACTOR = 1e-7
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +136,9 @@ def calibration_factor(
     raw = min(max(reading.measured / reading.estimated, CALIBRATION_MIN), CALIBRATION_MAX)
     fitted = kind_factors(reading)
     if fitted is not None and composition is not None and sum(composition) > 0:
-        raw = fitted.factor(tuple(composition))
+        by_kind = fitted.factor(tuple(composition))
+        if abs(by_kind - raw) > SAME_FACTOR * raw:  # else the readings said no more than one
+            raw = by_kind
     weight = _age_weight(reading.at, now) * _distance_weight(reading.leaf_id, leaf_id)
     return 1.0 + (raw - 1.0) * weight
 

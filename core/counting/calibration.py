@@ -71,7 +71,7 @@ class KindFactors:
 
     def encode(self) -> str:
         """As stored: the rates, then ``upper``."""
-        return " ".join(f"{value:.4f}" for value in (*self.rates, self.upper))
+        return " ".join(f"{value:.9g}" for value in (*self.rates, self.upper))
 
     @classmethod
     def decode(cls, text: str | None) -> KindFactors | None:
