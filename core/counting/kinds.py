@@ -41,8 +41,8 @@ Composition = tuple[float, ...]  # estimated tokens per kind, in the order of ``
 
 _MARKS_GONE = str.maketrans("", "", "".join(sorted(CODE_MARKS)))
 _DIGITS_GONE = str.maketrans("", "", "0123456789")
-_CACHE_SIZE = 16_384  # texts' weights kept by (hash, length): a conversation's requests repeat them
-_cache: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+_CACHE_SIZE = 16_384  # texts' weights kept by hash: a conversation's requests repeat them
+_cache: dict[int, tuple[float, float, float, float]] = {}
 
 
 def _dense(run: str) -> bool:
@@ -51,9 +51,11 @@ def _dense(run: str) -> bool:
 
 
 def text_weights(text: str) -> tuple[float, float, float, float]:
-    """Approximate tokens of ``text`` per kind (before scaling to any count); remembered for
-    the texts seen last, as a conversation's next request sends most of them again."""
-    key = (hash(text), len(text))
+    """Approximate tokens of ``text`` per kind (before scaling to any count); remembered by the
+    text's hash for the texts seen last, as a conversation's next request sends most of them
+    again (two texts of one hash, a chance of one in 2**64, would share a composition: a
+    calibration a little off, nothing worse)."""
+    key = hash(text)
     found = _cache.get(key)
     if found is None:
         found = _text_weights(text)
@@ -94,49 +96,67 @@ def _text_weights(text: str) -> tuple[float, float, float, float]:
     )
 
 
-def _add(into: list[float], more: Iterable[float]) -> None:
-    for index, value in enumerate(more):
-        into[index] += value
-
-
-def _as_code(text: str) -> list[float]:
+def _as_code(text: str) -> tuple[float, float, float, float]:
     """Text that is code or JSON as a whole (tool arguments and schemas), digits apart."""
-    weights = text_weights(text)
-    return [0.0, weights[PROSE] + weights[CODE], weights[DIGITS], weights[OTHER]]
+    prose, code, digits, other = text_weights(text)
+    return (0.0, prose + code, digits, other)
+
+
+def _is_mapping(value: Any) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def message_weights(message: Mapping[str, Any]) -> list[float]:
     """Approximate tokens of one chat-completions message per kind: its text content and text
     parts, its tool calls' names and arguments (arguments as code), its reasoning text."""
     weights = [0.0, 0.0, 0.0, 0.0]
+    parts: list[tuple[float, float, float, float]] = []
     content = message.get("content")
-    if isinstance(content, str):
-        _add(weights, text_weights(content))
+    if type(content) is str:
+        parts.append(text_weights(content))
     elif isinstance(content, list):
         for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                _add(weights, text_weights(part["text"]))
+            if _is_mapping(part) and isinstance(part.get("text"), str):
+                parts.append(text_weights(part["text"]))
     for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping):
-            _add(weights, text_weights(str(function.get("name") or "")))
-            _add(weights, _as_code(str(function.get("arguments") or "")))
-    for key in ("reasoning_content", "thinking"):
-        if isinstance(message.get(key), str):
-            _add(weights, text_weights(message[key]))
+        function: Any = call.get("function") if _is_mapping(call) else None
+        if function is not None and _is_mapping(function):
+            parts.append(text_weights(str(function.get("name") or "")))
+            parts.append(_as_code(str(function.get("arguments") or "")))
+    if len(message) > 2:  # role and content alone: the common case has no reasoning
+        for key in ("reasoning_content", "thinking"):
+            if isinstance(message.get(key), str):
+                parts.append(text_weights(message[key]))
+    for prose, code, digits, other in parts:
+        weights[PROSE] += prose
+        weights[CODE] += code
+        weights[DIGITS] += digits
+        weights[OTHER] += other
     return weights
 
 
 def composition(messages: Iterable[Mapping[str, Any]], tools: Any, total: int) -> Composition:
     """The request's ``total`` estimated tokens split by kind: the messages' and the tool
     schemas' (as code) approximate tokens per kind, scaled to ``total``."""
-    weights = [0.0, 0.0, 0.0, 0.0]
+    prose = code = digits = other = 0.0
     for message in messages:
-        if isinstance(message, Mapping):
-            _add(weights, message_weights(message))
+        if not _is_mapping(message):
+            continue
+        content = message.get("content")
+        if type(content) is str and len(message) == 2:  # role and text: the common case
+            weights: Any = text_weights(content)
+        else:
+            weights = message_weights(message)
+        prose += weights[PROSE]
+        code += weights[CODE]
+        digits += weights[DIGITS]
+        other += weights[OTHER]
     if tools:
-        _add(weights, _as_code(json.dumps(tools, separators=(",", ":"), default=str)))
-    return scaled(weights, total)
+        _, more_code, more_digits, more_other = _as_code(
+            json.dumps(tools, separators=(",", ":"), default=str)
+        )
+        code, digits, other = code + more_code, digits + more_digits, other + more_other
+    return scaled((prose, code, digits, other), total)
 
 
 def scaled(weights: Iterable[float], total: int) -> Composition:
