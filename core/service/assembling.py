@@ -416,7 +416,9 @@ def _record_profile(
     """Record the fixed parts this request was given and Recap's count of the request built
     (what ``record_usage`` compares the provider's reading with), unless the stored profile
     already says exactly that (a repeat of the same request writes nothing). Only a request
-    that was built is recorded: a failing ``assemble`` writes nothing."""
+    that was built is recorded: a failing ``assemble`` writes nothing. ``composition`` is the
+    request's estimate by kind of content (``assemble`` works it out; without it the stored
+    one stays)."""
     tools = spec.tools
     tools_text = json.dumps(tools, sort_keys=True, separators=(",", ":")) if tools else ""
     files = tuple(spec.context_files)
@@ -433,9 +435,8 @@ def _record_profile(
         pins=[m.id for m in loaded.pinned],
         steps=steps_of(after.values()),
     )
-    if composition is None:
-        parts_by_kind = kinds.composition(request.messages, tools, request.tokens.total)
-        composition = tuple(round(value, 1) for value in parts_by_kind)
+    if composition is None and stored is not None and stored.sent is not None:
+        composition = stored.sent.composition  # not given (``Recording`` always gives it)
     sent = profiles.Sent(request.tokens.total, leaf_id, state, composition)
     if (
         stored is not None
