@@ -117,7 +117,8 @@ def test_one_reading_gives_its_ratio_to_every_kind() -> None:
     composition = (600.0, 300.0, 100.0, 0.0)
     fitted = cal.fit([cal.Sample(composition, 1_300)])
     assert fitted is not None
-    assert fitted.rates == pytest.approx((1.3,) * 4, abs=1e-6)
+    assert fitted.rates[:3] == pytest.approx((1.3,) * 3, abs=1e-6)
+    assert fitted.rates[kinds.OTHER] == CALIBRATION_MAX  # never seen: planned at the most
     assert fitted.upper == pytest.approx(1.0, abs=1e-6)
     assert fitted.factor(composition) == pytest.approx(1.3, abs=1e-6)
 
@@ -148,6 +149,8 @@ def test_the_rates_of_a_mixed_history_are_learned() -> None:
 
 
 def test_an_unseen_kind_is_planned_at_the_worst_rate_seen() -> None:
+    """Prose and code seen: digits and dense strings, never seen, planned at the most a kind
+    may count; a kind seen a little, at least at the worst rate seen."""
     truth = (1.0, 1.5, 2.0, 2.0)
     rng = random.Random(9)
     samples = []
@@ -156,8 +159,7 @@ def test_an_unseen_kind_is_planned_at_the_worst_rate_seen() -> None:
         samples.append(cal.Sample(composition, provider(truth, composition)))
     fitted = cal.fit(samples)
     assert fitted is not None
-    assert fitted.rates[kinds.DIGITS] >= fitted.rates[kinds.CODE] - 1e-9
-    assert fitted.rates[kinds.OTHER] >= fitted.rates[kinds.CODE] - 1e-9
+    assert fitted.rates[kinds.DIGITS] == fitted.rates[kinds.OTHER] == CALIBRATION_MAX
     assert fitted.rates[kinds.CODE] == pytest.approx(1.5, abs=0.05)
 
 
@@ -268,3 +270,13 @@ def test_the_fit_finds_the_reference_minimum(seed: int) -> None:
     assert 1.0 <= fitted.upper <= cal.UPPER_MAX
     # planned rates are never below the fitted ones
     assert all(p >= f - 1e-12 for p, f in zip(fitted.rates, ours, strict=True))
+
+
+def test_a_kind_seen_a_little_is_planned_at_the_worst_rate_seen() -> None:
+    samples = [cal.Sample((900.0, 0.0, 0.0, 50.0), 1_000), cal.Sample((800.0, 0.0, 0.0, 60.0), 900)]
+    fitted = cal.fit(samples)
+    assert fitted is not None
+    held = sum(s.composition[kinds.OTHER] / sum(s.composition) for s in samples)
+    assert cal.NEVER <= held < cal.SEEN
+    assert fitted.rates[kinds.OTHER] >= max(fitted.rates[kinds.PROSE], cal.pooled(samples)) - 1e-9
+    assert fitted.rates[kinds.OTHER] < CALIBRATION_MAX

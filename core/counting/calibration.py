@@ -13,7 +13,9 @@ Planning is conservative where the readings are:
 
 - a kind the readings hardly held (less than ``SEEN`` of a request's worth in all) is planned at
   the highest rate of the kinds they did hold, or the pooled ratio if higher: until it is known, a
-  kind counts at the worst rate seen;
+  kind counts at the worst rate seen; digit runs and dense strings never seen (``NEVER``) at
+  least at ``CALIBRATION_MAX`` (``UNSEEN``), as a provider may count them at twice tiktoken's
+  count whatever the prose and code it was seen with;
 - the fitted rates explain each reading up to a residual; a request is planned with the rates
   times ``upper``, the 90th percentile of measured / predicted over the readings (the largest of
   them below ten readings), never below 1 and at most ``UPPER_MAX``: the p90 error, not the
@@ -36,6 +38,10 @@ from recap.core.counting.tokens import CALIBRATION_MAX, CALIBRATION_MIN
 WINDOW = 16  # the readings a fit uses, newest first
 RIDGE = 0.005  # the pull of each rate towards the pooled ratio
 SEEN = 0.2  # a kind's tokens over the readings, in requests' worth, before its rate is trusted
+# The least rate an unseen kind is planned with: digit runs and dense strings count up to twice
+# tiktoken's count at some providers, more than any mix of prose and code tells.
+UNSEEN = (0.0, 0.0, CALIBRATION_MAX, CALIBRATION_MAX)
+NEVER = 0.02  # a kind held less than this (in requests' worth) was never really seen
 UPPER_QUANTILE = 0.9
 UPPER_MAX = 1.15
 SWEEPS = 200  # coordinate descent sweeps (four unknowns: converged long before)
@@ -204,7 +210,8 @@ def fit(samples: Sequence[Sample], *, ridge: float = RIDGE) -> KindFactors | Non
     known = [rate for rate, held in zip(rates, seen, strict=True) if held >= SEEN]
     worst = max([*known, prior])
     planned = tuple(
-        rate if held >= SEEN else max(rate, worst) for rate, held in zip(rates, seen, strict=True)
+        rate if held >= SEEN else max(rate, worst, UNSEEN[kind] if held < NEVER else 0.0)
+        for kind, (rate, held) in enumerate(zip(rates, seen, strict=True))
     )
     fitted = KindFactors(tuple(rates))
     ratios = [s.measured / fitted.predicted(s.composition) for s in usable]
