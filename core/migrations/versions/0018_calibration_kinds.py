@@ -1,7 +1,7 @@
 """usage and request_profiles: the composition of requests by kind of content
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0018
+Revises: 0017
 Create Date: 2026-12-07
 
 The calibration learns one factor per kind of content (prose, code and JSON, digit runs, dense
@@ -16,8 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0015"
-down_revision = "0014"
+revision = "0018"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
