@@ -44,6 +44,7 @@ BENCHES: tuple[str, ...] = (
     "attach",
     "economics",
     "memory",
+    "doors",
 )
 
 

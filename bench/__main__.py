@@ -38,12 +38,29 @@ def write_results(figures: list[Figure], seconds: float) -> None:
         "| figure | value | bound | holds | what it measures |",
         "|---|---|---|---|---|",
     ]
-    for f in figures:
-        mark = "yes" if f.meets() else "NO"
-        lines.append(
-            f"| `{f.name}` | {f.value:g} | {f.bound or 'reported'} | {mark} | {f.description} |"
-        )
+    lines += [_row(f) for f in figures]
     RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _row(f: Figure) -> str:
+    mark = "yes" if f.meets() else "NO"
+    return f"| `{f.name}` | {f.value:g} | {f.bound or 'reported'} | {mark} | {f.description} |"
+
+
+def merge_results(figures: list[Figure]) -> None:
+    """Put the figures of the modules run alone into RESULTS.md: each one's row replaced where
+    the table has it, else added at the end; the other rows as the last full run left them."""
+    if not RESULTS.exists():
+        write_results(figures, 0.0)
+        return
+    lines = RESULTS.read_text(encoding="utf-8").splitlines()
+    rows = {f"| `{f.name}` |": _row(f) for f in figures}
+    merged = []
+    for line in lines:
+        head = next((key for key in rows if line.startswith(key)), None)
+        merged.append(rows.pop(head) if head is not None else line)
+    merged += rows.values()
+    RESULTS.write_text("\n".join(merged) + "\n", encoding="utf-8")
 
 
 def run_child(name: str) -> int:
@@ -73,6 +90,8 @@ def main(argv: list[str]) -> int:
     figures = [figure for name in names for figure in run_module(name)]
     if not argv:
         write_results(figures, time.perf_counter() - started)
+    else:
+        merge_results(figures)
     print(json.dumps({f.name: f.value for f in figures}))
     failed = [f.name for f in figures if not f.meets()]
     if failed:

@@ -6,7 +6,7 @@ Three timings of the same request, in the same process:
 (c) what a host without Recap does per request: count every message with ``litellm.token_counter``.
 
 And what recording the request profile adds to (a) when the host passes its fixed parts (a system
-prompt and tool schemas): ``service.assembling._record_profile`` timed alone, once with the profile
+prompt and tool schemas): ``service.recording._record_profile`` timed alone, once with the profile
 already stored (the common case: a hash and a compare, no write) and once with a profile that
 changes every request (the upsert each time), over the whole ``service.assemble`` with the same
 parts.
@@ -132,7 +132,7 @@ def _profile_figures(engine: Any, settings: Any, messages: list[dict[str, Any]])
 
     from recap.core import service
     from recap.core.request import assembly
-    from recap.core.service import assembling as service_requests
+    from recap.core.service import recording as service_recording
     from recap.core.storage import profile as profiles
     from recap.core.storage import reads
     from recap.core.storage.db import session_scope
@@ -157,7 +157,7 @@ def _profile_figures(engine: Any, settings: Any, messages: list[dict[str, Any]])
             given = RequestSpec(system=system, tools=tools, reminder=reminder)
             fixed = profiles.FixedParts(*assembly.fixed_part_tokens([], given, model=MODEL))
             started = time.process_time()
-            service_requests._record_profile(
+            service_recording._record_profile(
                 engine, CONVERSATION_ID, fixed, stored, given, datetime.now(UTC), built
             )
             spent.append(time.process_time() - started)

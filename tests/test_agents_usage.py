@@ -259,3 +259,35 @@ def test_worker_compresses_while_items_keep_their_ids(stack: FrameworkStack, hos
     replies = [i for i in items if i.get("type") == "message" and i.get("role") == "assistant"]
     assert replies and all(str(i.get("id", "")).startswith("msg_") for i in replies)
     assert len(items) < 2 * TURNS
+
+
+@pytest.mark.parametrize(
+    ("assembled", "given", "same"),
+    [
+        (  # a tool output Recap shortened to fit: still the call's output
+            {"type": "function_call_output", "call_id": "c1", "output": "head [cut] tail"},
+            {"type": "function_call_output", "call_id": "c1", "output": "head middle tail"},
+            True,
+        ),
+        (
+            {"type": "function_call_output", "call_id": "c1", "output": "x"},
+            {"type": "function_call_output", "call_id": "c2", "output": "x"},
+            False,
+        ),
+        (
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "x"},
+            False,
+        ),
+        ({"role": "user", "content": "hello"}, {"role": "user", "content": "hello"}, True),
+        ({"role": "user", "content": "hello"}, {"role": "user", "content": "bye"}, False),
+    ],
+)
+def test_the_input_ends_with_the_assembled_head(
+    assembled: dict[str, Any], given: dict[str, Any], same: bool
+) -> None:
+    """The wrapper sends Recap's assembly when the SDK's input ends with the conversation's
+    head: the same call's output counts as the head even when Recap sent it shortened."""
+    from recap.integrations._agents_model import _same_item
+
+    assert _same_item(assembled, given) is same

@@ -16,21 +16,17 @@ seeds, 20 turns, windows up to 32k).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from recap.core.client import Recap
 from recap.core.settings import get_settings
-from recap.integrations import _loop
 from recap.workers import enqueue
-from recap.workers.enqueue import compress_later
+from tests.support import doors
 from tests.support import framework_loop as loop
 from tests.support.frameworks_stack import FrameworkStack, start_stack
-from tests.support.llm_server import LLMServer
 
 pytest.importorskip("langchain.agents", reason="the langchain extra is not installed")
 pytest.importorskip("langchain_openai", reason="langchain-openai is not installed")
@@ -45,16 +41,6 @@ LONG = [
 slow = pytest.mark.skipif(
     not os.environ.get("RECAP_SLOW_TESTS"), reason="a longer run: set RECAP_SLOW_TESTS=1"
 )
-LOOKUP_DOC = (
-    "Look up an order, a shipment or a payment record by its key. Returns the JSON record as "
-    "the shop's back office stores it: the order id, the tracking number, the status and the "
-    "agent's notes. Use it before answering any question about an order."
-)
-LOOKUP_SCHEMA = {
-    "type": "object",
-    "properties": {"key": {"type": "string"}},
-    "required": ["key"],
-}
 
 
 @pytest.fixture(scope="module")
@@ -82,134 +68,8 @@ def recap(stack: FrameworkStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Re
         host.engine.dispose()
 
 
-def langchain_talk(
-    recap: Recap, server: LLMServer, cid: str, window: int, outputs: dict[str, str]
-) -> loop.Talk:
-    """A ``create_agent`` agent with ``RecapMiddleware`` on a checkpointed thread."""
-    from langchain.agents import create_agent
-    from langchain_core.tools import StructuredTool
-    from langchain_openai import ChatOpenAI
-    from langgraph.checkpoint.memory import InMemorySaver
-
-    from recap.integrations.langchain import RecapMiddleware
-
-    def lookup(key: str) -> str:
-        return outputs[key]
-
-    tool = StructuredTool.from_function(lookup, name=loop.TOOL_NAME, description=LOOKUP_DOC)
-    model = ChatOpenAI(model="stand-in", base_url=server.url, api_key="test-key", max_retries=0)
-    middleware = RecapMiddleware(recap=recap, max_input_tokens=window)
-    agent = create_agent(
-        model,
-        [tool],
-        system_prompt=loop.SYSTEM,
-        middleware=[middleware],
-        checkpointer=InMemorySaver(),
-    )
-    config: Any = {"configurable": {"thread_id": cid}}
-
-    async def talk(message: str) -> None:
-        await agent.ainvoke({"messages": [("user", message)]}, config)
-
-    return talk
-
-
-def pydantic_ai_talk(
-    recap: Recap, server: LLMServer, cid: str, window: int, outputs: dict[str, str]
-) -> loop.Talk:
-    """An ``Agent`` with ``RecapHistory`` as a capability."""
-    from pydantic_ai import Agent, Tool
-    from pydantic_ai.models.openai import OpenAIChatModel
-    from pydantic_ai.providers.openai import OpenAIProvider
-
-    from recap.integrations.pydantic_ai import RecapHistory
-
-    def lookup(key: str) -> str:
-        return outputs[key]
-
-    provider = OpenAIProvider(base_url=server.url, api_key="test-key")
-    history = RecapHistory(cid, recap=recap, max_input_tokens=window)
-    tool = Tool(lookup, name=loop.TOOL_NAME, description=LOOKUP_DOC)
-    agent = Agent(
-        OpenAIChatModel("stand-in", provider=provider),
-        system_prompt=loop.SYSTEM,
-        tools=[tool],
-        capabilities=[history],
-    )
-
-    async def talk(message: str) -> None:
-        await agent.run(message)
-
-    return talk
-
-
-def python_api_talk(
-    recap: Recap, server: LLMServer, cid: str, window: int, outputs: dict[str, str]
-) -> loop.Talk:
-    """The reference: the README's host loop on the Python API, with the same system prompt and
-    tool (assemble, call, record the usage, add the reply; compress on ``BudgetError`` or on the
-    provider's context-length error and send the new request once)."""
-    from openai import AsyncOpenAI, BadRequestError
-
-    from recap.core.errors import BudgetError
-
-    client = AsyncOpenAI(base_url=server.url, api_key="test-key", max_retries=0)
-    tools = [_loop.openai_tool(loop.TOOL_NAME, LOOKUP_DOC, LOOKUP_SCHEMA)]
-    recap.new(cid, max_input_tokens=window)
-
-    def assemble() -> Any:
-        try:
-            return recap.assemble(cid, system=loop.SYSTEM, tools=tools)
-        except BudgetError:
-            recap.compress(cid)
-            return recap.assemble(cid, system=loop.SYSTEM, tools=tools)
-
-    async def call(messages: list[dict[str, Any]]) -> Any:
-        return await client.chat.completions.create(
-            model="stand-in",
-            messages=messages,
-            tools=tools,  # type: ignore[arg-type]
-        )
-
-    async def step() -> bool:
-        built = assemble()
-        try:
-            reply = await call(built.messages)
-        except BadRequestError as exc:
-            if not _loop.is_context_overflow(exc):
-                raise
-            recap.compress(cid, force=True)
-            again = assemble()
-            if again.messages == built.messages:
-                raise
-            reply = await call(again.messages)
-        usage = reply.usage
-        details = usage.prompt_tokens_details
-        recap.record_usage(
-            cid,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=(details.cached_tokens or 0) if details else 0,
-        )
-        message = reply.choices[0].message.model_dump(exclude_none=True)
-        recap.add(cid, message)
-        for tool_call in message.get("tool_calls") or ():
-            key = json.loads(tool_call["function"]["arguments"])["key"]
-            result = {"role": "tool", "tool_call_id": tool_call["id"], "content": outputs[key]}
-            recap.add(cid, result)
-        return bool(message.get("tool_calls"))
-
-    async def talk(message: str) -> None:
-        recap.add(cid, {"role": "user", "content": message})
-        while await step():
-            pass
-        compress_later(cid, broker_url=recap.settings.broker_url)
-
-    return talk
-
-
-ADAPTERS = {"langchain": langchain_talk, "pydantic_ai": pydantic_ai_talk}
-REFERENCE = {"python_api": python_api_talk}
+ADAPTERS = {"langchain": doors.langchain_talk, "pydantic_ai": doors.pydantic_ai_talk}
+REFERENCE = {"python_api": doors.python_api_talk}
 
 
 def run(stack: FrameworkStack, recap: Recap, name: str, draws: list[loop.Draw]) -> loop.Figures:

@@ -28,11 +28,13 @@ such as OpenAI's gpt-5 family, which the map cannot tell apart).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from recap.core.counting.calibration import KindFactors
+from recap.core.counting.kinds import KINDS
 from recap.core.counting.tokens import CALIBRATION_MAX, CALIBRATION_MIN
 from recap.core.values.profile import Reading
 
@@ -43,6 +45,9 @@ CALIBRATION_STALE = timedelta(days=7)
 # ignored (ids grow with every message, so their difference is how far the branch moved on).
 CALIBRATION_NEAR_MESSAGES = 200
 CALIBRATION_FAR_MESSAGES = 2_000
+# A factor per kind of content this close to the single one is the single one (one reading
+# gives every kind its ratio, up to rounding).
+SAME_FACTOR = 1e-7
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,14 +117,37 @@ def output_reserve(
     return min(setting, int(most)) if isinstance(most, int | float) and most > 0 else setting
 
 
-def calibration_factor(reading: Reading | None, *, leaf_id: int | None, now: datetime) -> float:
+def calibration_factor(
+    reading: Reading | None,
+    *,
+    leaf_id: int | None,
+    now: datetime,
+    composition: Sequence[float] | None = None,
+) -> float:
     """measured / estimated, clamped, and drawn back to 1 as the reading gets stale (older than
-    a day, ignored after a week) or the branch moves far past it (ignored 2,000 messages on)."""
+    a day, ignored after a week) or the branch moves far past it (ignored 2,000 messages on).
+
+    With the ``composition`` of the request to plan (its estimate split by kind of content,
+    ``core.counting.kinds``) and rates per kind fitted over the recent readings, the factor is
+    that request's own: its tokens of each kind at their rate, with the residual quantile
+    (``core.counting.calibration``); else the latest reading's single factor."""
     if reading is None or reading.estimated <= 0 or reading.measured <= 0:
         return 1.0
     raw = min(max(reading.measured / reading.estimated, CALIBRATION_MIN), CALIBRATION_MAX)
+    fitted = kind_factors(reading)
+    if fitted is not None and composition is not None and sum(composition) > 0:
+        by_kind = fitted.factor(tuple(composition))
+        if abs(by_kind - raw) > SAME_FACTOR * raw:  # else the readings said no more than one
+            raw = by_kind
     weight = _age_weight(reading.at, now) * _distance_weight(reading.leaf_id, leaf_id)
     return 1.0 + (raw - 1.0) * weight
+
+
+def kind_factors(reading: Reading | None) -> KindFactors | None:
+    """The reading's rates per kind of content, when they were fitted."""
+    if reading is None or reading.kinds is None or len(reading.kinds) != len(KINDS) + 1:
+        return None
+    return KindFactors(tuple(reading.kinds[:-1]), reading.kinds[-1])
 
 
 def _age_weight(at: datetime | None, now: datetime) -> float:

@@ -197,10 +197,12 @@ def budget_of(snapshot: Snapshot, knobs: Knobs) -> budgets.Budget:
         setting=knobs.reserve_output_tokens,
         override=profile.reserve_override if profile is not None else None,
     )
-    factor = budgets.calibration_factor(
+    sent = profile.sent if profile is not None else None
+    factor = budgets.calibration_factor(  # the last request's mix, as ``assemble`` plans it
         profile.reading if profile is not None else None,
         leaf_id=snapshot.leaf_id,
         now=snapshot.now,
+        composition=sent.composition if sent is not None else None,
     )
     return budgets.request_budget(
         window,

@@ -1,11 +1,11 @@
 """Engine-level operations for hosts, the CLI, the console and ``recap serve``: each opens its own
 short session. Conversations as a whole live in ``conversations.py``, the request path (read,
-assemble, record) in ``assembling.py``; their public names are here."""
+assemble) in ``assembling.py``, what a request records in ``recording.py``; their public names
+are here."""
 
 from __future__ import annotations
 
 from recap.core.service.assembling import (
-    Recording,
     assemble,
     assemble_unrecorded,
     media_policy,
@@ -27,6 +27,7 @@ from recap.core.service.conversations import (
     set_conversation_meta,
     set_output_reserve,
 )
+from recap.core.service.recording import Recording
 
 __all__ = [
     "Attached",

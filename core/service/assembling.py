@@ -5,7 +5,6 @@ to write while the model answers."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 from datetime import datetime
@@ -16,15 +15,15 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from recap.core.counting import budget as budgets
-from recap.core.counting import media, tokens
+from recap.core.counting import kinds, media, tokens
 from recap.core.request import assembly
 from recap.core.request import memory as memory_rules
 from recap.core.service import attaching
-from recap.core.service.conversations import guard_schema, log
+from recap.core.service.conversations import guard_schema
+from recap.core.service.recording import Recording
 from recap.core.settings import Settings
 from recap.core.storage import (
     activation,
-    compressed,
     outputs,
     reads,
     recount,
@@ -41,8 +40,11 @@ from recap.core.storage.reuse import BranchReuse
 from recap.core.values.assembly import prompt_cache_key
 from recap.core.values.attach import Expansion
 from recap.core.values.memory import MemoryRec
-from recap.core.values.records import ClearingRec, Msg, merge_step, steps_of
+from recap.core.values.records import ClearingRec, Msg
 from recap.core.values.request import RequestParts, RequestSpec, request_from
+
+REPLANS = 2  # requests built again when one turns out over its budget at its own mix's factor
+REPLAN_STEP = 0.01  # each such build plans with a factor at least this much higher
 
 
 def assemble(
@@ -91,58 +93,6 @@ def assemble(
     return built
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Recording:
-    """What ``assemble`` records about a request it built, to write now or later: the fixed
-    parts and Recap's count of the request (what ``record_usage`` compares the provider's
-    reading with), media aged and results shortened (so they stay so), counts made anew, and
-    one log line when history was left out.
-
-    ``recap serve`` writes it while the upstream answers, not before the request goes out;
-    the conversation's turn lock, held to the stored reply, keeps its next request after it."""
-
-    engine: Engine
-    conversation_id: str
-    parts: profiles.FixedParts
-    profile: profiles.Profile | None
-    spec: RequestSpec
-    now: datetime
-    model: str
-    stored_model: str
-    loaded: reads.RequestBranch
-    built: assembly.AssembledRequest
-    recounted: list[recount.Change]
-    incarnation: str | None = None  # the conversation as read: nothing is written for another
-
-    def write(self) -> None:
-        """Write what the request learned, each write in a transaction that holds the
-        conversation's lock and finds it still the one read (else it writes nothing: the
-        conversation was deleted, perhaps created again under its id)."""
-        engine, built = self.engine, self.built
-        conversation = store.Identity(self.conversation_id, self.incarnation)
-        _record_profile(
-            engine,
-            conversation,
-            self.parts,
-            self.profile,
-            self.spec,
-            self.now,
-            (self.model, self.loaded, built),
-        )
-        _record_media(engine, conversation, built)
-        _record_activation(engine, conversation, self.loaded, self.now)
-        if recount.current_bases(self.model) == recount.current_bases(self.stored_model):
-            recount.record(
-                engine,
-                self.conversation_id,
-                self.recounted,
-                built.reasoning_dropped,
-                incarnation=self.incarnation,
-            )
-        if built.truncated:
-            _log_truncation(self.conversation_id, built)
-
-
 def assemble_unrecorded(
     engine: Engine,
     conversation_id: str,
@@ -156,39 +106,48 @@ def assemble_unrecorded(
     """``assemble`` without its writes: the request, and the ``Recording`` to write for it
     (None for a request ``as_of`` a past time, which writes nothing)."""
     now = utcnow()
-    read = _read_for_request(
-        engine,
-        conversation_id,
-        settings,
-        spec,
-        leaf,
-        reserve_tokens=reserve_tokens,
-        reuse=reuse,
-        now=now,
-    )
-    target, loaded = read.target, read.loaded
+    at_least = None
+    for _ in range(REPLANS + 1):
+        read = _read_for_request(
+            engine,
+            conversation_id,
+            settings,
+            spec,
+            leaf,
+            reserve_tokens=reserve_tokens,
+            reuse=reuse,
+            now=now,
+            at_least=at_least,
+        )
+        target, loaded = read.target, read.loaded
+        built = _assembled(loaded, settings, spec, target, read.memories)
+        expansion = read.expansion
+        if built.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
+            with session_scope(engine) as session:
+                again = _same_choice(session, conversation_id, settings, read, now)
+                loaded = reads.load_request_branch(
+                    session, conversation_id, read.leaf, None, spec.as_of, again
+                )
+                loaded, read.recounted = recount.refreshed(loaded, target.model)
+                loaded, expansion = attaching.expand_loaded(
+                    session.connection(), conversation_id, loaded
+                )
+            built = _assembled(loaded, settings, spec, target, read.memories)
+        composition, factor = _own_factor(read, spec, built, now)
+        limit = target.budget
+        if limit is None or built.tokens.total * factor <= limit * read.calibration:
+            break  # within the budget at the request's own factor
+        at_least = max(factor, read.calibration * (1 + REPLAN_STEP))
     system, tools, reminder, files = assembly.fixed_part_tokens(
         loaded.branch, spec, model=target.model
     )
-    built = _assembled(loaded, settings, spec, target, read.memories)
-    expansion = read.expansion
-    if built.fitted_tail and loaded.omitted:  # rows left unread may fit beside a cut tail
-        with session_scope(engine) as session:
-            again = _same_choice(session, conversation_id, settings, read, now)
-            loaded = reads.load_request_branch(
-                session, conversation_id, read.leaf, None, spec.as_of, again
-            )
-            loaded, read.recounted = recount.refreshed(loaded, target.model)
-            loaded, expansion = attaching.expand_loaded(
-                session.connection(), conversation_id, loaded
-            )
-        built = _assembled(loaded, settings, spec, target, read.memories)
     # the user's memory is recorded with the system prompt: the trigger, reconcile and stats
     # plan with the fixed parts the request really had (core.counting.budget)
     request_parts = profiles.FixedParts(system + built.tokens.memory, tools, reminder, files)
+    factor = max(factor, read.calibration)
     built = dataclasses.replace(
         built,
-        max_output_tokens=_reply_room(target.model, target.window, built, read.calibration),
+        max_output_tokens=_reply_room(target.model, target.window, built, factor),
         truncated_tokens=built.truncated_tokens + loaded.omitted_tokens,
         forgotten_files=[*built.forgotten_files, *read.forgotten],
         prompt_cache_key=prompt_cache_key(conversation_id, loaded.root),
@@ -213,8 +172,25 @@ def assemble_unrecorded(
         built=built,
         recounted=read.recounted,
         incarnation=read.incarnation,
+        composition=composition,
     )
     return built, recording
+
+
+def _own_factor(
+    read: _Read, spec: RequestSpec, built: assembly.AssembledRequest, now: datetime
+) -> tuple[tuple[float, ...], float]:
+    """The request's estimate split by kind of content (``core.counting.kinds``), and the
+    factor its own mix is planned with (the single factor when no rates per kind are fitted)."""
+    composition = tuple(
+        round(value, 1)
+        for value in kinds.composition(built.messages, spec.tools, built.tokens.total)
+    )
+    reading = read.profile.reading if read.profile is not None else None
+    factor = budgets.calibration_factor(
+        reading, leaf_id=read.head, now=now, composition=composition
+    )
+    return composition, min(max(factor, tokens.CALIBRATION_MIN), tokens.CALIBRATION_MAX)
 
 
 @dataclasses.dataclass(slots=True)
@@ -233,9 +209,10 @@ class _Read:
     incarnation: str | None = None  # the conversation read (``store.Identity``)
     expansion: Expansion | None = None  # its attachments expanded (``core.request.attach``)
     memories: tuple[MemoryRec, ...] = ()  # the user's entries sent (within the cap)
+    head: int | None = None  # the last message read
 
 
-def _read_for_request(
+def _read_for_request(  # noqa: PLR0913 - the request and how it is planned, each named
     engine: Engine,
     conversation_id: str,
     settings: Settings,
@@ -245,6 +222,7 @@ def _read_for_request(
     reserve_tokens: int,
     reuse: BranchReuse | None,
     now: datetime,
+    at_least: float | None = None,
 ) -> _Read:
     """One short read session: the conversation's model and window, the request profile, and
     the branch within the budget (from the last read with ``reuse``, not for ``as_of``, whose
@@ -265,7 +243,7 @@ def _read_for_request(
 
             def budget_at(leaf_id: int | None) -> budgets.Budget:
                 return _request_budget(
-                    settings, model, window, given is not None, profile, leaf_id, now
+                    settings, model, window, given is not None, profile, leaf_id, now, at_least
                 )
 
             def limit_at(leaf_id: int | None) -> int:
@@ -316,6 +294,7 @@ def _read_for_request(
         incarnation,
         expansion,
         remembered,
+        head,
     )
 
 
@@ -410,10 +389,13 @@ def _request_budget(
     profile: profiles.Profile | None,
     leaf: int | None,
     now: datetime,
+    at_least: float | None = None,
 ) -> budgets.Budget:
     """The whole request's budget (``.request``: its limit in estimated tokens):
     ``core.counting.budget`` with the output reserve and the calibration factor of the latest
-    provider reading, weighted by how far the branch moved past it."""
+    provider reading, weighted by how far the branch moved past it: with rates per kind of
+    content fitted, the factor of the last request's mix (the next one is mostly the same), or
+    ``at_least`` when the request built with it turned out to need more."""
     reserve = budgets.output_reserve(
         tokens.model_info(model),
         window_given=window_given,
@@ -421,91 +403,15 @@ def _request_budget(
         override=profile.reserve_override if profile is not None else None,
     )
     reading = profile.reading if profile is not None else None
+    sent = profile.sent if profile is not None else None
+    factor = budgets.calibration_factor(
+        reading, leaf_id=leaf, now=now, composition=sent.composition if sent else None
+    )
     return budgets.request_budget(
         window,
         safety_margin=settings.safety_margin,
         output_reserve=reserve,
-        calibration=budgets.calibration_factor(reading, leaf_id=leaf, now=now),
-    )
-
-
-def _record_profile(
-    engine: Engine,
-    conversation: store.Identity | str,
-    parts: profiles.FixedParts,
-    stored: profiles.Profile | None,
-    spec: RequestSpec,
-    now: datetime,
-    built: tuple[str, reads.RequestBranch, assembly.AssembledRequest],
-) -> None:
-    """Record the fixed parts this request was given and Recap's count of the request built
-    (what ``record_usage`` compares the provider's reading with), unless the stored profile
-    already says exactly that (a repeat of the same request writes nothing). Only a request
-    that was built is recorded: a failing ``assemble`` writes nothing."""
-    tools = spec.tools
-    tools_text = json.dumps(tools, sort_keys=True, separators=(",", ":")) if tools else ""
-    files = tuple(spec.context_files)
-    digest = profiles.fingerprint(spec.system, tools_text, spec.reminder, files)
-    model, loaded, request = built
-    leaf_id = loaded.branch[-1].id if loaded.branch else None
-    after = _after_recording(loaded.clearings, request)
-    state = profiles.state_key(
-        model=model,
-        leaf_id=leaf_id,
-        summary_id=request.summary_id,
-        clearings=after.keys(),
-        content_hash=digest,
-        pins=[m.id for m in loaded.pinned],
-        steps=steps_of(after.values()),
-    )
-    sent = profiles.Sent(request.tokens.total, leaf_id, state)
-    if (
-        stored is not None
-        and stored.parts == parts
-        and stored.content_hash == digest
-        and stored.sent == sent
-    ):
-        return
-    if isinstance(conversation, str):
-        conversation = store.Identity(conversation)
-    with session_scope(engine) as session:
-        if store.lock_conversation(session, conversation.id, incarnation=conversation.incarnation):
-            profiles.save_parts(session.connection(), conversation.id, parts, digest, now, sent)
-
-
-def _after_recording(
-    clearings: Mapping[int, ClearingRec], request: assembly.AssembledRequest
-) -> dict[int, ClearingRec]:
-    """The clearings once what the request learned is recorded (``_record_media``,
-    ``recount.record``): media aged, thinking dropped, results sent shortened."""
-    from recap.core.request.shorten import SHORTENED
-
-    after = dict(clearings)
-    learned = (
-        (media.RECORDED, request.media_aged),
-        (assembly.REASONING_CLEARING, request.reasoning_dropped),
-        (SHORTENED, request.shortened),
-    )
-    for reason, done in learned:
-        for mid, reclaimed in done:
-            after[mid] = merge_step(after.get(mid), mid, reason, reclaimed)
-    return after
-
-
-def _log_truncation(conversation_id: str, request: assembly.AssembledRequest) -> None:
-    """One structured event per request that left history out."""
-    dropped = len(request.dropped_message_ids)
-    log.warning(
-        "assemble_truncated conversation_id=%s dropped=%d tokens=%d",
-        conversation_id,
-        dropped,
-        request.truncated_tokens,
-        extra={
-            "event": "assemble_truncated",
-            "conversation_id": conversation_id,
-            "dropped": dropped,
-            "tokens": request.truncated_tokens,
-        },
+        calibration=max(factor, at_least or 0.0),
     )
 
 
@@ -533,42 +439,6 @@ def media_policy(settings: Settings) -> media.MediaPolicy:
         max_request_bytes=settings.max_request_bytes,
         load=outputs.media_loader(settings.output_dir),
     )
-
-
-def _record_activation(
-    engine: Engine, conversation: store.Identity, loaded: reads.RequestBranch, now: datetime
-) -> None:
-    """Record a ready summary's first use (``core.storage.activation``): from now on it is in use
-    whatever the next request's numbers say."""
-    choice = loaded.choice
-    if choice is None or choice.activated is None:
-        return
-    with session_scope(engine) as session:
-        if store.lock_conversation(session, conversation.id, incarnation=conversation.incarnation):
-            compressed.activate_summary(session.connection(), choice.activated.id, now)
-
-
-def _record_media(
-    engine: Engine, conversation: store.Identity, request: assembly.AssembledRequest
-) -> None:
-    """Record the messages whose media aged in this request as ``media`` clearings and the tool
-    results it sent shortened as ``shortened`` ones (one short write, only when something
-    changed anew), so they stay so whatever the next request holds."""
-    if not request.media_aged and not request.shortened:
-        return
-    from recap.core.request.shorten import SHORTENED
-    from recap.core.storage.sweep import apply_clearings
-    from recap.core.values.clearing import ClearingPlan, PlannedClearing
-
-    with session_scope(engine) as session:
-        if not store.lock_conversation(
-            session, conversation.id, incarnation=conversation.incarnation
-        ):
-            return
-        for reason, done in ((media.RECORDED, request.media_aged), (SHORTENED, request.shortened)):
-            items = tuple(PlannedClearing(mid, reclaimed) for mid, reclaimed in done)
-            if items:
-                apply_clearings(session, conversation.id, ClearingPlan(reason, items))
 
 
 def merge(

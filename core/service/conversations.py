@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from recap.core import inputs
-from recap.core.counting import tokens
+from recap.core.counting import calibration, tokens
 from recap.core.decision import policy
 from recap.core.errors import InputError, SchemaMissingError
 from recap.core.request.validate import parse_json_line
@@ -240,8 +240,10 @@ def record_usage(
     with write_scope(engine) as session:
         profile = profiles.load_profile(session.connection(), conversation_id)
         sent = profile.sent if profile is not None else None
+        composition = None
         if sent is not None and (leaf is None or leaf == sent.leaf_id):
             estimated, leaf_id, state = sent.tokens, sent.leaf_id, sent.state
+            composition = sent.composition
         else:  # no request of this leaf was assembled here: the stored history's estimate
             snapshot = snapshots.read_snapshot(session, conversation_id, leaf, now=now)
             fixed = policy.fixed_tokens(snapshot, policy.Knobs(default_fixed_tokens=default_fixed))
@@ -256,7 +258,9 @@ def record_usage(
             cached_tokens=cached_tokens,
             leaf_message_id=leaf_id,
             cache_write_tokens=cache_write_tokens,
+            composition=composition,
         )
+        fitted = calibration.fit(usage.recent_samples(session, conversation_id))
         profiles.save_reading(
             session.connection(),
             conversation_id,
@@ -265,6 +269,7 @@ def record_usage(
             leaf_id=leaf_id,
             now=now,
             state=state,
+            fitted=fitted,
         )
     factor = tokens.Calibration(estimated, prompt_tokens).factor
     return UsageRecorded(estimated=estimated, measured=prompt_tokens, calibration=round(factor, 4))

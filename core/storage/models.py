@@ -240,6 +240,9 @@ class Usage(SQLModel, table=True):
     cache_write_tokens: int = Field(
         default=0, sa_column=Column(Integer, nullable=False, server_default="0")
     )
+    # The measured request's estimate split by kind of content (``core.counting.kinds``), when
+    # Recap assembled it: what the calibration per kind is fitted from.
+    kinds: str | None = Field(default=None, max_length=96)
 
 
 class RequestProfile(SQLModel, table=True):
@@ -272,6 +275,8 @@ class RequestProfile(SQLModel, table=True):
     sent_leaf_message_id: int | None = Field(default=None, sa_column=Column(ID_TYPE, nullable=True))
     sent_state: str | None = Field(default=None, max_length=64)
     usage_state: str | None = Field(default=None, max_length=64)
+    sent_kinds: str | None = Field(default=None, max_length=96)  # the sent request's composition
+    usage_kinds: str | None = Field(default=None, max_length=96)  # the rates fitted per kind
 
 
 class Pin(SQLModel, table=True):

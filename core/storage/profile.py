@@ -19,6 +19,8 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from recap.core.counting import calibration
+from recap.core.counting import kinds as kinds_of
 from recap.core.storage.models import REQUEST_PROFILES
 from recap.core.storage.store import as_utc
 from recap.core.values.profile import HASH_BYTES as HASH_BYTES
@@ -48,6 +50,8 @@ _ROW = select(
     P.sent_tokens,
     P.sent_leaf_message_id,
     P.sent_state,
+    P.usage_kinds,
+    P.sent_kinds,
 ).where(P.conversation_id == bindparam("conversation_id"))
 
 
@@ -61,8 +65,12 @@ def load_profile(connection: Connection, conversation_id: str) -> Profile | None
         parts = FixedParts(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
     reading = None
     if row[7] is not None and row[8] is not None:
-        reading = Reading(int(row[7]), int(row[8]), row[9], as_utc(row[10]), row[11])
-    sent = Sent(int(row[12]), row[13], row[14]) if row[12] is not None else None
+        fitted = calibration.KindFactors.decode(row[15])
+        kinds = (*fitted.rates, fitted.upper) if fitted is not None else None
+        reading = Reading(int(row[7]), int(row[8]), row[9], as_utc(row[10]), row[11], kinds)
+    sent = None
+    if row[12] is not None:
+        sent = Sent(int(row[12]), row[13], row[14], kinds_of.decode(row[16]))
     return Profile(parts, row[4], row[6], reading, sent, as_utc(row[5]))
 
 
@@ -99,6 +107,7 @@ def save_parts(
             "sent_tokens": sent.tokens,
             "sent_leaf_message_id": sent.leaf_id,
             "sent_state": sent.state,
+            "sent_kinds": kinds_of.encode(sent.composition),
         }
     _upsert(connection, conversation_id, values)
 
@@ -112,8 +121,11 @@ def save_reading(
     leaf_id: int | None,
     now: datetime,
     state: str | None = None,
+    fitted: calibration.KindFactors | None = None,
 ) -> None:
-    """Record the provider's latest reading beside Recap's count of the same request."""
+    """Record the provider's latest reading beside Recap's count of the same request, and the
+    rates per kind of content fitted over the recent readings (None: none of known
+    composition)."""
     _upsert(
         connection,
         conversation_id,
@@ -123,6 +135,7 @@ def save_reading(
             "usage_leaf_message_id": leaf_id,
             "usage_at": now,
             "usage_state": state,
+            "usage_kinds": fitted.encode() if fitted is not None else None,
         },
     )
 

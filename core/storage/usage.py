@@ -8,12 +8,13 @@ from sqlalchemy import func
 from sqlalchemy import select as sa_select
 from sqlmodel import Session
 
+from recap.core.counting import calibration, kinds
 from recap.core.errors import InputError
 from recap.core.storage.models import Usage, utcnow
 from recap.core.storage.store import get_conversation
 
 
-def record_usage(
+def record_usage(  # noqa: PLR0913 - one reading, each count named as the provider reports it
     session: Session,
     conversation_id: str,
     *,
@@ -23,6 +24,7 @@ def record_usage(
     cached_tokens: int = 0,
     leaf_message_id: int | None = None,
     cache_write_tokens: int = 0,
+    composition: tuple[float, ...] | None = None,
 ) -> int:
     """Store what the provider reported for a request, beside Recap's estimate of it."""
     get_conversation(session, conversation_id)
@@ -38,6 +40,7 @@ def record_usage(
         cached_tokens=cached_tokens,
         cache_write_tokens=cache_write_tokens,
         created_at=utcnow(),
+        kinds=kinds.encode(composition),
     )
     session.add(row)
     session.flush()
@@ -60,3 +63,27 @@ def cache_totals(session: Session, conversation_id: str) -> tuple[int, int, int]
         .one()
     )
     return int(row[0]), int(row[1]), int(row[2])
+
+
+def recent_samples(
+    session: Session, conversation_id: str, limit: int = calibration.WINDOW
+) -> list[calibration.Sample]:
+    """The newest ``limit`` readings of known composition, newest first: what the calibration
+    per kind of content is fitted from."""
+    u = Usage.__table__.c  # type: ignore[attr-defined]
+    rows = (
+        session.connection()
+        .execute(
+            sa_select(u.kinds, u.prompt_tokens)
+            .where(u.conversation_id == conversation_id, u.kinds.is_not(None))
+            .order_by(u.id.desc())
+            .limit(limit)
+        )
+        .all()
+    )
+    samples = []
+    for stored, measured in rows:
+        composition = kinds.decode(stored)
+        if composition is not None:
+            samples.append(calibration.Sample(composition, int(measured)))
+    return samples

@@ -23,6 +23,9 @@ class Reading:
     leaf_id: int | None
     at: datetime | None
     state: str | None = None  # the key of the request measured (``core.storage.profile.state_key``)
+    # The rates per kind of content fitted over the recent readings, then the residual quantile
+    # (``core.counting.calibration.KindFactors``); None before a reading of known composition.
+    kinds: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,8 @@ class Sent:
     tokens: int
     leaf_id: int | None
     state: str | None
+    # Its estimate split by kind of content (``core.counting.kinds``), rounded to 0.1 token.
+    composition: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -227,9 +227,14 @@ def _completed_usage(event: Any) -> Any:
 
 
 def _same_item(left: Any, right: Any) -> bool:
-    """Whether two items stand for the same stored message (what a call's input ends with)."""
+    """Whether two items stand for the same stored message (what a call's input ends with):
+    the same call's output or call (Recap may send a tool result shortened to fit, its call id
+    unchanged), else a message sent whole."""
     if not isinstance(left, Mapping) or not isinstance(right, Mapping):
         return False
+    call = right.get("call_id")
+    if call is not None and left.get("call_id") == call and left.get("type") == right.get("type"):
+        return True
     try:
         message = with_originals([dict(right)])
     except (AttributeError, TypeError, KeyError):

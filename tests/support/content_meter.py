@@ -1,9 +1,9 @@
 """A provider that counts a chat-completions request by its content, as real tokenizers differ
-from tiktoken: prose about 1.0-1.15x cl100k, code and JSON 1.3-1.7x, runs of digits 2x (each
-session draws its own factors from a seed). The stand-in model server (``LLMServer(meter=...)``)
-reports this count as ``prompt_tokens``, the leading messages it saw in the previous request as
-``cached_tokens`` (a prompt cache), and refuses a request over its window as OpenAI does:
-HTTP 400, code ``context_length_exceeded``, the count in the message.
+from tiktoken: prose about 1.0-1.15x cl100k, code and JSON 1.3-1.7x, runs of digits 2x, base64
+runs 1.7-2.0x (each session draws its own factors from a seed). The stand-in model server
+(``LLMServer(meter=...)``) reports this count as ``prompt_tokens``, the leading messages it saw
+in the previous request as ``cached_tokens`` (a prompt cache), and refuses a request over its
+window as OpenAI does: HTTP 400, code ``context_length_exceeded``, the count in the message.
 
 No single calibration factor fits such a provider: a turn heavy in JSON or numbers counts more
 per tiktoken token than a chatty one, which is what the framework live-loop tests put Recap's
@@ -24,6 +24,7 @@ from recap.core.counting import tokens
 
 ENCODING = "cl100k_base"
 DIGITS = re.compile(r"\d+")
+DENSE = re.compile(r"[A-Za-z0-9+/]{40,}={0,2}")  # base64 (an attachment, an image's bytes)
 CODE_MARKS = frozenset('{}[]()<>;:=",_/\\')
 CODE_SHARE = 0.06  # a line with more punctuation than this share of its characters is code
 DIGIT_FACTOR = 2.0  # a run of digits costs twice tiktoken's count
@@ -39,6 +40,7 @@ class ContentMeter:
     seed: int = 0
     prose: float = 1.0
     code: float = 1.5
+    dense: float = 1.8
     requests: list[int] = field(default_factory=list)  # every request's count, refused ones too
     _previous: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -47,13 +49,19 @@ class ContentMeter:
         rng = random.Random(self.seed)
         self.prose = rng.uniform(1.0, 1.15)
         self.code = rng.uniform(1.3, 1.7)
+        self.dense = rng.uniform(1.7, 2.0)
 
     # --- counting ---------------------------------------------------------------------------
 
     def text(self, text: str) -> float:
         """Tokens of one text: digit runs, code lines and prose lines each at their own rate."""
         total = 0.0
-        for line in text.splitlines(keepends=True):
+        for whole in text.splitlines(keepends=True):
+            dense = [run for run in DENSE.findall(whole) if any(c.isdigit() for c in run)]
+            total += self.dense * sum(tokens.count_text(run, ENCODING) for run in dense)
+            line = whole
+            for run in dense:
+                line = line.replace(run, "")
             digits = DIGITS.findall(line)
             total += DIGIT_FACTOR * sum(tokens.count_text(run, ENCODING) for run in digits)
             rest = DIGITS.sub("", line)

@@ -4,7 +4,8 @@ talking to the stand-in model server, which counts by content (``content_meter``
 
 Each session draws a window (3k or 6k tokens in the fast subset), the provider's factors, and a
 conversation: user turns mixing prose, code, JSON and numbers, model answers of either kind, and
-tool calls whose JSON outputs reach half the window. What is counted, per session:
+tool calls whose JSON outputs reach half the window (a fifth of them carrying a base64
+attachment). What is counted, per session:
 
 - ``over_window``: requests the provider counted above the window (it refused them);
 - ``dead_ends``: agent runs that failed, although the system prompt, the tools and the user
@@ -16,15 +17,17 @@ tool calls whose JSON outputs reach half the window. What is counted, per sessio
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import text
 
 from recap.core.client import Recap
+from recap.core.counting import calibration, kinds
 from tests.support.content_meter import ContentMeter
 from tests.support.frameworks_stack import FrameworkStack, tool_call_reply
 from tests.support.llm_server import LLMServer, Reply
@@ -59,10 +62,15 @@ def numbers(rng: random.Random, count: int) -> str:
     return " ".join(str(rng.randrange(10**6, 10**12)) for _ in range(max(count, 1)))
 
 
-def json_blob(rng: random.Random, tokens: int) -> str:
-    """A JSON tool output of about ``tokens`` tiktoken tokens."""
-    rows = []
+def json_blob(rng: random.Random, tokens: int, attachment: bool = False) -> str:
+    """A JSON tool output of about ``tokens`` tiktoken tokens; with ``attachment``, a third of
+    them a base64 attachment."""
+    rows: list[dict[str, Any]] = []
     size = 0
+    if attachment:
+        data = base64.b64encode(rng.randbytes(max(tokens // 3, 8) * 2)).decode()
+        rows.append({"order_id": "scan", "attachment": data})
+        size += tokens // 3
     while size < tokens:
         rows.append(
             {
@@ -123,7 +131,8 @@ class Draw:
             for step in range(rng.choice([0, 0, 1, 1, 2])):
                 key = f"t{turn}s{step}"
                 share = rng.choice([0.02, 0.05, 0.1, 0.2, 0.35, 0.5])
-                self.outputs[key] = json_blob(rng, int(self.window * share / 1.4))
+                scan = rng.random() < 0.2
+                self.outputs[key] = json_blob(rng, int(self.window * share / 1.4), scan)
                 calls.append(key)
             turns.append((user_turn(rng, self.window, turn), calls))
         return turns
@@ -142,6 +151,10 @@ class Figures:
     cached_readings: int = 0
     uncalibrated: int = 0  # sessions whose stored factor stayed 1.0
     failures: list[str] = field(default_factory=list)
+    # per reading after a session's third: |predicted / measured - 1| by the rates per kind
+    # fitted over the readings before it, and by the single factor of the reading before it
+    calibration_errors: list[float] = field(default_factory=list)
+    single_factor_errors: list[float] = field(default_factory=list)
 
     def add(self, other: Figures) -> None:
         for name in (
@@ -156,6 +169,8 @@ class Figures:
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.failures.extend(other.failures)
+        self.calibration_errors.extend(other.calibration_errors)
+        self.single_factor_errors.extend(other.single_factor_errors)
 
 
 # A turn: the user message in; the agent runs (raising on failure) in the session's event loop.
@@ -169,11 +184,21 @@ def tool_reply(key: str) -> Reply:
 
 
 async def run_session(
-    stack: FrameworkStack, recap: Recap, make: MakeTalk, draw: Draw, name: str
+    stack: FrameworkStack,
+    recap: Recap,
+    make: MakeTalk,
+    draw: Draw,
+    name: str,
+    upstream: LLMServer | None = None,
 ) -> Figures:
-    """One seeded session through an adapter; the worker's run after each turn is waited for."""
+    """One seeded session through an adapter; the worker's run after each turn is waited for.
+    The model server is a new one, or ``upstream`` (a `recap serve`'s, kept running) given this
+    session's provider and answers."""
     meter = ContentMeter(draw.window, seed=draw.seed)
-    server = LLMServer(default=model_reply(draw.seed), meter=meter).start()
+    if upstream is not None:
+        upstream.clear_script()
+        upstream.meter, upstream.default = meter, model_reply(draw.seed)
+    server = upstream or LLMServer(default=model_reply(draw.seed), meter=meter).start()
     figures = Figures(sessions=1)
     cid = f"{name}-{draw.seed}-{draw.window}"
     try:
@@ -201,19 +226,44 @@ async def run_session(
             figures.failures.append(f"{cid}: requests over the {draw.window} window: {over}")
         _readings(recap, cid, figures)
     finally:
-        server.stop()
+        if upstream is None:
+            server.stop()
     return figures
 
 
 def _readings(recap: Recap, cid: str, figures: Figures) -> None:
     with recap.engine.connect() as connection:
         rows = connection.execute(
-            text("SELECT prompt_tokens, cached_tokens FROM usage WHERE conversation_id = :c"),
+            text(
+                "SELECT prompt_tokens, cached_tokens, estimated_tokens, kinds FROM usage "
+                "WHERE conversation_id = :c ORDER BY id"
+            ),
             {"c": cid},
         ).all()
+    _calibration_errors(rows, figures)
     figures.readings += len(rows)
     figures.cached_readings += sum(1 for row in rows if row[1])
     stats = recap.stats(cid)
     if stats.calibration == 1.0:
         figures.uncalibrated += 1
         figures.failures.append(f"{cid}: no calibration stored ({len(rows)} usage rows)")
+
+
+def _calibration_errors(rows: Sequence[Any], figures: Figures) -> None:
+    """How well each reading after the third was predicted before it was made: by the rates per
+    kind of content fitted over the readings before it, and by the single factor of the one
+    before it (what one factor per conversation would have planned with)."""
+    samples: list[calibration.Sample] = []
+    previous: float | None = None
+    for measured, _cached, estimated, stored in rows:
+        composition = kinds.decode(stored)
+        if composition is None or measured <= 0 or estimated <= 0:
+            continue
+        if len(samples) >= 3 and previous is not None:
+            fitted = calibration.fit(samples[::-1])
+            if fitted is not None:
+                predicted = fitted.predicted(composition)
+                figures.calibration_errors.append(abs(predicted / measured - 1))
+            figures.single_factor_errors.append(abs(previous * estimated / measured - 1))
+        samples.append(calibration.Sample(composition, int(measured)))
+        previous = measured / estimated
