@@ -39,6 +39,7 @@ BENCHES: tuple[str, ...] = (
     "lifecycle",
     "summaries",
     "race",
+    "suite_slow",
 )
 
 
