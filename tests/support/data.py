@@ -7,6 +7,7 @@ import json
 import shutil
 import sqlite3
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +53,70 @@ def _sqlite_template() -> Path:
     return _TEMPLATE[0]
 
 
+_PG_TEMPLATES: dict[str, str] = {}  # server URL up to the database name -> its template's name
+
+
+def _drop_database(server: str, name: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    except Exception:  # the run's own server may be stopped already: nothing is left
+        pass
+    finally:
+        admin.dispose()
+
+
+def _postgres_template(server: str) -> str:
+    """A database migrated to head once per test process on this server (``recap_test_``
+    named, as every database the suite makes; dropped when the process ends)."""
+    if server not in _PG_TEMPLATES:
+        from sqlalchemy import create_engine, text
+
+        name = f"recap_test_template_{uuid.uuid4().hex[:12]}"
+        admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        admin.dispose()
+        atexit.register(_drop_database, server, name)
+        engine = make_engine(f"{server}/{name}")
+        upgrade(engine)
+        engine.dispose()
+        _PG_TEMPLATES[server] = name
+    return _PG_TEMPLATES[server]
+
+
+def _copy_postgres_template(url: str) -> bool:
+    """Make the suite's empty database ``url`` again as a copy of the process's template;
+    whether it did (only databases named ``recap_test_...``, which nothing has used yet)."""
+    from sqlalchemy import create_engine, text
+
+    server, name = url.rsplit("/", 1)
+    if not url.startswith("postgresql") or not name.startswith("recap_test_") or "?" in name:
+        return False
+    template = _postgres_template(server)
+    admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            used = connection.execute(
+                text("SELECT count(*) FROM pg_stat_activity WHERE datname = :name"), {"name": name}
+            ).scalar()
+            if used:
+                return False
+            connection.execute(text(f'DROP DATABASE "{name}"'))
+            connection.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+    finally:
+        admin.dispose()
+    return True
+
+
 def migrated(url: str, monkeypatch: pytest.MonkeyPatch) -> Engine:
     """A migrated engine for ``url``, also set as RECAP_DATABASE_URL. A new SQLite file is a copy
     of a template migrated once per process (the schema the migrations make, without running them
-    for every test); any other database is migrated."""
+    for every test), and so is a new database of the suite's on PostgreSQL (``CREATE DATABASE ...
+    TEMPLATE``); any other database is migrated."""
     monkeypatch.setenv("RECAP_DATABASE_URL", url)
     get_settings.cache_clear()
     path = sqlite_file(url)
@@ -63,6 +124,8 @@ def migrated(url: str, monkeypatch: pytest.MonkeyPatch) -> Engine:
     engine = make_engine(url)  # creates a new SQLite file, empty and private
     if fresh and path is not None and path.stat().st_size == 0:
         path.write_bytes(_sqlite_template().read_bytes())  # the file keeps its mode
+    elif path is None and _copy_postgres_template(url):
+        pass
     else:
         upgrade(engine)
     return engine
