@@ -45,6 +45,7 @@ BENCHES: tuple[str, ...] = (
     "economics",
     "memory",
     "doors",
+    "suite_slow",
 )
 
 

@@ -23,6 +23,7 @@ from recap.core.settings import get_settings
 from recap.core.storage.db import dispose_engines, make_engine
 from recap.core.values import limits
 from tests.support.cli_helpers import FAILED, assert_refused, recap, run_with_paths, snapshot
+from tests.support.data import migrated
 
 USAGE = 2  # click's exit code for a usage error (bad option value, missing option)
 OVER_INT64 = str(2**63)
@@ -406,14 +407,13 @@ def seeded(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_
     input files, and the environment the rows expect."""
     kind = request.param
     url = str(request.getfixturevalue("sqlite_url" if kind == "sqlite" else "postgres_url"))
-    monkeypatch.setenv("RECAP_DATABASE_URL", url)
+    migrated(url, monkeypatch).dispose()  # the schema `recap init` makes, from the run's template
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     paths = _files(inputs)
     paths["deep_json_text"] = (inputs / "deep_json.input").read_text()
     seed = inputs / "seed.jsonl"
     seed.write_text(_line(SEED))
-    assert recap("init").code == 0
     assert recap("import", str(seed)).code == 0, "the seed import failed"
     saved = [p for p in (tmp_path / "outputs").rglob("*.txt")]
     assert saved, "the seed wrote no tool output, so a deletion would go unnoticed"

@@ -9,14 +9,13 @@ cached tokens among the readings), and no adapter sends more requests over the w
 Python API does. Those few are turns whose new content (a large JSON tool output) counts at a
 higher rate than the mix the calibration learned, by more than the safety margin: the provider
 refuses them, and the adapter compresses and sends a smaller request once. The fast subset runs
-two seeds at 3k and 6k windows per adapter; ``RECAP_SLOW_TESTS=1`` adds the longer run (six
+two seeds at 3k and 6k windows per adapter; ``pytest -m slow`` runs the longer run (six
 seeds, 20 turns, windows up to 32k).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -38,9 +37,7 @@ LONG = [
     for seed in range(3, 9)
     for window in (3_000, 6_000, 12_000, 32_000)
 ]
-slow = pytest.mark.skipif(
-    not os.environ.get("RECAP_SLOW_TESTS"), reason="a longer run: set RECAP_SLOW_TESTS=1"
-)
+slow = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

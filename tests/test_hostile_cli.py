@@ -27,6 +27,7 @@ from tests.support.cli_helpers import (
     run_with_paths,
     snapshot,
 )
+from tests.support.data import migrated
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
 SEED = {
@@ -265,13 +266,12 @@ ROWS = [*_file_rows(), *_setting_rows(), *_assemble_rows(), *_message_rows(), *_
 def seeded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sqlite_url: str) -> Any:
     """Conversation ``c`` with one saved tool output and a recorded request profile, and the
     input files the rows name."""
-    monkeypatch.setenv("RECAP_DATABASE_URL", sqlite_url)
+    migrated(sqlite_url, monkeypatch).dispose()  # the schema `recap init` makes, from the template
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     paths = _inputs(inputs)
     seed = inputs / "seed.jsonl"
     seed.write_text(_line(SEED))
-    assert recap("init").code == 0
     assert recap("import", str(seed)).code == 0, "the seed import failed"
     assert recap("assemble", "c", "--system", "Be brief.").code == 0, "the seed assemble failed"
     assert list((tmp_path / "outputs").rglob("*.txt")), "the seed wrote no tool output"

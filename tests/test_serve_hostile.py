@@ -784,21 +784,25 @@ def test_a_secret_in_a_pass_through_reply_is_masked(serve: Serve) -> None:
 
 # --- a bounded fuzz of the routes ----------------------------------------------------------------
 
-FUZZ_CASES = {"direct": 200, "litellm": 60}  # seeded; bench.serve_hostile runs thousands
+# seeded cases per path: a fast subset by default, the full count under -m slow (bench.suite_slow);
+# bench.serve_hostile runs thousands
+FUZZ_CASES = {"direct": (50, 200), "litellm": (20, 60)}
 
 
-def test_fuzzed_requests_never_get_a_500(serve: Serve) -> None:
+@pytest.mark.parametrize("size", [0, pytest.param(1, marks=pytest.mark.slow)], ids=["fast", "full"])
+def test_fuzzed_requests_never_get_a_500(serve: Serve, size: int) -> None:
     """Hypothesis over the request model (valid and invalid fields, NaN, odd JSON, ids of any
     script), seeded: no response is a 500, and nothing the upstream is sent is non-JSON."""
     from hypothesis import HealthCheck, given, seed, settings
 
     from tests.support.hostile_clients import fuzz_once, request_bodies
 
+    cases = FUZZ_CASES[serve.path][size]
     statuses: Counter[int] = Counter()
 
     @seed(27)
     @settings(
-        max_examples=FUZZ_CASES[serve.path],
+        max_examples=cases,
         deadline=None,
         database=None,
         derandomize=True,
@@ -811,8 +815,8 @@ def test_fuzzed_requests_never_get_a_500(serve: Serve) -> None:
         assert status != 500, case
 
     one()
-    assert sum(statuses.values()) >= FUZZ_CASES[serve.path] // 2
-    assert statuses[200] >= FUZZ_CASES[serve.path] // 10 and statuses[400] > 0, statuses
+    assert sum(statuses.values()) >= cases // 2
+    assert statuses[200] >= cases // 10 and statuses[400] > 0, statuses
 
 
 def test_a_secret_in_streamed_tool_arguments_is_masked(serve: Serve) -> None:

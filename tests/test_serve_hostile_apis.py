@@ -394,18 +394,21 @@ def test_todays_parameters_are_checked(serve: Serve, field: str, value: Any) -> 
 
 # --- the fuzz ----------------------------------------------------------------------------------
 
-FUZZ_CASES = {"direct": 150, "litellm": 50}  # per API, seeded; bench.serve_hostile runs 4,000
+# seeded cases per API: a fast subset by default, the full count under -m slow (bench.suite_slow);
+# bench.serve_hostile runs 4,000
+FUZZ_CASES = {"direct": (40, 150), "litellm": (15, 50)}
 
 
+@pytest.mark.parametrize("size", [0, pytest.param(1, marks=pytest.mark.slow)], ids=["fast", "full"])
 @pytest.mark.parametrize("api", ["responses", "messages", "count"])
-def test_fuzzed_bodies_never_get_a_500(either: Serve, api: str) -> None:
+def test_fuzzed_bodies_never_get_a_500(either: Serve, api: str, size: int) -> None:
     """Hypothesis over each body (well-formed, and spoiled at any depth): never a 500; every
     refusal is in the API's error format."""
     from hypothesis import HealthCheck, given, seed, settings
 
     from tests.support.hostile_api_bodies import messages_bodies, responses_bodies
 
-    cases = FUZZ_CASES[either.path]
+    cases = FUZZ_CASES[either.path][size]
     strategy = responses_bodies(MODEL) if api == "responses" else messages_bodies(MODEL)
     statuses: Counter[int] = Counter()
 

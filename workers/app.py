@@ -237,8 +237,19 @@ def create_app(settings: Settings | None = None) -> Celery:
 
 
 def configure(celery: Celery, settings: Settings) -> None:
-    """Re-apply settings to an existing app (tests and the CLI use this)."""
-    celery.conf.update(celery_config(settings))
+    """Re-apply settings to an existing app (tests and the CLI use this). Celery copies some
+    settings into each task once, when it binds it (``task_ignore_result`` among them): Recap's
+    tasks bound already take the new values too, else a process configured once without a result
+    backend would store no result after it is given one."""
+    config = celery_config(settings)
+    celery.conf.update(config)
+    if not celery.finalized:
+        return  # tasks bind later, reading the configuration then in force
+    for name, registered in celery.tasks.items():
+        if name.startswith("recap."):
+            for attribute, key in type(registered).from_config:
+                if key in config:
+                    setattr(type(registered), attribute, config[key])
 
 
 app = create_app()
