@@ -21,6 +21,7 @@ readable text and calls stay), and the turn reports how many were sent and left 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -29,7 +30,15 @@ from recap.core.counting import providers
 from recap.core.request.native_items import LEFT_OUT_HEADER, SENT_HEADER, Report, dumps
 from recap.core.settings import Settings
 
-__all__ = ["LEFT_OUT_HEADER", "SENT_HEADER", "NativeClient", "RawItem", "Report", "encode"]
+__all__ = [
+    "LEFT_OUT_HEADER",
+    "SENT_HEADER",
+    "NativeClient",
+    "NativeTurn",
+    "RawItem",
+    "Report",
+    "encode",
+]
 
 RESPONSES = "responses"
 MESSAGES = "messages"
@@ -43,6 +52,27 @@ def upstream_name(model: str) -> str:
         if model.startswith(prefix):
             return model[len(prefix) :]
     return model
+
+
+class NativeTurn:
+    """What a turn sent natively shares: the client's body, the model's string, what the last
+    request built left out or sent (``Report``), and the body's fields Recap sends itself."""
+
+    dialect: str
+    own_fields: frozenset[str] = frozenset()
+
+    def __init__(self, body: Mapping[str, Any], model: str) -> None:
+        self.body = body
+        self.model = model
+        self.report = Report()
+
+    def base_request(self) -> dict[str, Any]:
+        """The client's body less the fields Recap sends itself, for the upstream's model name
+        (a new report begun)."""
+        self.report = Report()
+        body: dict[str, Any] = {k: v for k, v in self.body.items() if k not in self.own_fields}
+        body["model"] = upstream_name(self.model)
+        return body
 
 
 class RawItem:

@@ -15,22 +15,17 @@ from recap.workers.serve import native
 OWN_FIELDS = frozenset({"model", "messages", "stream", "metadata"})
 
 
-class MessagesTurn:
+class MessagesTurn(native.NativeTurn):
     """One Messages turn sent natively: the client's body (its system blocks, tools, thinking,
     ``context_management`` and every other field pass on as given) and the model's string."""
 
     dialect = native.MESSAGES
 
-    def __init__(self, body: Mapping[str, Any], model: str) -> None:
-        self.body = body
-        self.model = model
-        self.report = native.Report()
+    own_fields = OWN_FIELDS
 
     def request(self, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]) -> bytes:
         """The upstream request for Recap's assembled ``messages``."""
-        self.report = native.Report()
-        body: dict[str, Any] = {k: v for k, v in self.body.items() if k not in OWN_FIELDS}
-        body["model"] = native.upstream_name(self.model)
+        body = self.base_request()
         system, turns = anthropic_input(messages, self.model, self.report, native.RawItem)
         if system and "system" not in self.body:
             body["system"] = system

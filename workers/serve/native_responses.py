@@ -32,22 +32,17 @@ ENCRYPTED = "reasoning.encrypted_content"
 READABLE_TYPES = frozenset({"message", "function_call"})  # Recap reads these as messages
 
 
-class ResponsesTurn:
+class ResponsesTurn(native.NativeTurn):
     """One Responses turn sent natively: the client's body (its tools, reasoning, text format
     and every other field pass on as given) and the model's string."""
 
     dialect = native.RESPONSES
 
-    def __init__(self, body: Mapping[str, Any], model: str) -> None:
-        self.body = body
-        self.model = model
-        self.report = native.Report()
+    own_fields = OWN_FIELDS
 
     def request(self, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]) -> bytes:
         """The upstream request for Recap's assembled ``messages``."""
-        self.report = native.Report()
-        body: dict[str, Any] = {k: v for k, v in self.body.items() if k not in OWN_FIELDS}
-        body["model"] = native.upstream_name(self.model)
+        body = self.base_request()
         instructions, items = responses_input(messages, self.model, self.report, native.RawItem)
         if instructions:
             body["instructions"] = instructions
