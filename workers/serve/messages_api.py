@@ -18,6 +18,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from recap.core.request.native_anthropic import arguments_of, input_of
 from recap.workers.serve.chunks import chunk_usage, first_choice_deltas
 from recap.workers.serve.errors import ServeError
 from recap.workers.serve.validation import messages as rules
@@ -63,20 +64,6 @@ def error_body(error: ServeError) -> dict[str, Any]:
 
 def error_response(error: ServeError) -> JSONResponse:
     return JSONResponse(error_body(error), status_code=error.status)
-
-
-def arguments_of(value: Any) -> str:
-    """A tool's input as a chat-completions ``arguments`` string, always written one way."""
-    return json.dumps(value if value is not None else {}, ensure_ascii=False)
-
-
-def input_of(arguments: Any) -> Any:
-    """A chat-completions ``arguments`` string as a tool_use ``input`` object."""
-    try:
-        value = json.loads(arguments or "{}")
-    except (TypeError, json.JSONDecodeError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def canonical_reply(message: dict[str, Any]) -> dict[str, Any]:
