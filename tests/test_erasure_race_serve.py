@@ -5,13 +5,14 @@ request carries none of the erased messages and no summary of them.
 
 A real serve process (two client keys), a real Celery worker in this process on the embedded
 file broker, the stand-in upstream, and a second stand-in as the summarizer holding its answer
-until the delete and the new first turn are done (SQLite; the PostgreSQL race is in
-``tests/test_erasure_race.py`` and ``tests/test_race_fuzz.py``).
+until the delete and the new first turn are done, on SQLite and on PostgreSQL.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from recap.workers.app import app
 from tests.support.celery_helpers import configured_app
 from tests.support.cli_helpers import recap
 from tests.support.llm_server import LLMServer, Reply
+from tests.support.services import postgres_database
 from tests.support.serving import (
     KEY_A,
     KEY_B,
@@ -44,13 +46,24 @@ WORDS = 120  # words of each of B's turns
 SECRET = "bsecret"  # in every text of B's erased chat (and its paths)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve, LLMServer]]:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Serve, LLMServer]]:
     """Serve with keys A and B, its worker, and the summarizer (not holding yet)."""
     tmp_path = tmp_path_factory.mktemp("erasure-serve")
+    with contextlib.ExitStack() as database:
+        if request.param == "postgres":
+            admin = request.getfixturevalue("postgres_admin_url")
+            url = database.enter_context(postgres_database(admin))
+        else:
+            url = f"sqlite:///{tmp_path / 'recap.db'}"
+        yield from _stack(tmp_path, url)
+
+
+def _stack(tmp_path: Path, url: str) -> Iterator[tuple[Serve, LLMServer]]:
     upstream = LLMServer(default=reply_to).start()
     summarizer = LLMServer().start()
-    url = f"sqlite:///{tmp_path / 'recap.db'}"
     env = {
         "RECAP_DATABASE_URL": url,
         "RECAP_SERVE_MAX_INPUT_TOKENS": str(WINDOW),
