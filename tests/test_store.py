@@ -33,6 +33,62 @@ def test_migrations_match_the_models(engine: Engine) -> None:
     assert schema_drift(engine) == []
 
 
+def test_sqlite_keeps_autoincrement_on_every_table_whose_ids_are_never_reused(
+    sqlite_engine: Engine,
+) -> None:
+    """Every table the models declare ``NEVER_REUSED`` has SQLite's AUTOINCREMENT once every
+    migration ran (a migration that rebuilds a table must keep it: erased ids never return)."""
+    from recap.core.storage.models import NEVER_REUSED, SQLModel
+
+    declared = {
+        name
+        for name, table in SQLModel.metadata.tables.items()
+        if all(table.dialect_kwargs.get(f"sqlite_{k[len('sqlite_') :]}") for k in NEVER_REUSED)
+    }
+    assert {"messages", "summaries", "clearings", "usage"} <= declared
+    with sqlite_engine.connect() as connection:
+        rows = connection.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'table'"))
+        created = {str(name): str(sql) for name, sql in rows}
+    assert {name for name in declared if "AUTOINCREMENT" not in created[name]} == set()
+
+
+def test_a_clearing_id_erased_before_the_attach_migration_never_returns(sqlite_url: str) -> None:
+    """0016 rebuilds clearings on SQLite (its unique key gains the conversation): the highest id
+    ever handed out survives the rebuild, though the row that held it was erased."""
+    from recap.core.storage.db import make_engine
+    from recap.core.storage.migrate import upgrade
+
+    engine = make_engine(sqlite_url)
+    upgrade(engine, "0015")
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO conversations (id, model, created_at, last_activity_at, dirty,"
+                " incarnation) VALUES ('c', 'm', '2026-01-01', '2026-01-01', 0, 'x')"
+            )
+        )
+        for message_id in (1, 2, 3):
+            connection.execute(
+                text(
+                    "INSERT INTO clearings (conversation_id, message_id, reason, tokens_reclaimed,"
+                    " created_at, stage) VALUES ('c', :m, 'idle', 1, '2026-01-01', 'cleared')"
+                ),
+                {"m": message_id},
+            )
+        connection.execute(text("DELETE FROM clearings WHERE id = 3"))
+    upgrade(engine)
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO clearings (conversation_id, message_id, reason, tokens_reclaimed,"
+                " created_at, stage) VALUES ('c', 9, 'idle', 1, '2026-01-01', 'cleared')"
+            )
+        )
+        newest = connection.execute(text("SELECT max(id) FROM clearings")).scalar_one()
+    engine.dispose()
+    assert newest == 4
+
+
 def test_sqlite_uses_wal_and_busy_timeout(sqlite_engine: Engine) -> None:
     """SQLite connections run in WAL mode with a busy timeout."""
     with sqlite_engine.connect() as connection:

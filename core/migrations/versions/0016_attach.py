@@ -71,17 +71,53 @@ def upgrade() -> None:
         batch_op.create_index(
             batch_op.f("ix_merges_conversation_id"), ["conversation_id"], unique=False
         )
-    with op.batch_alter_table("clearings", schema=None) as batch_op:
+    # SQLite rebuilds the table for a new constraint: it keeps AUTOINCREMENT and the highest id
+    # ever handed out (sqlite_sequence), so an erased clearing's id never returns
+    seq = _sequence("clearings")
+    with op.batch_alter_table(
+        "clearings", schema=None, table_kwargs={"sqlite_autoincrement": True}
+    ) as batch_op:
         batch_op.drop_constraint("uq_clearings_message_stage", type_="unique")
         batch_op.create_unique_constraint(
             "uq_clearings_message_stage", ["conversation_id", "message_id", "stage"]
         )
+    _restore_sequence("clearings", seq)
+
+
+def _sequence(table: str) -> int | None:
+    """SQLite's highest id handed out in ``table`` (None elsewhere, or when none was)."""
+    bind = op.get_bind()
+    if bind.dialect.name != "sqlite":
+        return None
+    found = bind.execute(
+        sa.text("SELECT seq FROM sqlite_sequence WHERE name = :name"), {"name": table}
+    ).scalar()
+    return int(found) if found is not None else None
+
+
+def _restore_sequence(table: str, seq: int | None) -> None:
+    """Put back what ``_sequence`` read, after a rebuild started the count at the highest row."""
+    if seq is None:
+        return
+    bind = op.get_bind()
+    values = {"name": table, "seq": seq}
+    updated = bind.execute(
+        sa.text("UPDATE sqlite_sequence SET seq = max(seq, :seq) WHERE name = :name"), values
+    )
+    if not updated.rowcount:
+        bind.execute(
+            sa.text("INSERT INTO sqlite_sequence (name, seq) VALUES (:name, :seq)"), values
+        )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("clearings", schema=None) as batch_op:
+    seq = _sequence("clearings")
+    with op.batch_alter_table(
+        "clearings", schema=None, table_kwargs={"sqlite_autoincrement": True}
+    ) as batch_op:
         batch_op.drop_constraint("uq_clearings_message_stage", type_="unique")
         batch_op.create_unique_constraint("uq_clearings_message_stage", ["message_id", "stage"])
+    _restore_sequence("clearings", seq)
     with op.batch_alter_table("merges", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_merges_conversation_id"))
     op.drop_table("merges")

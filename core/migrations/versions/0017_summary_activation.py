@@ -21,14 +21,14 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("summaries", schema=None) as batch_op:
-        batch_op.add_column(
-            sa.Column("pending", sa.Boolean(), nullable=False, server_default=sa.false())
-        )
-        batch_op.add_column(sa.Column("activated_at", sa.DateTime(timezone=True), nullable=True))
+    # plain ADD COLUMN on every database: SQLite keeps the table (a rebuild would drop its
+    # AUTOINCREMENT, and summary ids must never be handed out again)
+    op.add_column(
+        "summaries", sa.Column("pending", sa.Boolean(), nullable=False, server_default=sa.false())
+    )
+    op.add_column("summaries", sa.Column("activated_at", sa.DateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("summaries", schema=None) as batch_op:
-        batch_op.drop_column("activated_at")
-        batch_op.drop_column("pending")
+    op.drop_column("summaries", "activated_at")  # SQLite's own DROP COLUMN (3.35 on)
+    op.drop_column("summaries", "pending")

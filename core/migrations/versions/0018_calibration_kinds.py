@@ -23,16 +23,13 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("usage", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("kinds", sa.String(length=96), nullable=True))
-    with op.batch_alter_table("request_profiles", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("sent_kinds", sa.String(length=96), nullable=True))
-        batch_op.add_column(sa.Column("usage_kinds", sa.String(length=96), nullable=True))
+    # plain ADD COLUMN on every database: SQLite keeps the tables and usage's AUTOINCREMENT
+    op.add_column("usage", sa.Column("kinds", sa.String(length=96), nullable=True))
+    op.add_column("request_profiles", sa.Column("sent_kinds", sa.String(length=96), nullable=True))
+    op.add_column("request_profiles", sa.Column("usage_kinds", sa.String(length=96), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("request_profiles", schema=None) as batch_op:
-        batch_op.drop_column("usage_kinds")
-        batch_op.drop_column("sent_kinds")
-    with op.batch_alter_table("usage", schema=None) as batch_op:
-        batch_op.drop_column("kinds")
+    op.drop_column("request_profiles", "usage_kinds")  # SQLite's own DROP COLUMN (3.35 on)
+    op.drop_column("request_profiles", "sent_kinds")
+    op.drop_column("usage", "kinds")
