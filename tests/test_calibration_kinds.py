@@ -191,8 +191,9 @@ def test_the_budget_plans_with_the_request_s_own_mix() -> None:
     assert single == pytest.approx(1.2)
     code = budgets.calibration_factor(reading, leaf_id=5, now=NOW, composition=(0, 100, 0, 0))
     assert code == pytest.approx(1.6)
+    # a request poorer in code than the latest reading never plans below that reading's factor
     prose = budgets.calibration_factor(reading, leaf_id=5, now=NOW, composition=(100, 0, 0, 0))
-    assert prose == pytest.approx(1.0)
+    assert prose == pytest.approx(1.2)
     plain = Reading(1_000, 1_200, 5, NOW)  # no rates fitted: the single factor
     assert budgets.calibration_factor(plain, leaf_id=5, now=NOW, composition=(0, 1, 0, 0)) == (
         pytest.approx(1.2)

@@ -129,15 +129,19 @@ def calibration_factor(
 
     With the ``composition`` of the request to plan (its estimate split by kind of content,
     ``core.counting.kinds``) and rates per kind fitted over the recent readings, the factor is
-    that request's own: its tokens of each kind at their rate, with the residual quantile
-    (``core.counting.calibration``); else the latest reading's single factor."""
+    that request's own (its tokens of each kind at their rate, with the residual quantile,
+    ``core.counting.calibration``) where it is higher than the latest reading's single factor,
+    which stands otherwise."""
     if reading is None or reading.estimated <= 0 or reading.measured <= 0:
         return 1.0
     raw = min(max(reading.measured / reading.estimated, CALIBRATION_MIN), CALIBRATION_MAX)
     fitted = kind_factors(reading)
     if fitted is not None and composition is not None and sum(composition) > 0:
         by_kind = fitted.factor(tuple(composition))
-        if abs(by_kind - raw) > SAME_FACTOR * raw:  # else the readings said no more than one
+        # a request richer in a costly kind than the latest reading plans above its factor; one
+        # poorer never below it: the latest reading (a provider's refusal states one) may be
+        # more than the fit over older readings explains
+        if by_kind - raw > SAME_FACTOR * raw:  # else the readings said no more than one
             raw = by_kind
     weight = _age_weight(reading.at, now) * _distance_weight(reading.leaf_id, leaf_id)
     return 1.0 + (raw - 1.0) * weight
