@@ -142,8 +142,10 @@ def test_a_serve_turn_is_one_trace_from_the_client(
         (client,) = exporter.get_finished_spans()
     completion = raw.parse()
     trace_id = format(client_span.get_span_context().trace_id, "032x")
-    spans = traces.wait_for(trace_id, SERVE_SPANS)
-    assert {s.service for s in spans} == {"recap-serve"}
+    found = traces.wait_for(trace_id, SERVE_SPANS)
+    # the worker's spans join the trace as soon as it runs the compression serve enqueued
+    assert {s.service for s in found} <= {"recap-serve", "recap-worker"}
+    spans = [s for s in found if s.service == "recap-serve"]
 
     server = one(spans, "POST /v1/chat/completions")
     assert server.parent_id == format(client.context.span_id, "016x")  # the client's trace
