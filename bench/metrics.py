@@ -17,7 +17,7 @@ from bench import Figure
 from bench.assemble import long_conversation
 from bench.data import load_all
 from bench.serve import model_process, serve_process
-from bench.serve_turns import CONVERSATION, REQUEST_TIMEOUT, Sides
+from bench.serve_turns import CONVERSATION, REQUEST_TIMEOUT, Sides, timed_rounds
 
 ROUNDS = 51  # timed rounds per side (odd: the median is one of them)
 WARMUP_ROUNDS = 3
@@ -38,17 +38,11 @@ def run() -> list[Figure]:
                 serve_process(off_db, upstream, root / "off") as off,
                 httpx.Client(timeout=REQUEST_TIMEOUT) as client,
             ):
-                sides = {
-                    "on": Sides(client, on, upstream, history),
-                    "off": Sides(client, off, upstream, history),
+                measures = {  # the off side first in even rounds, the on side in odd ones
+                    "off": Sides(client, off, upstream, history).new_turn,
+                    "on": Sides(client, on, upstream, history).new_turn,
                 }
-                times: dict[str, list[float]] = {"on": [], "off": []}
-                for index in range(WARMUP_ROUNDS + ROUNDS):
-                    order = ["on", "off"] if index % 2 else ["off", "on"]
-                    for name in order:
-                        elapsed = sides[name].new_turn()
-                        if index >= WARMUP_ROUNDS:
-                            times[name].append(elapsed)
+                times = timed_rounds(measures, ROUNDS, WARMUP_ROUNDS)
                 scraped = client.get(on.removesuffix("/v1") + "/metrics").text
     finally:
         model.terminate()

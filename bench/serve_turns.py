@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +219,24 @@ class Sides:
         return measure
 
 
+def timed_rounds(
+    measures: Mapping[str, Callable[[], float]], rounds: int, warmup: int
+) -> dict[str, list[float]]:
+    """Each measure's times over ``rounds`` rounds after ``warmup`` untimed ones. Each round
+    starts one later: every side follows every other equally often, so none is always the one
+    that meets the work the side before it left running (a stored turn records its usage after
+    its stream has ended); with two sides, they alternate which goes first."""
+    times: dict[str, list[float]] = {name: [] for name in measures}
+    names = list(measures)
+    for index in range(warmup + rounds):
+        turn = index % len(names)
+        for name in names[turn:] + names[:turn]:
+            elapsed = measures[name]()
+            if index >= warmup:
+                times[name].append(elapsed)
+    return times
+
+
 def rounds(
     base: str, upstream: str, proxy: str | None, history: list[dict[str, Any]]
 ) -> list[Figure]:
@@ -232,17 +250,7 @@ def rounds(
         }
         if proxy is not None:
             measures["proxy"] = sides.proxied(proxy)
-        times: dict[str, list[float]] = {name: [] for name in measures}
-        names = list(measures)
-        for index in range(WARMUP_ROUNDS + ROUNDS):
-            # each round starts one later: every side follows every other equally often, so
-            # none is always the one that meets the work the side before it left running
-            # (a stored turn records its usage after its stream has ended)
-            turn = index % len(names)
-            for name in names[turn:] + names[:turn]:
-                elapsed = measures[name]()
-                if index >= WARMUP_ROUNDS:
-                    times[name].append(elapsed)
+        times = timed_rounds(measures, ROUNDS, WARMUP_ROUNDS)
     ms = {name: statistics.median(values) * 1000 for name, values in times.items()}
     figures = [
         Figure(
