@@ -16,12 +16,11 @@ import pytest
 from sqlalchemy import select
 
 from recap.core.client import Recap
-from recap.core.settings import get_settings
 from recap.core.storage.models import ATTACHMENTS, SUMMARIES
-from recap.workers import enqueue
 from tests.support.frameworks_stack import (
     FrameworkStack,
     carries_summary,
+    host_on,
     start_stack,
     tool_call_reply,
     user_text,
@@ -57,16 +56,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrameworkStack]:
 
 @pytest.fixture
 def host(stack: FrameworkStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Recap]:
-    for key, value in stack.host_env().items():
-        monkeypatch.setenv(key, value)
-    get_settings.cache_clear()
-    enqueue.reset()
-    made = Recap(get_settings())
-    try:
-        yield made
-    finally:
-        enqueue.reset()
-        made.engine.dispose()
+    with host_on(stack, monkeypatch) as host:
+        yield host
 
 
 def _model(url: str) -> tuple[Any, Any]:

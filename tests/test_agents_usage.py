@@ -18,12 +18,12 @@ import pytest
 from sqlmodel import Session, select
 
 from recap.core.client import Recap
-from recap.core.settings import Settings, get_settings
+from recap.core.settings import Settings
 from recap.core.storage.models import Usage
-from recap.workers import enqueue
 from tests.support.frameworks_stack import (
     FrameworkStack,
     carries_summary,
+    host_on,
     start_stack,
     tool_call_reply,
     user_text,
@@ -218,16 +218,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrameworkStack]:
 
 @pytest.fixture
 def host(stack: FrameworkStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Recap]:
-    for key, value in stack.host_env().items():
-        monkeypatch.setenv(key, value)
-    get_settings.cache_clear()
-    enqueue.reset()
-    made = Recap(get_settings())
-    try:
-        yield made
-    finally:
-        enqueue.reset()
-        made.engine.dispose()
+    with host_on(stack, monkeypatch) as host:
+        yield host
 
 
 def test_worker_compresses_while_items_keep_their_ids(stack: FrameworkStack, host: Recap) -> None:

@@ -17,11 +17,9 @@ from collections.abc import Iterator
 import pytest
 
 from recap.core.client import Recap
-from recap.core.settings import get_settings
-from recap.workers import enqueue
 from tests.support import doors
 from tests.support import framework_loop as loop
-from tests.support.frameworks_stack import FrameworkStack, start_stack
+from tests.support.frameworks_stack import FrameworkStack, host_on, start_stack
 
 pytest.importorskip("langchain.agents", reason="the langchain extra is not installed")
 pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed")
@@ -54,16 +52,8 @@ def serves(
 
 @pytest.fixture
 def recap(stack: FrameworkStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Recap]:
-    for key, value in stack.host_env().items():
-        monkeypatch.setenv(key, value)
-    get_settings.cache_clear()
-    enqueue.reset()
-    host = Recap(get_settings())
-    try:
+    with host_on(stack, monkeypatch) as host:
         yield host
-    finally:
-        enqueue.reset()
-        host.engine.dispose()
 
 
 def check(figures: loop.Figures, draws: list[loop.Draw]) -> None:

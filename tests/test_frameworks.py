@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 
 from recap.core.client import Recap
-from recap.core.settings import get_settings
-from recap.workers import enqueue
 from tests.support.frameworks_stack import (
     FrameworkStack,
     carries_summary,
+    host_on,
     start_stack,
     tool_call_reply,
     user_text,
@@ -68,16 +67,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrameworkStack]:
 def recap(stack: FrameworkStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Recap]:
     """A host on the stack: its settings in the environment too (``compress_later`` reads the
     broker folder from there)."""
-    for key, value in stack.host_env().items():
-        monkeypatch.setenv(key, value)
-    get_settings.cache_clear()
-    enqueue.reset()
-    host = Recap(get_settings())
-    try:
+    with host_on(stack, monkeypatch) as host:
         yield host
-    finally:
-        enqueue.reset()
-        host.engine.dispose()
 
 
 def assert_compressed_and_complete(

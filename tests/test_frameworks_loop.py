@@ -22,10 +22,9 @@ import pytest
 
 from recap.core.client import Recap
 from recap.core.settings import get_settings
-from recap.workers import enqueue
 from tests.support import doors
 from tests.support import framework_loop as loop
-from tests.support.frameworks_stack import FrameworkStack, start_stack
+from tests.support.frameworks_stack import FrameworkStack, host_on, start_stack
 
 pytest.importorskip("langchain.agents", reason="the langchain extra is not installed")
 pytest.importorskip("langchain_openai", reason="langchain-openai is not installed")
@@ -53,16 +52,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrameworkStack]:
 def recap(stack: FrameworkStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Recap]:
     """A host on the stack, its settings in the environment too (``compress_later`` reads the
     broker folder from there)."""
-    for key, value in stack.host_env().items():
-        monkeypatch.setenv(key, value)
-    get_settings.cache_clear()
-    enqueue.reset()
-    host = Recap(get_settings())
-    try:
+    with host_on(stack, monkeypatch) as host:
         yield host
-    finally:
-        enqueue.reset()
-        host.engine.dispose()
 
 
 ADAPTERS = {"langchain": doors.langchain_talk, "pydantic_ai": doors.pydantic_ai_talk}

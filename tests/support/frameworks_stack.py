@@ -11,14 +11,18 @@ of a conversation, so a test waits for the run its turn enqueued before the next
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from recap.core.client import Recap
-from recap.core.settings import Settings
+from recap.core.settings import Settings, get_settings
 from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from tests.support.llm_server import LLMServer, Recorded, Reply
 from tests.support.processes import wait_for
@@ -123,3 +127,21 @@ def start_stack(
     except BaseException:
         stack.stop()
         raise
+
+
+@contextlib.contextmanager
+def host_on(stack: FrameworkStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Recap]:
+    """A host on the stack, its settings in the environment too (``compress_later`` reads the
+    broker folder from there), with the enqueue helper's apps reset before and after."""
+    from recap.workers import enqueue
+
+    for key, value in stack.host_env().items():
+        monkeypatch.setenv(key, value)
+    get_settings.cache_clear()
+    enqueue.reset()
+    host = Recap(get_settings())
+    try:
+        yield host
+    finally:
+        enqueue.reset()
+        host.engine.dispose()
