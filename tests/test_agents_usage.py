@@ -283,3 +283,38 @@ def test_the_input_ends_with_the_assembled_head(
     from recap.integrations._agents_model import _same_item
 
     assert _same_item(assembled, given) is same
+
+
+def test_a_handoff_runs_in_the_sessions_conversation(server: LLMServer, recap: Recap) -> None:
+    """A handoff hands the run, its session included, to another agent: the items of both
+    agents are one conversation, and the agent handed to (its model wrapped by the same
+    session) is sent Recap's assembly, its usage recorded, its own instructions counted."""
+    session = RecapSession(f"handoff-{uuid.uuid4().hex[:6]}", recap=recap, enqueue=False)
+    billing = Agent(
+        name="billing",
+        instructions="BILLING. " + INSTRUCTIONS,
+        model=session.wrap(_model(server.url)),
+    )
+    triage = Agent(
+        name="triage",
+        instructions="TRIAGE. Hand billing questions to billing.",
+        model=session.wrap(_model(server.url)),
+        handoffs=[billing],
+    )
+    first = len(server.requests)
+
+    async def talk() -> None:
+        server.script(tool_call_reply("h1", "transfer_to_billing", "{}"))
+        await Runner.run(triage, "why was I charged twice?", session=session)
+
+    talking(talk())
+    cid = asyncio.run(session.conversation_id())
+    requests = server.requests[first:]
+    assert [r.body["instructions"].split(".")[0] for r in requests] == ["TRIAGE", "BILLING"]
+    readings = _readings(recap, cid)
+    assert len(readings) == 2  # both agents' calls were Recap's requests, both recorded
+    stored = recap.export(cid).messages
+    assert [m["role"] for m in stored][:1] == ["user"]
+    assert any(m.get("tool_calls") for m in stored)  # the handoff call and its result, paired
+    assert stored[-1]["role"] == "assistant"
+    assert recap.stats(cid).fixed > len(INSTRUCTIONS.split())  # billing's instructions

@@ -21,6 +21,7 @@ the new ones (Recap holds the history), so pass only those.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NotRequired
 
@@ -32,7 +33,8 @@ from langgraph.runtime import Runtime
 from recap.convert import langchain as convert
 from recap.core.aio import AsyncRecap
 from recap.core.client import Recap
-from recap.integrations import _host, _loop
+from recap.core.errors import InputError, NotFoundError
+from recap.integrations import _host, _loop, _subagents
 
 RECORDED_KEY = "recap_recorded"
 
@@ -80,21 +82,29 @@ class RecapMiddleware(AgentMiddleware[RecapState, Any, Any]):
 
     def _name(self) -> str:
         """The conversation of this run (read from the run's config: call it on the graph's
-        thread, where the config is set)."""
-        cid = self.conversation_id
-        if cid is None:
-            try:
-                configurable = get_config().get("configurable") or {}
-            except RuntimeError:
-                configurable = {}
-            thread = configurable.get("thread_id")
-            cid = str(thread) if thread is not None else None
-        if not cid:
+        thread, where the config is set). A run inside another ``RecapMiddleware`` agent's tool
+        call on the same thread is its sub-agent: a conversation of its own, attached to the
+        parent's after the tool's result (``_subagents``)."""
+        try:
+            configurable = get_config().get("configurable") or {}
+        except RuntimeError:
+            configurable = {}
+        placed = _subagents.place(configurable, self.conversation_id)
+        if placed is None:
             raise ValueError(
                 "RecapMiddleware needs a conversation: pass conversation_id=..., or run the "
                 "agent with config={'configurable': {'thread_id': ...}}"
             )
-        return cid
+        return placed.conversation_id
+
+    def _attach_subs(self, cid: str) -> None:
+        """Attach the sub-agents run from this conversation's tool calls, after the head (the
+        record before the next model call, when the tools' results are in). One that cannot
+        be attached (empty, erased, attached already) is dropped: a record never fails for it."""
+        for sub in _subagents.waiting(cid):
+            with contextlib.suppress(InputError, NotFoundError):
+                self.recap.attach(cid, source=sub)
+            _subagents.attached(cid, sub)
 
     # --- recording --------------------------------------------------------------------------
 
@@ -107,6 +117,7 @@ class RecapMiddleware(AgentMiddleware[RecapState, Any, Any]):
             done = len(messages)
         fresh = [m for m in messages[done:] if convert.ROLE_OF.get(m.type)]
         _host.add_messages(self.recap, cid, convert.to_recap_all(fresh))
+        self._attach_subs(cid)
         if done == len(messages) and RECORDED_KEY in state:
             return None
         return {RECORDED_KEY: len(messages)}
