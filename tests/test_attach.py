@@ -382,3 +382,42 @@ def test_erasing_a_source_drops_summaries_that_quote_it(engine: Engine) -> None:
     request = joined(recap.assemble("parent"))
     assert "lookup" not in request and "4711" not in request and "invoice" not in request
     assert fallback_text("sub") in joined(recap.assemble("parent", max_input_tokens=100_000))
+
+
+def test_a_source_erased_during_the_parents_run_is_never_summarized(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's run reads the attached items' text, then the source is erased before the
+    run writes: the run writes no summary (it would quote the erased text; the erasure found
+    none to delete), ends skipped, and the next run summarizes the fallback."""
+    from recap.core.compression import run as runs
+
+    recap = client(engine)
+    sub_agent(recap)
+    recap.new("parent", model="gpt-4o", max_input_tokens=4_000)
+    recap.add("parent", {"role": "user", "content": "what do we owe?"})
+    recap.add("parent", {"role": "assistant", "content": "Let me ask the helper."})
+    recap.attach("parent", source="sub")
+    for n in range(12):
+        words = " ".join(f"q{n}w{i}" for i in range(120))
+        recap.add("parent", {"role": "user", "content": f"question {n} {words}"})
+        recap.add("parent", {"role": "assistant", "content": f"answer {n} {words}"})
+    read_text = runs.with_text
+    erased: list[dict[str, Any]] = []
+
+    def read_then_erase(*args: Any, **kwargs: Any) -> Any:
+        split = read_text(*args, **kwargs)
+        if not erased:  # the text is read; the source goes before the summary is written
+            erased.append(client(engine).delete("sub"))
+        return split
+
+    monkeypatch.setattr(runs, "with_text", read_then_erase)
+    done = recap.compress("parent", force=True)
+    assert erased and erased[0]["rows"].get("attaching_summaries", 0) == 0
+    assert done.action == "skipped" and "erased during the run" in done.reason
+    assert done.tokens_after == done.tokens_before
+    assert recap.summaries("parent") == []
+    again = recap.compress("parent", force=True)
+    assert again.action == "summarized"
+    request = joined(recap.assemble("parent"))
+    assert "lookup" not in request and "4711" not in request and "invoice" not in request

@@ -139,6 +139,7 @@ class PassResult:
     recent: tuple[Msg, ...] = ()
     clearings: Mapping[int, ClearingRec] = field(default_factory=dict)
     pinned: frozenset[int] = frozenset()  # never cleared after the summary either
+    sources: Mapping[str, str | None] = field(default_factory=dict)  # Snapshot.sources
 
 
 ENTRY_POINT_GROUP = "recap.engine"  # the distribution names its parts here (pyproject.toml)
@@ -358,7 +359,9 @@ def _validated(
         "created_at": run.clock(),
         "pending": True,  # used from the first request where that pays (core.decision.activation)
     }
-    return PassResult(outcome, row, split.recent, snapshot.clearings, snapshot.pinned_ids)
+    return PassResult(
+        outcome, row, split.recent, snapshot.clearings, snapshot.pinned_ids, snapshot.sources
+    )
 
 
 # --- the whole run -----------------------------------------------------------------------------

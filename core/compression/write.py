@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from recap.core.compression.run import PassResult, Run
 
 ERROR_CHARS = 500  # an error stored in the log is cut here
+SOURCE_GONE_REASON = (
+    "a conversation it attaches was erased during the run; no summary was written (the next "
+    "run summarizes the attachment's fallback)"
+)
 Outcome = CompressResult  # what one run did: the contract's JSON plus what the log row records
 T = TypeVar("T")
 
@@ -68,6 +72,7 @@ def write_run(
         run.engine,
         store.Identity(run.conversation_id, run.incarnation),
         summary=result.row,
+        sources=result.sources,
         clear_after=clear_after,
         log_row=log_row,
         held=held,
@@ -82,6 +87,15 @@ def _written(outcome: Outcome, written: Written, row: Mapping[str, Any] | None) 
     the tool results cleared after it."""
     if row is None:
         return outcome
+    if written.source_gone:
+        return replace(  # the summary's saving not made: counted as before the run
+            outcome,
+            action=Action.SKIPPED,
+            reason=SOURCE_GONE_REASON,
+            summary_id=None,
+            cutoff_message_id=None,
+            tokens_after=outcome.tokens_before,
+        )
     if written.conflict:
         cutoff = row["cutoff_message_id"]
         return replace(

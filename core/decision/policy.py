@@ -140,6 +140,9 @@ class Snapshot:
     # The branch's expanded attachments: their open and close marker ids (a summary's cut never
     # falls inside one).
     attached: tuple[tuple[int, int], ...] = ()
+    # The other conversations it attaches, stored when the snapshot was read, with their
+    # incarnations: a summary written after one of them is erased would quote it.
+    sources: Mapping[str, str | None] = field(default_factory=dict)
 
     @property
     def leaf_id(self) -> int | None:

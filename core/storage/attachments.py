@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,6 +179,37 @@ def pointers_of(connection: Connection, conversation_id: str) -> dict[int, Point
         )
         for row in connection.execute(_POINTERS, {"cid": conversation_id})
     }
+
+
+_LIVE = (
+    select(A.source_conversation_id, C.incarnation)
+    .join(CONVERSATIONS, C.id == A.source_conversation_id)
+    .where(A.conversation_id == bindparam("cid"), A.source_conversation_id != bindparam("cid"))
+)
+
+
+def live_sources(connection: Connection, conversation_id: str) -> dict[str, str | None]:
+    """The other conversations ``conversation_id`` attaches that are stored now, with their
+    incarnations: what a compression run may quote. Read before the run reads anything else
+    (its summary, its branch, a source's items), so that a source erased after this read is
+    one ``sources_unchanged`` finds gone."""
+    found = connection.execute(_LIVE, {"cid": conversation_id})
+    return {str(source): (None if i is None else str(i)) for source, i in found}
+
+
+def sources_unchanged(connection: Connection, sources: Mapping[str, str | None]) -> bool:
+    """Whether each of ``sources`` is still stored as the same incarnation, in a write
+    transaction: a summary quoting a source erased during the run is never written. On
+    PostgreSQL each source's row is locked ``FOR KEY SHARE`` (in id order): an erasure, which
+    locks it ``FOR UPDATE`` before it deletes the summaries quoting it (``forget_source``),
+    waits for this transaction and then deletes its summary too; one that got there first has
+    committed by the time the lock is granted, and the row is gone."""
+    for source in sorted(sources):
+        statement = select(C.incarnation).where(C.id == source)
+        found = connection.execute(statement.with_for_update(read=True, key_share=True)).first()
+        if found is None or (None if found[0] is None else str(found[0])) != sources[source]:
+            return False
+    return True
 
 
 _ROW = select(C.owner, C.incarnation).where(C.id == bindparam("cid"))

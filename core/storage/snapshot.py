@@ -121,6 +121,7 @@ def read_snapshot(
     with up to ``failures`` of the newest failed runs since the last summary."""
     connection = session.connection()
     model, override = _head(connection, conversation_id)
+    sources = attachments.live_sources(connection, conversation_id)  # first: see its docstring
     path = branch_path(connection, conversation_id, leaf)
     summary = applicable_summary(compressed.load_summaries(session, conversation_id), set(path))
     pins = load_pins(connection, conversation_id)
@@ -155,6 +156,7 @@ def read_snapshot(
         failures=tuple(recent_failures(connection, conversation_id, failures)),
         pinned=tuple(read[mid] for mid in pinned_ids if mid in read),
         attached=spans,
+        sources=sources,
     )
 
 

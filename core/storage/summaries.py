@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from recap.core.errors import ConversationGone
-from recap.core.storage import compaction_log, store, sweep
+from recap.core.storage import attachments, compaction_log, store, sweep
 from recap.core.storage.db import session_scope
 from recap.core.storage.lease import Lease, release_on
 from recap.core.storage.models import SUMMARIES
@@ -69,6 +69,7 @@ class Written:
     tokens_reclaimed: int = 0
     lease: str = "none"  # lease.release_on's answer, or "none" without a lease
     steps: str = ""  # those steps in words (``sweep.Applied.describe``)
+    source_gone: bool = False  # an attached conversation was erased: no summary written
 
 
 def write_run(
@@ -76,6 +77,7 @@ def write_run(
     conversation: store.Identity,
     *,
     summary: Mapping[str, Any] | None,
+    sources: Mapping[str, str | None] | None = None,
     clear_after: ClearingPlan | None,
     log_row: Callable[[Written], dict[str, Any]],
     held: Lease | None,
@@ -83,7 +85,8 @@ def write_run(
     now: datetime,
 ) -> Written:
     """A run's writes in one short transaction: ``summary`` (the columns of a new row; a conflict
-    means another run wrote it), then, when it is new, the ``clear_after`` plan, the log row
+    means another run wrote it; none when one of ``sources``, the conversations the run's
+    snapshot attached, was erased since: ``Written.source_gone``), then, when it is new, the ``clear_after`` plan, the log row
     ``log_row`` makes of what was written (``compaction_log.record_run``), and the lease let go
     with ``last_compacted_at`` set (or kept when the conversation turned dirty: see
     ``lease.release_on``; ``force_release`` lets go anyway). Raises ``ConversationGone``,
@@ -95,6 +98,8 @@ def write_run(
         if not store.lock_conversation(session, conversation_id, incarnation=incarnation):
             raise ConversationGone(f"conversation {conversation_id!r} was deleted")
         connection = session.connection()
+        if summary is not None and not attachments.sources_unchanged(connection, sources or {}):
+            summary, written = None, Written(source_gone=True)
         if summary is not None:
             new_id = insert_summary(connection, summary)
             if new_id is None:
