@@ -18,34 +18,62 @@ Node = tuple[int, int | None, str | None]
 
 
 def longest_stored_prefix(
-    nodes: Iterable[Node], hashes: Sequence[str], starts: Collection[int | None]
+    nodes: Iterable[Node],
+    hashes: Sequence[str],
+    starts: Collection[int | None],
+    bridges: Mapping[int, int] | None = None,
 ) -> list[int]:
     """Ids of the longest stored path whose hashes are ``hashes[:k]``, first message first.
 
     The path begins under one of ``starts`` (``None`` for a root). Where two stored paths repeat
     the request equally far (a message stored twice, by an explicit branch), the newest wins.
+    ``bridges`` (``chain_ends``) maps a message to the last attachment marker stored after it:
+    a client never sends Recap's markers, so the walk goes on under that marker too, and the
+    path holds the client's messages only.
     """
+    bridges = bridges or {}
+    back = {end: start for start, end in bridges.items()}
     children: dict[tuple[int | None, str | None], list[int]] = {}
     parents: dict[int, int | None] = {}
     for node_id, parent, digest in nodes:
         children.setdefault((parent, digest), []).append(node_id)
         parents[node_id] = parent
-    frontier: list[int | None] = list(dict.fromkeys(starts))
+    frontier = _bridged(dict.fromkeys(starts), bridges)
     matched: list[int] = []
     depth = 0
     for digest in hashes:
         found = [child for parent in frontier for child in children.get((parent, digest), ())]
         if not found:
             break
-        matched, frontier, depth = found, list(found), depth + 1
+        matched, frontier, depth = found, _bridged(found, bridges), depth + 1
     if not matched:
         return []
     path = [max(matched)]
     while len(path) < depth:
         parent = parents[path[-1]]
         assert parent is not None, "a matched message below the first has a parent"
-        path.append(parent)
+        path.append(back.get(parent, parent))
     return path[::-1]
+
+
+def chain_ends(markers: Iterable[tuple[int, int, int | None]]) -> dict[int, int]:
+    """From ``(open marker, close marker, the open marker's parent)`` of a conversation's
+    attachments: each message some markers follow -> the last close marker of the chain after
+    it (an attachment made after another follows the other's close marker)."""
+    after = {parent: close for _, close, parent in markers if parent is not None}
+    ends: dict[int, int] = {}
+    for start, end in after.items():
+        seen = {start}
+        while end in after and end not in seen:
+            seen.add(end)
+            end = after[end]
+        ends[start] = end
+    return ends
+
+
+def _bridged(ids: Iterable[int | None], bridges: Mapping[int, int]) -> list[int | None]:
+    out = list(ids)
+    return out + [bridges[i] for i in out if i is not None and i in bridges]
 
 
 def split_system(

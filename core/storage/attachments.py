@@ -24,6 +24,7 @@ from sqlmodel import Session
 
 from recap.core.errors import NotFoundError
 from recap.core.request.attach import close_text, open_text
+from recap.core.request.prefix import chain_ends
 from recap.core.storage import store
 from recap.core.storage.models import (
     ATTACHMENTS,
@@ -179,6 +180,21 @@ def pointers_of(connection: Connection, conversation_id: str) -> dict[int, Point
         )
         for row in connection.execute(_POINTERS, {"cid": conversation_id})
     }
+
+
+def marker_bridges(connection: Connection, conversation_id: str) -> dict[int, int]:
+    """Each message attachment markers follow -> the last marker of the chain after it
+    (``prefix.chain_ends``): a history a client resends maps over them (one indexed read,
+    nothing for most conversations)."""
+    statement = (
+        select(A.open_message_id, A.close_message_id, M.parent_id)
+        .join(MESSAGES, M.id == A.open_message_id)
+        .where(A.conversation_id == conversation_id)
+    )
+    rows = connection.execute(statement).all()
+    if not rows:
+        return {}
+    return chain_ends((int(o), int(c), None if p is None else int(p)) for o, c, p in rows)
 
 
 _LIVE = (

@@ -19,7 +19,7 @@ from sqlmodel import Session
 from recap.core.errors import NotFoundError
 from recap.core.request.prefix import Node, longest_stored_prefix, open_calls
 from recap.core.request.validate import check_message, check_tool_pairing
-from recap.core.storage import store
+from recap.core.storage import attachments, store
 from recap.core.storage.db import session_scope
 from recap.core.storage.hashing import message_hash
 from recap.core.storage.models import CONVERSATIONS, MESSAGES
@@ -286,8 +286,12 @@ def stored_prefix(
         if not store.owned_by(session.connection(), conversation_id, fingerprint):
             return None, 0
         starts = _start_parents(session, conversation_id)
-        path = longest_stored_prefix(_candidates(session, conversation_id, hashes), hashes, starts)
-    return (path[-1] if path else None), len(path)
+        bridges = attachments.marker_bridges(session.connection(), conversation_id)
+        candidates = _candidates(session, conversation_id, hashes)
+        path = longest_stored_prefix(candidates, hashes, starts, bridges)
+    if path:  # the attachments made after the last message it repeats stay on the branch
+        return bridges.get(path[-1], path[-1]), len(path)
+    return None, 0
 
 
 def store_reply(
@@ -378,20 +382,25 @@ def _append(
     the ids of its first messages, when the last of them is still stored), the rest appended."""
     rest = hashes[len(known) :]
     nodes = _candidates(session, conversation.id, rest, known[-1]) if known else None
+    bridges = attachments.marker_bridges(session.connection(), conversation.id)
     starts: list[int | None]
     if nodes is not None and any(node[0] == known[-1] for node in nodes):  # still stored
         starts = [known[-1]]
         wanted = set(rest)
-        found = longest_stored_prefix([n for n in nodes if n[2] in wanted], rest, starts)
+        found = longest_stored_prefix([n for n in nodes if n[2] in wanted], rest, starts, bridges)
         path = [*known, *found]
     else:
         starts = _start_parents(session, conversation.id)
-        path = longest_stored_prefix(_candidates(session, conversation.id, hashes), hashes, starts)
+        candidates = _candidates(session, conversation.id, hashes)
+        path = longest_stored_prefix(candidates, hashes, starts, bridges)
     new = messages[len(path) :]
     if not new:
-        return Mapped(path[-1] if path else None, len(path), [], tuple(path))
+        leaf = bridges.get(path[-1], path[-1]) if path else None
+        return Mapped(leaf, len(path), [], tuple(path))
     check_tool_pairing(new, "messages", open_calls=open_calls(messages[: len(path)]))
     parent = path[-1] if path else max((s for s in starts if s is not None), default=None)
+    if parent is not None:  # after the attachments made since: the client never sends them
+        parent = bridges.get(parent, parent)
     rows = [store.prepared_values(dict(m), conversation.model, ingest) for m in new]
     ids = store.insert_chain(session, conversation.id, rows, parent, touch=False)  # claimed
     return Mapped(ids[-1], len(path), ids, (*path, *ids))

@@ -72,7 +72,7 @@ class Written:
     source_gone: bool = False  # an attached conversation was erased: no summary written
 
 
-def write_run(
+def write_run(  # noqa: PLR0913 - the run's writes, each named
     engine: Engine,
     conversation: store.Identity,
     *,
@@ -86,7 +86,8 @@ def write_run(
 ) -> Written:
     """A run's writes in one short transaction: ``summary`` (the columns of a new row; a conflict
     means another run wrote it; none when one of ``sources``, the conversations the run's
-    snapshot attached, was erased since: ``Written.source_gone``), then, when it is new, the ``clear_after`` plan, the log row
+    snapshot attached, was erased since: ``Written.source_gone``), then, when it is new, the
+    ``clear_after`` plan, the log row
     ``log_row`` makes of what was written (``compaction_log.record_run``), and the lease let go
     with ``last_compacted_at`` set (or kept when the conversation turned dirty: see
     ``lease.release_on``; ``force_release`` lets go anyway). Raises ``ConversationGone``,

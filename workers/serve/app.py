@@ -17,7 +17,7 @@ from recap.core.errors import RecapError
 from recap.core.redact import error_text, known_secrets
 from recap.core.settings import Settings, get_settings
 from recap.workers import tracing as workers_tracing
-from recap.workers.serve import api_routes, metrics, routes, startup, tracing
+from recap.workers.serve import api_routes, attach_routes, metrics, routes, startup, tracing
 from recap.workers.serve.auth import KeyRing
 from recap.workers.serve.errors import SERVER, ServeError
 from recap.workers.serve.turns import Turns
@@ -70,6 +70,7 @@ def create_app(settings: Settings | None = None, address: str | None = None) -> 
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             *api_routes.ROUTES,
+            Route("/v1/conversations/{name:path}/attach", attach_routes.attach, methods=["POST"]),
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
             *extra,
