@@ -172,7 +172,7 @@ def test_an_unknown_key_is_refused(serve: Serve) -> None:
 def test_chain_ends_follow_attachments_made_one_after_another() -> None:
     # (open, close, the open marker's parent)
     assert chain_ends([(3, 4, 2)]) == {2: 4}
-    assert chain_ends([(3, 4, 2), (5, 6, 4)]) == {2: 6, 4: 6}
+    assert chain_ends([(3, 4, 2), (5, 6, 4)]) == {2: 6}
     assert chain_ends([(3, 4, 2), (7, 8, 6)]) == {2: 4, 6: 8}
     assert chain_ends([(3, 4, None)]) == {}
     assert chain_ends([]) == {}
@@ -197,3 +197,43 @@ def test_longest_stored_prefix_walks_over_attachment_markers(
     hashes: list[str], bridges: dict[int, int], expected: list[int]
 ) -> None:
     assert longest_stored_prefix(NODES, hashes, [None], bridges) == expected
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_seeded_histories_map_over_any_attachments(seed: int) -> None:
+    """A stored branch of client messages with attachments (one or several in a row) after
+    random ones; the client resends any prefix of its messages, maybe with new ones: the path
+    is exactly the stored ids of the prefix it repeats (the reference: the client's own
+    messages, in order), never a marker, and the new messages' parent is the last marker after
+    it."""
+    import random
+
+    rng = random.Random(seed)
+    nodes: list[tuple[int, int | None, str | None]] = []
+    markers: list[tuple[int, int, int | None]] = []
+    client: list[tuple[int, str]] = []  # the client's messages: stored id, hash
+    parent: int | None = None
+    next_id = 1
+    for n in range(rng.randint(1, 12)):
+        digest = f"m{n}-{rng.randint(0, 2)}"  # repeated contents happen
+        nodes.append((next_id, parent, digest))
+        client.append((next_id, digest))
+        parent, next_id = next_id, next_id + 1
+        for _ in range(rng.choice([0, 0, 1, 2])):  # attachments after this message
+            opened, closed = next_id, next_id + 1
+            nodes += [(opened, parent, None), (closed, opened, None)]
+            markers.append((opened, closed, parent))
+            parent, next_id = closed, next_id + 2
+    bridges = chain_ends(markers)
+    marker_ids = {m for o, c, _ in markers for m in (o, c)}
+    cut = rng.randint(0, len(client))
+    hashes = [h for _, h in client[:cut]] + [f"new-{i}" for i in range(rng.randint(0, 2))]
+    path = longest_stored_prefix(nodes, hashes, [None], bridges)
+    assert path == [i for i, _ in client[:cut]]
+    assert not marker_ids & set(path)
+    if path:  # the reference: down the branch from the last repeated message over markers
+        child_of = {parent_id: child for child, parent_id, _ in nodes}  # one branch
+        lands = path[-1]
+        while child_of.get(lands) in marker_ids:
+            lands = child_of[lands]
+        assert bridges.get(path[-1], path[-1]) == lands

@@ -58,11 +58,16 @@ def longest_stored_prefix(
 
 def chain_ends(markers: Iterable[tuple[int, int, int | None]]) -> dict[int, int]:
     """From ``(open marker, close marker, the open marker's parent)`` of a conversation's
-    attachments: each message some markers follow -> the last close marker of the chain after
-    it (an attachment made after another follows the other's close marker)."""
-    after = {parent: close for _, close, parent in markers if parent is not None}
+    attachments: each message some markers follow (not a marker itself) -> the last close
+    marker of the chain after it (an attachment made after another follows the other's close
+    marker)."""
+    rows = list(markers)
+    after = {parent: close for _, close, parent in rows if parent is not None}
+    closes = {close for _, close, _ in rows}
     ends: dict[int, int] = {}
     for start, end in after.items():
+        if start in closes:  # inside a chain: the chain is entered from its first message
+            continue
         seen = {start}
         while end in after and end not in seen:
             seen.add(end)
