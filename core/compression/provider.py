@@ -22,7 +22,6 @@ for a note in its reason, the failure is logged and counted (``PROVIDER_COMPACTI
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -87,7 +86,10 @@ def span_messages(snapshot: Snapshot, split: Split, model: str) -> list[dict[str
     out: list[dict[str, Any]] = []
     previous = snapshot.summary
     if previous is not None:
-        message: dict[str, Any] = {"role": "user", "content": SUMMARY_MESSAGE_PREFIX + previous.text}
+        message: dict[str, Any] = {
+            "role": "user",
+            "content": SUMMARY_MESSAGE_PREFIX + previous.text,
+        }
         items = [i for i in stored_items(previous.provider_items) if reasoning.same_model(i, model)]
         if items:
             message[reasoning.ITEMS_KEY] = items
