@@ -5,9 +5,10 @@ Where the conversation's model offers it, a run that summarizes a span also asks
 compact the same span (the previous summary and the messages up to the new cutoff) and stores
 what the provider returns on the summary row (``summaries.provider_items``), beside the text:
 
-- OpenAI (and Azure OpenAI) models: ``POST {RECAP_UPSTREAM_API_BASE}/responses/compact`` with
-  the span as Responses input items; the reply's ``output`` (its opaque ``compaction`` item and
-  any item it keeps verbatim) is the provider's form of the span, stored item by item.
+- OpenAI (and Azure OpenAI) models (``openai/...``, ``azure/...`` or a bare OpenAI name):
+  ``POST {RECAP_UPSTREAM_API_BASE}/responses/compact`` with the span as Responses input items;
+  the reply's ``output`` (the user messages it keeps verbatim, then its opaque ``compaction``
+  item) is the provider's form of the span, stored item by item.
 - Anthropic models: ``POST .../v1/messages`` with the ``compact-2026-01-12`` beta, a
   ``compact_20260112`` context-management edit that pauses after compacting; the reply's
   ``compaction`` blocks are stored. Anthropic compacts only from its minimum trigger
@@ -49,6 +50,7 @@ ANTHROPIC_EDIT = "compact_20260112"
 ANTHROPIC_VERSION = "2023-06-01"
 ANTHROPIC_MIN_TRIGGER = 50_000  # input tokens: Anthropic's smallest compaction trigger
 ANTHROPIC_MAX_TOKENS = 4_096
+OPENAI_PREFIXES = ("", "openai", "azure")  # a model string's litellm prefix
 PREFIXES = ("openai/", "azure/", "anthropic/")  # litellm's prefixes the provider never sees
 ERROR_CHARS = 200
 
@@ -67,8 +69,9 @@ def dialect(settings: Settings, model: str) -> str | None:
     provider = providers.provider_of(model)
     if provider == providers.ANTHROPIC:
         return MESSAGES
-    if provider in (providers.OPENAI, "azure"):
-        return RESPONSES
+    prefix = model.split("/", 1)[0] if "/" in model else ""
+    if provider == providers.OPENAI and prefix in OPENAI_PREFIXES:
+        return RESPONSES  # an OpenAI or Azure model (a bare name is OpenAI's, as litellm reads it)
     return None
 
 
