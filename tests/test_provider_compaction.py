@@ -13,7 +13,9 @@ readable summary in place and loses no turn.
 
 from __future__ import annotations
 
+import html
 import json
+import os
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -24,6 +26,7 @@ import openai
 import pytest
 from celery.contrib.testing.worker import start_worker
 from sqlalchemy import select
+from starlette.testclient import TestClient
 
 from recap.core.compression import provider
 from recap.core.request.native_anthropic import anthropic_input
@@ -32,8 +35,11 @@ from recap.core.request.native_openai import responses_input
 from recap.core.settings import Settings, get_settings
 from recap.core.storage.models import MESSAGES, SUMMARIES, CompactionLog, table_of
 from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
+from recap.workers import metrics
 from recap.workers.app import app
+from recap.workers.ui.app import standalone
 from tests.support.celery_helpers import configured_app
+from tests.support.cli_helpers import recap
 from tests.support.native_upstream import COMPACT_BETA, Running, dumps
 from tests.support.processes import WaitTimeout, wait_for
 from tests.support.serving import Serve, running_serve
@@ -45,6 +51,7 @@ TURNS = 14
 QUIET_TURNS = 5  # turns under the trigger whatever the tokenizer
 RUN_SECONDS = 4.0  # a turn over the trigger waits this long for the worker's summary
 LOG = table_of(CompactionLog)
+UI_KEY = "console-operator-key"
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +133,27 @@ def chat_until_summarized(serve: Serve, tag: str) -> tuple[str, str, int]:
     raise AssertionError(f"no summary was written: {reasons(serve, cid)}")
 
 
+def failures_counted() -> float:
+    sample = metrics.registry.get_sample_value(
+        "recap_worker_provider_compactions_total", {"outcome": "failed"}
+    )
+    return float(sample or 0)
+
+
+def console_page(cid: str) -> str:
+    """The conversation's console page, logged in with the operator's key."""
+    os.environ["RECAP_UI_KEYS"] = UI_KEY
+    get_settings.cache_clear()
+    try:
+        http = TestClient(standalone(), base_url="http://127.0.0.1")
+        login = http.post("/ui/login", data={"key": UI_KEY}, follow_redirects=False)
+        assert login.status_code == 303
+        return http.get(f"/ui/c/{cid}").text
+    finally:
+        del os.environ["RECAP_UI_KEYS"]
+        get_settings.cache_clear()
+
+
 def next_request(
     serve: Serve, upstream: Running, model: str, previous: str, text: str
 ) -> tuple[str, dict[str, str]]:
@@ -166,6 +194,15 @@ def test_the_run_stores_both_and_each_model_gets_its_own(stack: tuple[Serve, Run
     assert SUMMARY_MESSAGE_PREFIX.strip()[:30] in json.loads(other)["input"][0]["content"]
     assert int(headers["x-recap-provider-items-left-out"]) >= 1
     assert cutoff > 0 and turns >= 2
+    # `recap summaries` and the console show both
+    listed = recap("summaries", cid, "--json")
+    assert listed.code == 0, listed.stderr
+    [row] = json.loads(listed.stdout)["summaries"]
+    assert row["provider_compaction"] == f"{MODEL_A} (openai): {len(items)} items"
+    assert row["tokens"] > 0
+    page = console_page(cid)
+    assert 'data-testid="summary-text"' in page and 'data-testid="summary-provider"' in page
+    assert html.escape(compaction["raw"], quote=True) in page or "encrypted_content" in page
     assert [r.error for r in upstream.state.refused if r.path.endswith("/responses")] == []
 
 
@@ -175,6 +212,7 @@ def test_a_failed_compaction_leaves_the_readable_summary(
 ) -> None:
     serve, upstream = stack
     upstream.state.compaction_failure = failure
+    counted = failures_counted()
     try:
         tag = f"fail{failure}"
         cid, previous, turns = chat_until_summarized(serve, tag)
@@ -183,6 +221,9 @@ def test_a_failed_compaction_leaves_the_readable_summary(
     [(_cutoff, stored)] = summaries(serve, cid)
     assert stored is None
     assert any("provider compaction failed" in r for r in reasons(serve, cid))
+    assert failures_counted() == counted + 1  # the worker's metric
+    [row] = json.loads(recap("summaries", cid, "--json").stdout)["summaries"]
+    assert row["provider_compaction"] == ""
     sent, _headers = next_request(serve, upstream, MODEL_A, previous, f"after {tag}")
     body = json.loads(sent)
     assert SUMMARY_MESSAGE_PREFIX.strip()[:30] in body["input"][0]["content"]

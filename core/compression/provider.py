@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from recap.core.compression.report import PROVIDER_COMPACTION
 from recap.core.counting import providers, reasoning
 from recap.core.redact import known_secrets, redact
 from recap.core.request.native_anthropic import anthropic_input
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 RESPONSES, MESSAGES = "responses", "messages"
 KIND = "compaction"  # the provider items' kind: never under the thinking window
-PROVIDER_COMPACTION = "provider_compaction"  # the event of each attempt (outcome ok or failed)
 ANTHROPIC_BETA = "compact-2026-01-12"
 ANTHROPIC_EDIT = "compact_20260112"
 ANTHROPIC_VERSION = "2023-06-01"

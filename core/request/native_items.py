@@ -101,6 +101,17 @@ def stored_items(text: str | None) -> list[dict[str, Any]]:
     return [i for i in value if isinstance(i, dict) and isinstance(i.get("raw"), str)]
 
 
+def described(text: str | None) -> str:
+    """A summary's provider items in a few words (the console, ``recap summaries``): ``""``
+    without any, else their model, provider and how many ("openai/gpt-5 (openai): 2 items")."""
+    items = stored_items(text)
+    if not items:
+        return ""
+    first = items[0]
+    count = f"{len(items)} item{'s' if len(items) != 1 else ''}"
+    return f"{first.get('model')} ({first.get('provider')}): {count}"
+
+
 def summary_items(
     message: Mapping[str, Any], model: str, report: Report, wrap: Callable[[str], Any] = json.loads
 ) -> list[Any] | None:
