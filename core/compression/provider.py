@@ -27,8 +27,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from recap.core.compression.report import PROVIDER_COMPACTION
 from recap.core.counting import providers, reasoning
 from recap.core.redact import known_secrets, redact
@@ -176,6 +174,8 @@ def compact(
     settings: Settings, kind: str, model: str, messages: Sequence[Mapping[str, Any]], seconds: float
 ) -> list[dict[str, Any]]:
     """Ask the provider to compact ``messages``; its items, or ``CompactionFailed``."""
+    import httpx  # only where the option is on (litellm and the provider SDKs bring it)
+
     url, headers = endpoint(settings, kind)
     body = dumps(request(kind, model, messages)).encode()
     try:
