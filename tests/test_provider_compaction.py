@@ -40,7 +40,7 @@ from recap.workers.app import app
 from recap.workers.ui.app import standalone
 from tests.support.celery_helpers import configured_app
 from tests.support.cli_helpers import recap
-from tests.support.native_upstream import COMPACT_BETA, Running, dumps
+from tests.support.native_upstream import COMPACT_BETA, Running, compacted_host_run, dumps
 from tests.support.processes import WaitTimeout, wait_for
 from tests.support.serving import Serve, running_serve
 
@@ -334,3 +334,31 @@ def test_settings_read_the_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setenv("RECAP_PROVIDER_COMPACTION", "sometimes")
     with pytest.raises(ValueError):
         Settings()  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("mode", ["", "http", "shape"])
+def test_the_python_api_keeps_both_and_falls_back(
+    stack: tuple[Serve, Running], tmp_path: Path, mode: str
+) -> None:
+    """A host on the Python API: ``Recap.compress`` stores both forms (or the readable one
+    alone when the provider's compaction fails); ``recap.native.responses_input`` sends the
+    provider's items to the same model, the readable summary to another; the upstream accepts
+    both."""
+    _serve, upstream = stack
+    run = compacted_host_run(upstream.state, upstream.url, str(tmp_path), mode)
+    assert run["action"] == "summarized"
+    summary = run["summary"]
+    assert summary.tokens > 0
+    status_a, report_a, sent_a = run["sent"][MODEL_A]
+    status_b, report_b, sent_b = run["sent"][MODEL_B]
+    assert status_a == status_b == 200
+    assert "what now?" in sent_a and "what now?" in sent_b  # no turn lost
+    if mode:
+        assert summary.provider_compaction == ""
+        assert '"type":"compaction"' not in sent_a and report_a.sent == 0
+    else:
+        assert summary.provider_compaction.startswith(f"{MODEL_A} (openai)")
+        assert '"type":"compaction"' in sent_a and report_a.sent >= 1
+        assert report_b.left_out >= 1
+    assert '"type":"compaction"' not in sent_b
+    assert SUMMARY_MESSAGE_PREFIX.strip()[:30] in sent_b

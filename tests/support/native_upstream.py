@@ -396,3 +396,50 @@ class Running:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def compacted_host_run(state: NativeUpstream, url: str, folder: str, mode: str) -> dict[str, Any]:
+    """One host conversation through the Python API (``recap.Recap``, ``recap.native``) with
+    provider compaction on: long turns for ``openai/stand-a``, one forced compression while the
+    stand-in's compaction fails as ``mode`` says ("" for none), then the next request built for
+    that model and for ``openai/stand-b`` and sent to the stand-in with the official openai
+    client. What a test or a bench checks: the summary's text and provider items, the statuses,
+    the requests' items."""
+    import openai
+
+    from recap import native
+    from recap.core.client import Recap
+    from recap.core.settings import Settings
+
+    settings = Settings(  # type: ignore[call-arg]
+        database_url=f"sqlite:///{folder}/recap.db",
+        upstream_api_base=url,
+        upstream_api_key="k",
+        provider_compaction="auto",
+        summary_model=None,
+        llm_timeout=1.5,
+        activation_horizon_requests=0,
+    )
+    recap = Recap(settings, create_schema=True)
+    cid = recap.new(model="openai/stand-a", max_input_tokens=3_000)
+    for n in range(8):
+        words = " ".join(f"host{n}w{i}" for i in range(110))
+        recap.add(cid, {"role": "user", "content": f"turn {n}: {words}"})
+        recap.add(cid, {"role": "assistant", "content": f"noted {n}"})
+    recap.add(cid, {"role": "user", "content": "what now?"})
+    state.compaction_failure = mode
+    try:
+        result = recap.compress(cid, force=True)
+    finally:
+        state.compaction_failure = ""
+    [summary] = recap.summaries(cid)
+    client = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
+    out: dict[str, Any] = {"action": str(result.action), "summary": summary, "sent": {}}
+    for model in ("openai/stand-a", "openai/stand-b"):
+        assembled = recap.assemble(cid, model=model, max_input_tokens=3_000)
+        report = native.Report()
+        _instructions, items = native.responses_input(assembled.messages, model, report)
+        reply = client.responses.with_raw_response.create(model=model[7:], input=items)
+        out["sent"][model] = (reply.status_code, report, dumps(items))
+    recap.engine.dispose()
+    return out
