@@ -411,7 +411,7 @@ def compacted_host_run(state: NativeUpstream, url: str, folder: str, mode: str) 
     from recap.core.client import Recap
     from recap.core.settings import Settings
 
-    settings = Settings(  # type: ignore[call-arg]
+    settings = Settings(
         database_url=f"sqlite:///{folder}/recap.db",
         upstream_api_base=url,
         upstream_api_key="k",
