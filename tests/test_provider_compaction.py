@@ -28,6 +28,7 @@ from celery.contrib.testing.worker import start_worker
 from sqlalchemy import select
 from starlette.testclient import TestClient
 
+from recap.core.client import Recap
 from recap.core.compression import provider
 from recap.core.request.native_anthropic import anthropic_input
 from recap.core.request.native_items import SUMMARY_ITEMS_KEY, Report, provider_item
@@ -362,3 +363,42 @@ def test_the_python_api_keeps_both_and_falls_back(
         assert report_b.left_out >= 1
     assert '"type":"compaction"' not in sent_b
     assert SUMMARY_MESSAGE_PREFIX.strip()[:30] in sent_b
+
+
+def test_a_second_compaction_carries_the_first(
+    stack: tuple[Serve, Running], tmp_path: Path
+) -> None:
+    """The span of a later run starts with the summary before it: the provider is sent its
+    own earlier compaction (byte for byte, accepted), not the readable text."""
+    _serve, upstream = stack
+    settings = Settings(  # type: ignore[call-arg]
+        database_url=f"sqlite:///{tmp_path}/recap.db",
+        upstream_api_base=upstream.url,
+        provider_compaction="auto",
+        summary_model=None,
+        activation_horizon_requests=0,
+    )
+    host = Recap(settings, create_schema=True)
+    cid = host.new(model=MODEL_A, max_input_tokens=3_000)
+    stored: list[str] = []
+    for round_ in range(2):
+        for n in range(8):
+            words = " ".join(f"r{round_}t{n}w{i}" for i in range(110))
+            host.add(cid, {"role": "user", "content": f"turn {n}: {words}"})
+            host.add(cid, {"role": "assistant", "content": f"noted {n}"})
+        host.add(cid, {"role": "user", "content": f"round {round_} done?"})
+        before = len(upstream.state.requests)
+        assert host.compress(cid, force=True).action == "summarized"
+        [asked] = [r for r in upstream.state.requests[before:] if r.path.endswith("/compact")]
+        assert asked.status == 200, asked.error
+        with host.engine.connect() as connection:
+            statement = select(SUMMARIES.c.provider_items).where(SUMMARIES.c.conversation_id == cid)
+            stored = [
+                str(v) for v in connection.execute(statement.order_by(SUMMARIES.c.id)).scalars()
+            ]
+        if round_ == 1:
+            first = next(i for i in json.loads(stored[0]) if i["type"] == "compaction")
+            assert first["raw"] in asked.raw.decode()
+            assert SUMMARY_MESSAGE_PREFIX.strip()[:30] not in asked.raw.decode()
+    assert len(stored) == 2 and all(stored)
+    host.engine.dispose()

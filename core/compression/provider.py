@@ -31,7 +31,12 @@ from recap.core.compression.report import PROVIDER_COMPACTION
 from recap.core.counting import providers, reasoning
 from recap.core.redact import known_secrets, redact
 from recap.core.request.native_anthropic import anthropic_input
-from recap.core.request.native_items import dumps, provider_item, stored_items
+from recap.core.request.native_items import (
+    SUMMARY_ITEMS_KEY,
+    dumps,
+    provider_item,
+    stored_items,
+)
 from recap.core.request.native_openai import responses_input
 from recap.core.settings import Settings
 from recap.core.summaries.planning import Split
@@ -93,7 +98,7 @@ def span_messages(snapshot: Snapshot, split: Split, model: str) -> list[dict[str
         }
         items = [i for i in stored_items(previous.provider_items) if reasoning.same_model(i, model)]
         if items:
-            message[reasoning.ITEMS_KEY] = items
+            message[SUMMARY_ITEMS_KEY] = items
         out.append(message)
     for row in split.older:
         if row.role in SYSTEM_ROLES:
