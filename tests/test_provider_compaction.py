@@ -25,7 +25,7 @@ import httpx
 import openai
 import pytest
 from celery.contrib.testing.worker import start_worker
-from sqlalchemy import select
+from sqlalchemy import inspect, select, text
 from starlette.testclient import TestClient
 
 from recap.core.client import Recap
@@ -34,6 +34,7 @@ from recap.core.request.native_anthropic import anthropic_input
 from recap.core.request.native_items import SUMMARY_ITEMS_KEY, Report, provider_item
 from recap.core.request.native_openai import responses_input
 from recap.core.settings import Settings, get_settings
+from recap.core.storage.migrate import alembic_config, current_revision, upgrade
 from recap.core.storage.models import MESSAGES, SUMMARIES, CompactionLog, table_of
 from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from recap.workers import metrics
@@ -402,3 +403,45 @@ def test_a_second_compaction_carries_the_first(
             assert SUMMARY_MESSAGE_PREFIX.strip()[:30] not in asked.raw.decode()
     assert len(stored) == 2 and all(stored)
     host.engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_migration_0019_adds_the_column_in_place(
+    database: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """summaries.provider_items added and dropped in place: the rows survive both ways, and
+    an erased summary's id is never handed out again (SQLite keeps the table's AUTOINCREMENT)."""
+    from alembic import command
+
+    url = (
+        request.getfixturevalue("postgres_url")
+        if database == "postgres"
+        else f"sqlite:///{tmp_path / 'm.db'}"
+    )
+    host = Recap(Settings(database_url=url), create_schema=True)  # type: ignore[call-arg]
+    host.new("c", model="gpt-4o", max_input_tokens=1_000)
+    engine = host.engine
+    insert = text(
+        "INSERT INTO summaries (conversation_id, cutoff_message_id, text, tokens, encoding, "
+        "model, input_tokens, output_tokens, identifier_retention, created_at, pending, "
+        "provider_items) VALUES ('c', :cutoff, 's', 1, 'o200k_base', 'm', 0, 0, 1.0, "
+        "'2026-01-01 00:00:00', false, :items)"
+    )
+    with engine.begin() as connection:
+        connection.execute(insert, {"cutoff": 1, "items": None})
+        connection.execute(insert, {"cutoff": 2, "items": "[]"})
+        connection.execute(text("DELETE FROM summaries WHERE cutoff_message_id = 2"))
+    command.downgrade(alembic_config(engine), "0018")
+    assert current_revision(engine) == "0018"
+    with engine.connect() as connection:
+        columns = {c["name"] for c in inspect(connection).get_columns("summaries")}
+        assert "provider_items" not in columns
+        assert connection.execute(text("SELECT id FROM summaries")).scalars().all() == [1]
+    upgrade(engine)
+    with engine.begin() as connection:
+        connection.execute(insert, {"cutoff": 3, "items": "[]"})
+        ids = connection.execute(text("SELECT id FROM summaries ORDER BY id")).scalars().all()
+    assert ids == [1, 3]
+    engine.dispose()
