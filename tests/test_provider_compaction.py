@@ -445,3 +445,65 @@ def test_migration_0019_adds_the_column_in_place(
         ids = connection.execute(text("SELECT id FROM summaries ORDER BY id")).scalars().all()
     assert ids == [1, 3]
     engine.dispose()
+
+
+def test_anthropic_compaction_through_the_python_api(
+    stack: tuple[Serve, Running], tmp_path: Path
+) -> None:
+    """A Claude conversation whose span reaches Anthropic's minimum trigger: the run asks with
+    the beta and the edit, stores the signed block beside the summary; the next request for the
+    same model (the official anthropic client) carries it in an assistant turn and is accepted,
+    another model's gets the readable summary. A span under the trigger is not asked."""
+    import anthropic
+
+    from recap import native
+
+    _serve, upstream = stack
+    claude_a, claude_b = "anthropic/claude-stand-a", "anthropic/claude-stand-b"
+    settings = Settings(  # type: ignore[call-arg]
+        database_url=f"sqlite:///{tmp_path}/recap.db",
+        upstream_api_base=upstream.url,
+        provider_compaction="auto",
+        summary_model=None,
+        activation_horizon_requests=0,
+    )
+    host = Recap(settings, create_schema=True)
+    small = host.new(model=claude_a, max_input_tokens=3_000)
+    for n in range(8):
+        host.add(small, {"role": "user", "content": " ".join(f"s{n}w{i}" for i in range(110))})
+        host.add(small, {"role": "assistant", "content": f"noted {n}"})
+    before = len(upstream.state.requests)
+    assert host.compress(small, force=True).action == "summarized"
+    assert len(upstream.state.requests) == before  # under the trigger: not asked
+    cid = host.new(model=claude_a, max_input_tokens=200_000)
+    words = [f"alpha{n} beta{n} gamma{n} delta{n}" for n in range(2_000)]
+    for n in range(30):
+        host.add(cid, {"role": "user", "content": f"part {n}: " + " ".join(words)})
+        host.add(cid, {"role": "assistant", "content": f"read part {n}"})
+    host.add(cid, {"role": "user", "content": "and the answer?"})
+    before = len(upstream.state.requests)
+    assert host.compress(cid, force=True).action == "summarized"
+    [asked] = upstream.state.requests[before:]
+    assert asked.status == 200 and asked.path.endswith("/v1/messages")
+    assert asked.body["context_management"]["edits"][0]["pause_after_compaction"] is True
+    [row] = host.summaries(cid)
+    assert row.provider_compaction == f"{claude_a} (anthropic): 1 item"
+    claude = anthropic.Anthropic(
+        base_url=upstream.url.removesuffix("/v1"), api_key="k", max_retries=0
+    )
+    for model, carried in ((claude_a, True), (claude_b, False)):
+        assembled = host.assemble(cid, model=model, max_input_tokens=200_000)
+        report = native.Report()
+        _system, turns = native.anthropic_input(assembled.messages, model, report)
+        reply = claude.messages.create(
+            model=model.removeprefix("anthropic/"),
+            max_tokens=100,
+            messages=turns,  # type: ignore[arg-type]
+            extra_headers={"anthropic-beta": COMPACT_BETA},
+        )
+        assert reply.content
+        sent = upstream.state.requests[-1]
+        assert sent.status == 200 and ('"type":"compaction"' in sent.raw.decode()) == carried
+        assert (report.sent, report.left_out) == ((1, 0) if carried else (0, 1))
+        assert turns[-1]["content"][-1]["text"] == "and the answer?"
+    host.engine.dispose()
