@@ -507,3 +507,26 @@ def test_anthropic_compaction_through_the_python_api(
         assert (report.sent, report.left_out) == ((1, 0) if carried else (0, 1))
         assert turns[-1]["content"][-1]["text"] == "and the answer?"
     host.engine.dispose()
+
+
+def test_chat_completions_never_carry_the_items() -> None:
+    """The chat-completions path sends the summary's text alone (it has no compaction item):
+    the items and the left-out count stay out of what goes upstream; a text-only request
+    neither carries nor counts them."""
+    from recap.core.request.assembly.parts import summary_part
+    from recap.core.values.records import SummaryRec
+    from recap.workers.serve.upstream import outgoing
+
+    item = {"type": "compaction", "id": "c1", "encrypted_content": "e" * 400}
+    stored = dumps([provider_item("openai", MODEL_A, item, 0, kind="compaction")])
+    summary = SummaryRec(1, 5, None, "what happened", 10, provider_items=stored)
+    same, same_tokens = summary_part(summary, "o200k_base", MODEL_A)
+    other, other_tokens = summary_part(summary, "o200k_base", MODEL_B)
+    plain, plain_tokens = summary_part(summary, "o200k_base", MODEL_A, text_only=True)
+    assert same is not None and other is not None and plain is not None
+    assert SUMMARY_ITEMS_KEY in same and same_tokens > other_tokens == plain_tokens
+    assert other["provider_items_left_out"] == 1 and SUMMARY_ITEMS_KEY not in other
+    assert set(plain) == {"role", "content"}
+    for message in (same, other):
+        [sent] = outgoing([message])
+        assert set(sent) == {"role", "content"} and sent["content"] == message["content"]
