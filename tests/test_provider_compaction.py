@@ -530,3 +530,32 @@ def test_chat_completions_never_carry_the_items() -> None:
     for message in (same, other):
         [sent] = outgoing([message])
         assert set(sent) == {"role", "content"} and sent["content"] == message["content"]
+
+
+def test_an_unexpected_error_in_the_compaction_keeps_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only the provider's failures: any error while asking (here the span's conversion)
+    leaves the run summarized with the readable summary, the error in its reason."""
+
+    def broken(*_args: Any) -> Any:
+        raise RuntimeError("conversion broke")
+
+    monkeypatch.setattr(provider, "span_messages", broken)
+    settings = Settings(  # type: ignore[call-arg]
+        database_url=f"sqlite:///{tmp_path}/recap.db",
+        upstream_api_base="http://127.0.0.1:9/v1",
+        provider_compaction="auto",
+        summary_model=None,
+    )
+    host = Recap(settings, create_schema=True)
+    cid = host.new(model=MODEL_A, max_input_tokens=3_000)
+    for n in range(8):
+        host.add(cid, {"role": "user", "content": " ".join(f"u{n}w{i}" for i in range(110))})
+        host.add(cid, {"role": "assistant", "content": f"noted {n}"})
+    result = host.compress(cid, force=True)
+    assert result.action == "summarized"
+    assert "provider compaction failed" in result.reason and "conversion broke" in result.reason
+    [row] = host.summaries(cid)
+    assert row.provider_compaction == "" and row.tokens > 0
+    host.engine.dispose()

@@ -204,7 +204,6 @@ def attach(run: Run, snapshot: Snapshot, split: Split, row: dict[str, Any]) -> s
     kind = dialect(run.settings, model)
     if kind is None:
         return ""
-    messages = span_messages(snapshot, split, model)
     if kind == MESSAGES and sum(m.tokens for m in split.older) < ANTHROPIC_MIN_TRIGGER:
         return ""  # under Anthropic's smallest trigger: it would not compact
     seconds = min(run.settings.llm_timeout, run.deadline - time.monotonic())
@@ -213,10 +212,12 @@ def attach(run: Run, snapshot: Snapshot, split: Split, row: dict[str, Any]) -> s
     try:
         if seconds <= 0:
             raise CompactionFailed("no time left in the run")
+        messages = span_messages(snapshot, split, model)
         items = compact(run.settings, kind, model, messages, seconds)
-    except CompactionFailed as exc:
+    except Exception as exc:  # whatever went wrong, the readable summary is written
         counts["failed"] += 1
-        error = redact(str(exc), known_secrets(run.settings))[:ERROR_CHARS]
+        text = str(exc) if isinstance(exc, CompactionFailed) else f"{type(exc).__name__}: {exc}"
+        error = redact(text, known_secrets(run.settings))[:ERROR_CHARS]
         run.emit(PROVIDER_COMPACTION, **fields, outcome="failed", error=error)
         return f"; provider compaction failed, the readable summary alone is kept ({error})"
     counts["ok"] += 1
