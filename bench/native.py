@@ -15,6 +15,10 @@
   (the longest prefix shared with the request before read at 0.1x, the rest written at 1.25x):
   the policy's cost over keeping all. Dropping a finished turn's reasoning breaks the prefix
   from that turn on once per user turn; the figure says whether the tokens saved pay for it.
+- ``provider_compaction_fallback_ok``: provider compaction on, forced runs through the Python
+  API while the stand-in's compaction succeeds, fails (HTTP 500) or answers without a
+  compaction item: the share of runs after which the summary stands and the next request for
+  each model carries what it should (bound: 1.0).
 """
 
 from __future__ import annotations
@@ -176,11 +180,43 @@ def byte_identity() -> tuple[float, int]:
         upstream.stop()
 
 
+COMPACTION_MODES = ("", "http", "shape", "", "http", "shape")  # "": the compaction succeeds
+
+
+def compaction_fallback() -> float:
+    """Provider compaction on (``tests.support.native_upstream.compacted_host_run``): the share
+    of runs whose outcome holds - a summary written, the next request for the same model and
+    for another accepted by the validating upstream with the newest turn in it, the provider's
+    item sent to the same model exactly when its compaction succeeded, never to the other."""
+    from tests.support.native_upstream import Running, compacted_host_run
+
+    upstream = Running()
+    held = 0
+    try:
+        for mode in COMPACTION_MODES:
+            folder = tempfile.mkdtemp(prefix="recap-bench-compaction-")
+            run = compacted_host_run(upstream.state, upstream.url, folder, mode)
+            (status_a, _r, sent_a), (status_b, _s, sent_b) = run["sent"].values()
+            item = '"type":"compaction"'
+            held += (
+                run["action"] == "summarized"
+                and status_a == status_b == 200
+                and "what now?" in sent_a
+                and "what now?" in sent_b
+                and (item in sent_a) == (mode == "")
+                and item not in sent_b
+            )
+    finally:
+        upstream.stop()
+    return held / len(COMPACTION_MODES)
+
+
 def run(_data: Any = None) -> list[Figure]:
     branch = _branch(agent_run())
     policy_tokens, policy_cost = _costs(branch, 1)
     all_tokens, all_cost = _costs(branch, 1_000)
     share, refusals = byte_identity()
+    fallback = compaction_fallback()
     return [
         Figure(
             "native_items_byte_identical",
@@ -194,6 +230,15 @@ def run(_data: Any = None) -> list[Figure]:
             refusals,
             "== 0",
             "requests of that run the validating upstream refused (a changed or misplaced item)",
+        ),
+        Figure(
+            "provider_compaction_fallback_ok",
+            round(fallback, 4),
+            ">= 1",
+            f"{len(COMPACTION_MODES)} forced runs with RECAP_PROVIDER_COMPACTION=auto, the "
+            "provider's compaction succeeding, failing with HTTP 500 or answering no item: "
+            "runs whose summary, next requests (same model: the item exactly when it succeeded; "
+            "another: never) and newest turn held",
         ),
         Figure(
             "thinking_tokens_vs_keep_all",

@@ -143,6 +143,9 @@ class SummaryInfo(_Readable):
     model: str | None
     identifier_retention: float
     created_at: str
+    # the provider's compaction of the same span, in words ("" without one: the readable
+    # summary alone; ``core.compression.provider``)
+    provider_compaction: str = ""
 
 
 @dataclass(frozen=True, eq=False)

@@ -162,6 +162,11 @@ class Settings(BaseSettings):
     # completions for every model), `native` (each API as itself), `auto` (natively where the
     # model names a provider that speaks the API). See workers/serve/native.py.
     upstream_dialect: Literal["chat", "auto", "native"] = "chat"
+    # Whether a compression run also asks the conversation's provider to compact the span it
+    # summarizes (OpenAI's `/responses/compact`, Anthropic's `compact_20260112` edit), stored
+    # beside Recap's readable summary: `off`, or `auto` where the model offers it. See
+    # core/compression/provider.py.
+    provider_compaction: Literal["off", "auto"] = "off"
     model_map: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     # 10 MiB: a long history with a few inline images, and still a bound on memory per request.
     serve_max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1_024)

@@ -46,6 +46,11 @@ summarizer_tokens = Counter(
     ["direction"], registry=registry,
 )  # fmt: skip
 retries = Counter("recap_worker_retries", "Compression tasks sent back to retry", registry=registry)
+provider_compactions = Counter(
+    "recap_worker_provider_compactions",
+    "Provider compactions asked by a run (RECAP_PROVIDER_COMPACTION), by outcome (ok, failed)",
+    ["outcome"], registry=registry,
+)  # fmt: skip
 queue_wait = Histogram(
     "recap_worker_queue_wait_seconds", "Time a compression waited on its queue",
     buckets=SECONDS, registry=registry,
@@ -66,8 +71,11 @@ _listening: list[int] = []
 
 def event(name: str, fields: dict[str, Any]) -> None:
     """A run's event (``core.compression.report``): its end counts the run."""
-    from recap.core.compression.report import COMPLETED, FAILED
+    from recap.core.compression.report import COMPLETED, FAILED, PROVIDER_COMPACTION
 
+    if name == PROVIDER_COMPACTION:
+        provider_compactions.labels(str(fields.get("outcome") or "unknown")).inc()
+        return
     if name not in (COMPLETED, FAILED):
         return
     action = str(fields.get("action") or "unknown")

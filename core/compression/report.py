@@ -19,6 +19,9 @@ from recap.core.settings import Settings
 STARTED = "compression_started"
 COMPLETED = "compression_completed"
 FAILED = "compression_failed"
+# A run asked the provider to compact its span (``core.compression.provider``): outcome ok, or
+# failed (logged as a warning; the readable summary is kept either way).
+PROVIDER_COMPACTION = "provider_compaction"
 
 log = structlog.get_logger("recap.compress")
 
@@ -41,4 +44,6 @@ class LogReporter:
 
     def emit(self, settings: Settings, event: str, **fields: Any) -> None:
         level = {FAILED: log.warning, STARTED: log.debug}.get(event, log.info)
+        if event == PROVIDER_COMPACTION and fields.get("outcome") != "ok":
+            level = log.warning
         level(event, **masked(settings, fields))

@@ -33,7 +33,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from recap.core import tracing
-from recap.core.compression import report
+from recap.core.compression import provider, report
 from recap.core.compression.dbretry import (
     database_unavailable,
 )
@@ -359,6 +359,7 @@ def _validated(
         "created_at": run.clock(),
         "pending": True,  # used from the first request where that pays (core.decision.activation)
     }
+    outcome = replace(outcome, reason=outcome.reason + provider.attach(run, snapshot, split, row))
     return PassResult(
         outcome, row, split.recent, snapshot.clearings, snapshot.pinned_ids, snapshot.sources
     )

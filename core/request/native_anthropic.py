@@ -10,11 +10,20 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from recap.core.request.native_items import Report, placed, provider_item, text_of
+from recap.core.request.native_items import (
+    Report,
+    placed,
+    provider_item,
+    summary_items,
+    text_of,
+)
 
 PROVIDER = "anthropic"
 THINKING = frozenset({"thinking", "redacted_thinking"})  # under the thinking window
 SYSTEM_ROLES = ("system", "developer")
+# Before a provider's compaction block that would open the request: Anthropic's messages start
+# with a user turn, and everything before a compaction block is dropped by the API.
+COMPACTED_NOTE = "[Earlier conversation, compacted.]"
 
 
 def arguments_of(value: Any) -> str:
@@ -57,6 +66,10 @@ def anthropic_input(
                 "content": text_of(message.get("content")),
             }
             add(out, "user", [result])
+        elif (raw := summary_items(message, model, report, wrap)) is not None:
+            if not out:
+                add(out, "user", [{"type": "text", "text": COMPACTED_NOTE}])
+            add(out, "assistant", raw)  # the provider's compaction of the summary's span
         else:
             add(out, "user", user_blocks(message.get("content")))
     return "\n\n".join(t for t in system if t), out

@@ -16,6 +16,9 @@ from typing import Any
 from recap.core.counting import reasoning
 
 SENT_HEADER = "X-Recap-Provider-Items-Sent"
+# On a summary message as assembled for the model whose provider compacted the same span
+# (``core.compression.provider``): the provider's items, sent in place of the summary's text.
+SUMMARY_ITEMS_KEY = "provider_summary_items"
 LEFT_OUT_HEADER = "X-Recap-Provider-Items-Left-Out"
 
 
@@ -82,6 +85,51 @@ def placed(
         at = int(item.get("at") or 0)
         out.insert(min(max(at, 0), len(out)), wrap(str(item["raw"])))
     return out
+
+
+def stored_items(text: str | None) -> list[dict[str, Any]]:
+    """A summary's stored provider items (``summaries.provider_items``; none when absent or
+    unreadable)."""
+    if not text:
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(value, list):
+        return []
+    return [i for i in value if isinstance(i, dict) and isinstance(i.get("raw"), str)]
+
+
+def described(text: str | None) -> str:
+    """A summary's provider items in a few words (the console, ``recap summaries``): ``""``
+    without any, else their model, provider and how many ("openai/gpt-5 (openai): 2 items")."""
+    items = stored_items(text)
+    if not items:
+        return ""
+    first = items[0]
+    count = f"{len(items)} item{'s' if len(items) != 1 else ''}"
+    return f"{first.get('model')} ({first.get('provider')}): {count}"
+
+
+def summary_items(
+    message: Mapping[str, Any], model: str, report: Report, wrap: Callable[[str], Any] = json.loads
+) -> list[Any] | None:
+    """The provider's items sent in place of a summary message for ``model`` (each as the
+    provider wrote it), or None to send the message's readable text; a summary whose items
+    are another model's counts them in ``report`` as left out."""
+    earlier = message.get(reasoning.LEFT_OUT_KEY)
+    if isinstance(earlier, int) and not isinstance(earlier, bool):
+        report.left_out += earlier
+    found = message.get(SUMMARY_ITEMS_KEY)
+    items = [i for i in found or () if isinstance(i, Mapping) and isinstance(i.get("raw"), str)]
+    if not items:
+        return None
+    if not all(reasoning.same_model(item, model) for item in items):
+        report.left_out += len(items)
+        return None
+    report.sent += len(items)
+    return [wrap(str(i["raw"])) for i in sorted(items, key=lambda i: int(i.get("at") or 0))]
 
 
 def text_of(content: Any) -> str:

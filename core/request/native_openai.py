@@ -10,7 +10,13 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from recap.core.request.native_items import Report, placed, provider_item, text_of
+from recap.core.request.native_items import (
+    Report,
+    placed,
+    provider_item,
+    summary_items,
+    text_of,
+)
 
 PROVIDER = "openai"
 SYSTEM_ROLES = ("system", "developer")
@@ -37,6 +43,8 @@ def responses_input(
             output = text_of(message.get("content"))
             call_id = message.get("tool_call_id")
             items.append({"type": "function_call_output", "call_id": call_id, "output": output})
+        elif (raw := summary_items(message, model, report, wrap)) is not None:
+            items += raw  # the provider's compaction of the span the summary covers
         else:
             items.append({"role": role, "content": input_content(message.get("content"))})
     return "\n\n".join(t for t in system if t), items

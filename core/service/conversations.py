@@ -18,6 +18,7 @@ from recap.core import inputs
 from recap.core.counting import calibration, tokens
 from recap.core.decision import policy
 from recap.core.errors import InputError, SchemaMissingError
+from recap.core.request.native_items import described
 from recap.core.request.validate import parse_json_line
 from recap.core.results import ExportedConversation, Stats, SummaryInfo, UsageRecorded
 from recap.core.settings import Settings, get_settings
@@ -214,6 +215,7 @@ def list_summaries(engine: Engine, conversation_id: str) -> list[SummaryInfo]:
             model=s.model,
             identifier_retention=round(s.identifier_retention, 4),
             created_at=s.created_at.isoformat() if s.created_at else "",
+            provider_compaction=described(s.provider_items),
         )
         for s in summaries
     ]

@@ -26,6 +26,7 @@ _SUMMARIES_OF = (
         SUMMARIES.c.created_at,
         SUMMARIES.c.pending,
         SUMMARIES.c.activated_at,
+        SUMMARIES.c.provider_items,
     )
     .where(SUMMARIES.c.conversation_id == bindparam("conversation_id"))
     .order_by(SUMMARIES.c.id)
@@ -64,6 +65,7 @@ def load_summaries(
             identifier_retention=float(row[6]),
             created_at=as_utc(row[7]),
             pending=bool(row[8]) or _later(row[9], before),
+            provider_items=row[10],
         )
         for row in rows
     ]

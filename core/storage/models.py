@@ -158,6 +158,10 @@ class Summary(SQLModel, table=True):
     activated_at: datetime | None = Field(
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
+    # The provider's own compaction of the same span (``core.compression.provider``): a JSON
+    # list of provider items (``core.request.native_items.provider_item``), sent byte for byte
+    # to that provider and model in place of the text; NULL when there is none.
+    provider_items: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class Clearing(SQLModel, table=True):

@@ -66,6 +66,9 @@ class SummaryRec:
     # ready but not in use yet: requests are built with the summary before it until the
     # activation rules say otherwise (``core.decision.activation``)
     pending: bool = False
+    # the provider's compaction of the same span, when a run got one (JSON text of a list of
+    # provider items: ``core.compression.provider``)
+    provider_items: str | None = None
 
 
 # The stages of a clearing row (one row per message and stage, one-way): a tool result goes

@@ -12,6 +12,15 @@ is sent as the providers do:
   another model is refused); with thinking on, the last assistant message of a tool loop in
   progress must start with its thinking block; a tool result must answer a tool use.
 
+Compaction: ``POST /v1/responses/compact`` answers the input's user messages kept verbatim and
+one ``compaction`` item whose ``encrypted_content`` is sealed like a reasoning item's (refused
+when changed by a byte or sent to another model); a Messages request with a
+``compact_20260112`` edit (and the ``compact-2026-01-12`` beta header, else 400) answers one
+``compaction`` block (its signature seals the model and the summary) and ``stop_reason:
+"compaction"``; a block changed or sent to another model is refused. ``compaction_failure``
+makes both fail: ``"http"`` (500), ``"shape"`` (200 with no compaction item) or ``"slow"`` (an
+answer later than any timeout under test).
+
 It answers by script: a user message asking to "use tool" gets reasoning and a function call
 (a tool use), a tool output gets reasoning and a text, "search" gets a web search item and a
 text. Each item is written as compact JSON, so a test can look for its exact bytes in every
@@ -25,12 +34,15 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 SECRET = b"stand-in-provider-secret"
-SEALED = ("reasoning", "web_search_call", "thinking", "redacted_thinking")
+SEALED = ("reasoning", "web_search_call", "thinking", "redacted_thinking", "compaction")
+COMPACT_BETA = "compact-2026-01-12"
+SLOW_SECONDS = 3.0  # a "slow" compaction answers after this long
 REASONING_TOKENS = 37  # what the usage reports for each reply's reasoning
 
 
@@ -64,6 +76,7 @@ class NativeUpstream:
     tools_made: dict[str, str] = field(default_factory=dict)  # built-in item id -> model
     counter: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    compaction_failure: str = ""  # "", "http", "shape" or "slow" (see the module's docstring)
 
     def next(self) -> int:
         with self.lock:
@@ -93,6 +106,11 @@ class NativeUpstream:
                         f"Item '{item.get('id')}' of type 'reasoning' was provided without its "
                         "required following item."
                     )
+            elif kind == "compaction":
+                encrypted = str(item.get("encrypted_content") or "")
+                payload, _, mac = encrypted.rpartition(".")
+                if not hmac.compare_digest(seal(str(model), payload), mac):
+                    return f"invalid_encrypted_content: item {item.get('id')} cannot be verified"
             elif kind == "web_search_call":
                 if self.tools_made.get(str(item.get("id"))) != model:
                     return f"Item '{item.get('id')}' of type 'web_search_call' is not this model's"
@@ -150,6 +168,38 @@ class NativeUpstream:
             "tools": [],
         }
 
+    def compact_reply(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``/responses/compact``: the user messages kept, one sealed compaction item."""
+        model, items = str(body.get("model")), body["input"]
+        n = self.next()
+        kept = [
+            {"type": "message", "role": "user", "content": i.get("content")}
+            for i in items
+            if i.get("type", "message") == "message" and i.get("role") == "user"
+        ]
+        payload = base64.b64encode(dumps({"n": n, "compacted": len(items)}).encode()).decode()
+        item = {
+            "type": "compaction",
+            "id": f"cmp_{n}",
+            "encrypted_content": f"{payload}.{seal(model, payload)}",
+        }
+        self.made.append((model, dumps(item)))
+        output = [] if self.compaction_failure == "shape" else [*kept, item]
+        usage = {
+            "input_tokens": len(dumps(items)) // 4,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 30,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": len(dumps(items)) // 4 + 30,
+        }
+        return {
+            "id": f"cmp_up_{n}",
+            "object": "response.compaction",
+            "created_at": 1,
+            "output": output,
+            "usage": usage,
+        }
+
     # --- Messages ------------------------------------------------------------------------
 
     def check_messages(self, body: dict[str, Any]) -> str | None:
@@ -163,6 +213,10 @@ class NativeUpstream:
             if message.get("role") == "assistant":
                 ids = [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
                 uses.update(ids)
+                for block in blocks:
+                    signed = seal(model, "compaction", str(block.get("content")))
+                    if block.get("type") == "compaction" and block.get("signature") != signed:
+                        return f"messages.{index}: Invalid `signature` in `compaction` block"
                 for block in blocks:
                     if block.get("type") == "thinking":
                         signed = seal(model, str(block.get("thinking")), *ids)
@@ -194,6 +248,24 @@ class NativeUpstream:
     def messages_reply(self, body: dict[str, Any]) -> dict[str, Any]:
         model, last = str(body.get("model")), body["messages"][-1]
         n = self.next()
+        edits = (body.get("context_management") or {}).get("edits") or []
+        if any(e.get("type") == "compact_20260112" for e in edits):
+            summary = f"compacted {len(body['messages'])} turns"
+            block = {"type": "compaction", "content": summary}
+            block["signature"] = seal(model, "compaction", summary)
+            self.made.append((model, dumps(block)))
+            blocks = [] if self.compaction_failure == "shape" else [block]
+            usage = {"input_tokens": len(dumps(body["messages"])) // 4, "output_tokens": 20}
+            return {
+                "id": f"msg_up_{n}",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": blocks,
+                "stop_reason": "compaction",
+                "stop_sequence": None,
+                "usage": usage,
+            }
         content = last.get("content")
         text = content if isinstance(content, str) else _text(content)
         thought = f"thinking step {n}"
@@ -257,11 +329,28 @@ def _handler(state: NativeUpstream) -> type[BaseHTTPRequestHandler]:
             anthropic = self.path.rstrip("/").endswith("/v1/messages")
             if isinstance(body.get("input"), str):  # a string is one user message
                 body["input"] = [{"role": "user", "content": body["input"]}]
-            if self.path.rstrip("/").endswith("/responses"):
+            compacting = self.path.rstrip("/").endswith("/responses/compact") or any(
+                e.get("type") == "compact_20260112"
+                for e in (body.get("context_management") or {}).get("edits") or ()
+            )
+            if compacting and state.compaction_failure == "slow":
+                time.sleep(SLOW_SECONDS)
+            if compacting and state.compaction_failure == "http":
+                seen.status, seen.error = 500, "compaction is unavailable"
+                self._send(500, {"error": {"type": "server_error", "message": seen.error}})
+                return
+            error: str | None
+            if self.path.rstrip("/").endswith("/responses/compact"):
+                error = state.check_responses(body)
+                reply = None if error else state.compact_reply(body)
+            elif self.path.rstrip("/").endswith("/responses"):
                 error = state.check_responses(body)
                 reply = None if error else state.responses_reply(body)
             elif anthropic:
                 error = state.check_messages(body)
+                beta = COMPACT_BETA in str(self.headers.get("anthropic-beta") or "")
+                if error is None and compacting and not beta:
+                    error = f"context_management compaction needs the {COMPACT_BETA} beta"
                 reply = None if error else state.messages_reply(body)
             else:
                 error, reply = f"unknown path {self.path}", None
@@ -281,7 +370,10 @@ def _handler(state: NativeUpstream) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout)
+                return
 
     return Handler
 
@@ -304,3 +396,50 @@ class Running:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def compacted_host_run(state: NativeUpstream, url: str, folder: str, mode: str) -> dict[str, Any]:
+    """One host conversation through the Python API (``recap.Recap``, ``recap.native``) with
+    provider compaction on: long turns for ``openai/stand-a``, one forced compression while the
+    stand-in's compaction fails as ``mode`` says ("" for none), then the next request built for
+    that model and for ``openai/stand-b`` and sent to the stand-in with the official openai
+    client. What a test or a bench checks: the summary's text and provider items, the statuses,
+    the requests' items."""
+    import openai
+
+    from recap import native
+    from recap.core.client import Recap
+    from recap.core.settings import Settings
+
+    settings = Settings(
+        database_url=f"sqlite:///{folder}/recap.db",
+        upstream_api_base=url,
+        upstream_api_key="k",
+        provider_compaction="auto",
+        summary_model=None,
+        llm_timeout=1.5,
+        activation_horizon_requests=0,
+    )
+    recap = Recap(settings, create_schema=True)
+    cid = recap.new(model="openai/stand-a", max_input_tokens=3_000)
+    for n in range(8):
+        words = " ".join(f"host{n}w{i}" for i in range(110))
+        recap.add(cid, {"role": "user", "content": f"turn {n}: {words}"})
+        recap.add(cid, {"role": "assistant", "content": f"noted {n}"})
+    recap.add(cid, {"role": "user", "content": "what now?"})
+    state.compaction_failure = mode
+    try:
+        result = recap.compress(cid, force=True)
+    finally:
+        state.compaction_failure = ""
+    [summary] = recap.summaries(cid)
+    client = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
+    out: dict[str, Any] = {"action": str(result.action), "summary": summary, "sent": {}}
+    for model in ("openai/stand-a", "openai/stand-b"):
+        assembled = recap.assemble(cid, model=model, max_input_tokens=3_000)
+        report = native.Report()
+        _instructions, items = native.responses_input(assembled.messages, model, report)
+        reply = client.responses.with_raw_response.create(model=model[7:], input=items)
+        out["sent"][model] = (reply.status_code, report, dumps(items))
+    recap.engine.dispose()
+    return out

@@ -128,7 +128,8 @@ def summaries(
     conversation: Annotated[str, typer.Argument(help="Conversation id.")],
     as_json: JsonFlag = False,
 ) -> None:
-    """List the conversation's summaries, oldest first."""
+    """List the conversation's summaries, oldest first (with the provider's compaction of the
+    same span, where a run got one: RECAP_PROVIDER_COMPACTION)."""
     rows = [row.as_dict() for row in service.list_summaries(engine(), conversation)]
     columns = [
         "id",
@@ -138,6 +139,7 @@ def summaries(
         "model",
         "identifier_retention",
         "created_at",
+        "provider_compaction",
     ]
     emit(
         {"summaries": rows},

@@ -84,7 +84,12 @@ OWN_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "metada
 CACHE_PARAMS = ("prompt_cache_key", "prompt_cache_retention")
 OPENAI_PROVIDERS = frozenset({"openai", "azure", "text-completion-openai"})
 # recorded with the reply, never sent back upstream (provider items: the native path alone)
-NOT_RESENT_KEYS = ("reasoning_content", "provider_items", "provider_items_left_out")
+NOT_RESENT_KEYS = (
+    "reasoning_content",
+    "provider_items",
+    "provider_items_left_out",
+    "provider_summary_items",
+)
 BAD_GATEWAY = 502
 INTERNAL = 500  # an upstream's (or litellm's reading of an upstream reply) is relayed as 502
 

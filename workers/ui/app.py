@@ -23,6 +23,7 @@ from starlette.templating import Jinja2Templates
 
 from recap.core.errors import RecapError
 from recap.core.redact import error_text, known_secrets
+from recap.core.request.native_items import described
 from recap.core.settings import Settings, get_settings
 from recap.core.storage.db import get_engine
 from recap.workers.ui import memory, routes
@@ -63,6 +64,7 @@ def templates() -> Jinja2Templates:
     pages = Jinja2Templates(directory=str(HERE / "templates"))
     pages.env.trim_blocks = pages.env.lstrip_blocks = True  # no blank lines where tags were
     pages.env.filters.update(number=_number, when=_when, percent=_percent, provider=_provider)
+    pages.env.filters["provider_items"] = described  # a summary's provider compaction, in words
     return pages
 
 

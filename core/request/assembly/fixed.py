@@ -26,7 +26,9 @@ def stage(given: Given, draft: Draft) -> Draft:
     model = given.target.model
     pinned_tokens = sum(tokens.count_message(m, encoding, model=model) for m in block)
     pinned_tokens += sum(unit.tokens for unit in history.older if unit.pinned)
-    summary_message, summary_tokens = summary_part(given.stored.summary, encoding)
+    summary_message, summary_tokens = summary_part(
+        given.stored.summary, encoding, model, text_only=request.text_only
+    )
     memory = memory_text(given.stored.memories)
     reminder = request.reminder
     return replace(

@@ -9,9 +9,10 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from recap.core.counting import tokens
+from recap.core.counting import reasoning, tokens
 from recap.core.errors import InputError
 from recap.core.request import refs
+from recap.core.request.native_items import SUMMARY_ITEMS_KEY, stored_items
 from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
 from recap.core.values.records import SYSTEM_ROLES, Msg, SummaryRec
 from recap.core.values.request import ContextFile, RequestSpec
@@ -64,12 +65,26 @@ def system_part(
     return None, 0
 
 
-def summary_part(summary: SummaryRec | None, encoding: str) -> tuple[dict[str, Any] | None, int]:
-    """The summary message and its tokens (none without a summary)."""
+def summary_part(
+    summary: SummaryRec | None, encoding: str, model: str | None = None, *, text_only: bool = False
+) -> tuple[dict[str, Any] | None, int]:
+    """The summary message and its tokens (none without a summary). Where the provider of
+    ``model`` compacted the same span (``core.compression.provider``), the message carries its
+    items (``SUMMARY_ITEMS_KEY``: a native dialect sends them in place of the text) and counts
+    the larger of the two; for any other model it says how many it leaves out."""
     if summary is None:
         return None, 0
     text = SUMMARY_MESSAGE_PREFIX + summary.text + refs.summary_note(summary.cutoff_message_id)
-    return {"role": ADDED_ROLE, "content": text}, count(ADDED_ROLE, text, encoding)
+    message: dict[str, Any] = {"role": ADDED_ROLE, "content": text}
+    tokens = count(ADDED_ROLE, text, encoding)
+    items = stored_items(summary.provider_items)
+    if not items or text_only:
+        return message, tokens
+    if model and all(reasoning.same_model(item, model) for item in items):
+        message[SUMMARY_ITEMS_KEY] = items
+        return message, max(tokens, sum(reasoning.item_tokens(item) for item in items))
+    message[reasoning.LEFT_OUT_KEY] = len(items)
+    return message, tokens
 
 
 def context_message(file: ContextFile) -> dict[str, Any]:
