@@ -66,9 +66,10 @@ def check(figures: loop.Figures, draws: list[loop.Draw]) -> None:
     assert figures.uncalibrated == 0, shown
 
 
-# In the slow set while it is unstable: at 3k, in about one run in two, one door sends one request
-# 5-6 % over the window (3,160-3,192 provider tokens into 3,000), a different door each time
-# (docs/testing.md).
+# In the slow set for its time (a worker and three serve processes: 35-75 s on two loaded cores).
+# Its eighth turn brings a tool output a third base64: planned with a dense rate the readings had
+# not pinned down, one door in about one run in two sent it 5-6 % over the window (3,160-3,192
+# provider tokens into 3,000) until the calibration kept such rates cautious (docs/testing.md).
 @pytest.mark.slow
 @pytest.mark.parametrize("door", doors.DOORS)
 def test_no_request_over_the_window_through_the_door(

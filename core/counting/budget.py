@@ -34,7 +34,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from recap.core.counting.calibration import KindFactors
-from recap.core.counting.kinds import KINDS
 from recap.core.counting.tokens import CALIBRATION_MAX, CALIBRATION_MIN
 from recap.core.values.profile import Reading
 
@@ -149,9 +148,9 @@ def calibration_factor(
 
 def kind_factors(reading: Reading | None) -> KindFactors | None:
     """The reading's rates per kind of content, when they were fitted."""
-    if reading is None or reading.kinds is None or len(reading.kinds) != len(KINDS) + 1:
+    if reading is None or reading.kinds is None:
         return None
-    return KindFactors(tuple(reading.kinds[:-1]), reading.kinds[-1])
+    return KindFactors.from_values(reading.kinds)
 
 
 def _age_weight(at: datetime | None, now: datetime) -> float:

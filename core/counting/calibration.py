@@ -16,6 +16,14 @@ Planning is conservative where the readings are:
   kind counts at the worst rate seen; digit runs and dense strings never seen (``NEVER``) at
   least at ``CALIBRATION_MAX`` (``UNSEEN``), as a provider may count them at twice tiktoken's
   count whatever the prose and code it was seen with;
+- a rate is known only as far as the readings went: each kind's ``reach`` is the largest share
+  of a request it held in them, and a request holding more of a kind plans the tokens past that
+  share at the kind's cautious rate (``beyond``: the worst rate of the kinds seen, or the pooled
+  ratio if higher, and for digit runs and dense strings at least ``UNSEEN``). Readings that
+  carry the same few tokens of a kind (one attachment, sent again with every request) hardly
+  tell its rate from the others', and a fit that explains them to half a percent can still put
+  it at 1.5 where the provider counts 2.0: a later request holding ten times as much of it is
+  then planned 10 % short;
 - the fitted rates explain each reading up to a residual; a request is planned with the rates
   times ``upper``, the 90th percentile of measured / predicted over the readings (the largest of
   them below ten readings), never below 1 and at most ``UPPER_MAX``: the p90 error, not the
@@ -63,21 +71,62 @@ class KindFactors:
 
     rates: tuple[float, ...]
     upper: float = 1.0
+    # the largest share of a request each kind held in the readings (1: the rate holds for a
+    # request of that kind alone), and the rate past it (0: the kind's own rate)
+    reach: tuple[float, ...] = (1.0,) * len(KINDS)
+    worst: float = 0.0
 
     def predicted(self, composition: Composition) -> float:
-        """The provider tokens the rates predict for a request of this composition."""
+        """The provider tokens the rates predict for a request of this composition (the fit
+        alone: what it says of the readings' own kind of request)."""
         return sum(x * rate for x, rate in zip(composition, self.rates, strict=True))
+
+    def beyond(self, kind: int) -> float:
+        """The rate of a kind's tokens past its reach: the worst rate seen, at least the kind's
+        own, and for digit runs and dense strings at least ``UNSEEN``."""
+        return max(self.rates[kind], self.worst, UNSEEN[kind])
+
+    def planned(self, composition: Composition) -> float:
+        """The provider tokens to plan a request of this composition with, before ``upper``:
+        each kind at its rate up to its reach, past it at ``beyond``."""
+        total = sum(composition)
+        out = 0.0
+        for kind, (tokens, rate, reach) in enumerate(
+            zip(composition, self.rates, self.reach, strict=True)
+        ):
+            within = min(tokens, reach * total)
+            out += within * rate + (tokens - within) * self.beyond(kind)
+        return out
 
     def factor(self, composition: Composition) -> float:
         """Provider tokens per estimated token to plan a request of this composition with
         (``upper`` included), clamped; with an empty composition the highest rate."""
         total = sum(composition)
-        mean = self.predicted(composition) / total if total > 0 else max(self.rates)
+        mean = self.planned(composition) / total if total > 0 else max(self.rates)
         return min(max(mean * self.upper, CALIBRATION_MIN), CALIBRATION_MAX)
 
+    def values(self) -> tuple[float, ...]:
+        """The rates, ``upper``, the reach per kind and ``worst``, in one tuple (as a
+        ``Reading`` carries them)."""
+        return (*self.rates, self.upper, *self.reach, self.worst)
+
+    @classmethod
+    def from_values(cls, values: Sequence[float]) -> KindFactors | None:
+        """From ``values()``, or from the rates and ``upper`` alone (as stored before the
+        reach was: no reach limit); None for any other length."""
+        n = len(KINDS)
+        if len(values) == n + 1:
+            return cls(tuple(values[:n]), values[n])
+        if len(values) == 2 * n + 2:
+            return cls(tuple(values[:n]), values[n], tuple(values[n + 1 : -1]), values[-1])
+        return None
+
     def encode(self) -> str:
-        """As stored: the rates, then ``upper``."""
-        return " ".join(f"{value:.9g}" for value in (*self.rates, self.upper))
+        """As stored: the rates, ``upper``, the reach per kind (three decimals) and ``worst``
+        (within the column's 96 characters)."""
+        rates = " ".join(f"{value:.9g}" for value in (*self.rates, self.upper))
+        reach = " ".join(f"{value:.3f}" for value in self.reach)
+        return f"{rates} {reach} {self.worst:.6g}"
 
     @classmethod
     def decode(cls, text: str | None) -> KindFactors | None:
@@ -88,9 +137,12 @@ class KindFactors:
             values = [float(part) for part in text.split()]
         except ValueError:
             return None
-        if len(values) != len(KINDS) + 1 or not all(math.isfinite(v) and v > 0 for v in values):
+        n = len(KINDS)
+        if not all(math.isfinite(v) and v >= 0 for v in values) or not all(
+            v > 0 for v in values[: n + 1]
+        ):
             return None
-        return cls(tuple(values[:-1]), values[-1])
+        return cls.from_values(values)
 
 
 def pooled(samples: Sequence[Sample]) -> float:
@@ -102,14 +154,23 @@ def pooled(samples: Sequence[Sample]) -> float:
     return min(max(measured / estimated, CALIBRATION_MIN), CALIBRATION_MAX)
 
 
+def priors(pooled_ratio: float) -> tuple[float, ...]:
+    """What each rate is pulled towards: the pooled ratio, and for digit runs and dense strings
+    at least ``UNSEEN`` (a provider may count them at twice tiktoken's count: what the readings
+    do not pin down of them stays there, not at the readings' average)."""
+    return tuple(max(pooled_ratio, floor) for floor in UNSEEN)
+
+
 def normal_equations(
-    samples: Sequence[Sample], prior: float, ridge: float
+    samples: Sequence[Sample], prior: float | Sequence[float], ridge: float
 ) -> tuple[list[list[float]], list[float]]:
     """The quadratic the fit minimizes, ``f A f - 2 b f`` (plus a constant): the readings'
-    relative errors squared, and ``ridge`` times each rate's distance to ``prior`` squared."""
+    relative errors squared, and ``ridge`` times each rate's distance to its ``prior`` (one for
+    every kind, or one per kind) squared."""
     n = len(KINDS)
+    towards = [float(prior)] * n if isinstance(prior, int | float) else list(prior)
     a = [[ridge if i == j else 0.0 for j in range(n)] for i in range(n)]
-    b = [ridge * prior] * n
+    b = [ridge * towards[i] for i in range(n)]
     for sample in samples:
         if sample.measured <= 0:
             continue
@@ -204,7 +265,7 @@ def fit(samples: Sequence[Sample], *, ridge: float = RIDGE) -> KindFactors | Non
     if not usable:
         return None
     prior = pooled(usable)
-    a, b = normal_equations(usable, prior, ridge)
+    a, b = normal_equations(usable, priors(prior), ridge)
     rates = solve(a, b, CALIBRATION_MIN, CALIBRATION_MAX)
     seen = [sum(s.composition[k] / sum(s.composition) for s in usable) for k in range(len(KINDS))]
     known = [rate for rate, held in zip(rates, seen, strict=True) if held >= SEEN]
@@ -216,4 +277,8 @@ def fit(samples: Sequence[Sample], *, ridge: float = RIDGE) -> KindFactors | Non
     fitted = KindFactors(tuple(rates))
     ratios = [s.measured / fitted.predicted(s.composition) for s in usable]
     upper = min(max(quantile(ratios, UPPER_QUANTILE), 1.0), UPPER_MAX)
-    return KindFactors(planned, upper)
+    reach = tuple(
+        math.ceil(max(s.composition[k] / sum(s.composition) for s in usable) * 1_000) / 1_000
+        for k in range(len(KINDS))
+    )
+    return KindFactors(planned, upper, reach, round(worst, 6))

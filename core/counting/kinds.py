@@ -33,8 +33,9 @@ CODE_MARKS = frozenset('{}[]()<>;:="\\|&*#@$')
 CODE_SHARE = 0.05
 # Characters per estimated token of each kind (prose and code as cl100k averages them; digits
 # are counted by their groups of three, as cl100k and o200k split them, a run's last group
-# counted as a whole token on average; dense strings).
-CHARS_PER_TOKEN = {PROSE: 4.5, CODE: 3.3, OTHER: 1.5}
+# counted as a whole token on average; dense strings as cl100k counts base64, about 1.4 a
+# token, hex nearer 1.7: the larger share, as a dense string under-counted raises its rate).
+CHARS_PER_TOKEN = {PROSE: 4.5, CODE: 3.3, OTHER: 1.4}
 
 Composition = tuple[float, ...]  # estimated tokens per kind, in the order of ``KINDS``
 

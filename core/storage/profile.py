@@ -66,7 +66,7 @@ def load_profile(connection: Connection, conversation_id: str) -> Profile | None
     reading = None
     if row[7] is not None and row[8] is not None:
         fitted = calibration.KindFactors.decode(row[15])
-        kinds = (*fitted.rates, fitted.upper) if fitted is not None else None
+        kinds = fitted.values() if fitted is not None else None
         reading = Reading(int(row[7]), int(row[8]), row[9], as_utc(row[10]), row[11], kinds)
     sent = None
     if row[12] is not None:

@@ -23,8 +23,9 @@ class Reading:
     leaf_id: int | None
     at: datetime | None
     state: str | None = None  # the key of the request measured (``core.storage.profile.state_key``)
-    # The rates per kind of content fitted over the recent readings, then the residual quantile
-    # (``core.counting.calibration.KindFactors``); None before a reading of known composition.
+    # The rates per kind of content fitted over the recent readings, the residual quantile, the
+    # reach per kind and the rate past it (``core.counting.calibration.KindFactors.values``);
+    # None before a reading of known composition.
     kinds: tuple[float, ...] | None = None
 
 
