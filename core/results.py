@@ -105,6 +105,7 @@ class CompressResult(_Readable):
     error: str | None = None
     leaf_message_id: int | None = None
     calibration: float = 1.0  # provider tokens per estimated token: tokens_* are provider tokens
+    cached_input_tokens: int = 0  # the part of ``input_tokens`` read from the provider's cache
 
     def _names(self) -> tuple[str, ...]:
         return PUBLIC_COMPRESS_FIELDS
