@@ -129,7 +129,7 @@ def complete(
             api_key=key,
             max_tokens=limit,
             temperature=0,
-            **_prefix_params(tools, cache_params),
+            **_prefix_params(tools, cache_params, name),
         )
     except Exception as exc:  # every failure is sorted, none escapes unclassified
         metrics.summarizer_error()
@@ -142,11 +142,23 @@ def complete(
     return completion
 
 
+CACHE_HINT_PROVIDERS = frozenset({"openai", "azure", "text-completion-openai"})
+
+
+def takes_cache_hints(model: str) -> bool:
+    """Whether litellm calls ``model`` as OpenAI does (it takes ``prompt_cache_key``)."""
+    try:
+        return litellm.get_llm_provider(model)[1] in CACHE_HINT_PROVIDERS
+    except Exception:  # a name litellm cannot place: not one it calls as OpenAI
+        return False
+
+
 def _prefix_params(
-    tools: Sequence[Mapping[str, Any]], cache_params: Mapping[str, str] | None
+    tools: Sequence[Mapping[str, Any]], cache_params: Mapping[str, str] | None, model: str
 ) -> dict[str, Any]:
-    """The tools and caching hints of a request built on the chat's prefix (none otherwise)."""
-    params: dict[str, Any] = dict(cache_params or {})
+    """The tools and caching hints (for a model called as OpenAI) of a request built on the
+    chat's prefix (none otherwise)."""
+    params: dict[str, Any] = dict(cache_params or {}) if takes_cache_hints(model) else {}
     if tools:
         params["tools"] = [dict(tool) for tool in tools]
     return params

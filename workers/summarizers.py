@@ -26,7 +26,6 @@ from recap.core.compression.summarizer import Summarizer as Summarizer
 from recap.core.compression.summarizer import SummaryFailed as SummaryFailed
 from recap.core.compression.summarizer import SummaryText as SummaryText
 from recap.core.counting import tokens
-from recap.core.counting.providers import OPENAI, provider_of
 from recap.core.decision import policy
 from recap.core.request.assembly.parts import tools_tokens
 from recap.core.settings import Settings
@@ -241,8 +240,6 @@ class ModelSummarizer:
         if size + max_output + planning.RETENTION_LIST_TOKENS + REASK_ROOM > window:
             return None
         self.asked = min(limit, max_output) if min(limit, max_output) < cap else None
-        if provider_of(settings.summary_model) != OPENAI:
-            request.cache_params.clear()  # OpenAI's hints; another provider refuses them
         result = SummaryText(text="", model=settings.summary_model or "", retention=0)
         self._call(llm, request.messages, result, max_output, request)
         wanted = identifiers_of_span(split.older)
