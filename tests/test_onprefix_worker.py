@@ -20,6 +20,7 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from sqlalchemy import inspect, select, text
 
+from recap.core import service
 from recap.core.settings import get_settings
 from recap.core.storage.models import REQUEST_PROFILES, SUMMARIES, CompactionLog, table_of
 from recap.workers.app import app
@@ -159,6 +160,9 @@ def test_the_summarizer_request_begins_with_the_chats_last_request_and_erasure_t
     assert cached is not None and 0 < cached[0] <= cached[1]  # the provider read it from cache
     assert cached[0] / cached[1] > 0.7
     assert MARK in stored and "lookup" in stored
+    stats = service.conversation_stats(serve.engine, cid, get_settings())
+    assert stats.summarizer_cached_tokens == cached[0]  # what `recap stats` shows
+    assert stats.summarizer_cache_share is not None and stats.summarizer_cache_share > 0.7
 
     assert recap("delete", cid, "--yes").code == 0
     assert _rows_naming(serve, MARK) == []  # erased means gone: no table holds the prefix
