@@ -104,6 +104,7 @@ class Knobs:
     aged_result_chars: int = 4_000  # 0: no aged stage (results go full -> cleared)
     keep_tool_arguments: int = 10
     summary_max_output_tokens: int = 2_000  # a summary's expected size (``_cheaper_rewrite``)
+    weigh_clearing: bool = True  # a clearing again is weighed against a summary
 
     @classmethod
     def from_settings(cls, settings: Any) -> Knobs:
@@ -309,11 +310,18 @@ def _cheaper_rewrite(
     request from its first changed message on, for the tokens it reclaims; the summary rewrites
     what it keeps (the recent part, and the summary expected at its cap and weighed as generated
     too: ``SUMMARY_WRITE_WEIGHT``), for the history less that. The first clearing under pressure
-    always stands (cheapest loss first)."""
+    always stands (cheapest loss first), and so does one that only takes results already taken
+    a step further (aged on to cleared)."""
     plan, old = cleared.clear, snapshot.clearings
-    if plan is None or not any(rec.reason == PRESSURE for rec in old.values()):
+    if (
+        plan is None
+        or not knobs.weigh_clearing
+        or not any(rec.reason == PRESSURE for rec in old.values())
+    ):
         return cleared
     changed = {item.message_id for item in plan}
+    if changed <= old.keys():
+        return cleared  # a step further on results already taken (aged on to cleared)
     first = next((i for i, m in enumerate(pending) if m.id in changed), None)
     if first is None:
         return cleared
