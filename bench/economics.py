@@ -31,7 +31,9 @@ are documented for to the run's window:
   ``compact_20260112`` (trigger 150k of 200k; an extra sampling step over the request, cached);
 - ``recap``: production's decision (``core.decision.policy.decide`` after each step, clearings
   at once, summaries written pending) and activation (``core.storage.activation.choose``);
-  its summarizer's request is built from scratch (its prompt, then the span), priced uncached.
+  its summarizer's request as the worker builds it (``core.compression.prefix``): on the chat's
+  last request (a cached read when warm) where that shape applies, else its own prompt, then
+  the span, priced uncached.
 
 The oracle (``cache_cost_vs_oracle_with_summaries``) keeps Recap's summaries and clearings and
 chooses when each summary is first used, knowing every request and gap, by dynamic programming.
@@ -146,17 +148,17 @@ def run() -> list[Figure]:
     figures: list[Figure] = []
     worst = 0.0
     for pricing in PRICINGS:
-        bills = {name: Bill() for name in (*PEERS, "recap", "recap_on_prefix")}
+        bills = {name: Bill() for name in (*PEERS, "recap", "recap_own_shape")}
         oracle_total = 0.0
         for item in runs:
             renderer = _Renderer(encoding)
             for name, strategy in PEERS.items():
                 bills[name].merge(strategy(item, pricing, renderer))
-            done = recap_side.replay(item, pricing, renderer, knobs)
+            done = recap_side.replay(item, pricing, renderer, knobs, prefix=True)
             bills["recap"].merge(done.bill)
             oracle_total += recap_side.oracle(item, pricing, renderer, done)
-            designed = recap_side.replay(item, pricing, renderer, knobs, prefix=True)
-            bills["recap_on_prefix"].merge(designed.bill)
+            own = recap_side.replay(item, pricing, renderer, knobs)
+            bills["recap_own_shape"].merge(own.bill)
         figures.extend(_figures(pricing, bills, oracle_total))
         eligible = [n for n in PEERS if bills[n].over_window == 0] or list(PEERS)
         best = min(eligible, key=lambda n: bills[n].cost)
@@ -210,29 +212,26 @@ def _figures(pricing: Pricing, bills: dict[str, Bill], oracle_total: float) -> l
     ]
     if name == "anthropic":
         share = mine.summary_cached / mine.summary_input if mine.summary_input else 0.0
-        designed = bills["recap_on_prefix"]
-        on_prefix = (
-            designed.summary_cached / designed.summary_input if designed.summary_input else 0.0
-        )
+        own = bills["recap_own_shape"]
         out.append(
             Figure(
                 "summary_input_cached_share",
                 round(share, 3),
                 ">= 0.7",
                 "Anthropic pricing: Recap's summarizer calls' input read from the cache / their "
-                "input, as the worker builds the request now (its prompt, then the span: none of "
-                "it a hit; the request on the chat's prefix, core.summaries.onprefix, is not "
-                "wired into the worker yet)",
+                f"input ({mine.summary_calls} calls), the request built as the worker builds it: "
+                "on the chat's last request where that shape applies (the same model, the span "
+                "where the request's history begins, the summary it sent the newest written: "
+                "core.compression.prefix), else its own prompt then the span",
             )
         )
         out.append(
             Figure(
-                "summary_input_cached_share_on_prefix",
-                round(on_prefix, 3),
+                "summary_own_shape_cost_vs_on_prefix",
+                round(own.cost / mine.cost, 3),
                 "",
-                "the same with the summarizer's request on the chat's prefix wherever that shape "
-                f"applies ({designed.summary_calls} calls; Recap's total would be "
-                f"{designed.cost / mine.cost:.3f}x what it is)",
+                "Anthropic pricing: Recap's total with every summarizer request in its own shape "
+                "(its prompt, then the span: none of it a cache hit) over its total as built now",
             )
         )
     return out

@@ -72,6 +72,12 @@ class Stats(_Readable):
     cached_tokens: int = 0
     cache_write_tokens: int = 0
     cache_hit_rate: float | None = None
+    # The summary model's input over the conversation's logged runs (the compaction log, pruned
+    # on its schedule) and the part read from the provider's cache: the summarizer's request on
+    # the chat's prefix (``core.compression.prefix``); the share is None until a run has input.
+    summarizer_input_tokens: int = 0
+    summarizer_cached_tokens: int = 0
+    summarizer_cache_share: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,6 +111,7 @@ class CompressResult(_Readable):
     error: str | None = None
     leaf_message_id: int | None = None
     calibration: float = 1.0  # provider tokens per estimated token: tokens_* are provider tokens
+    cached_input_tokens: int = 0  # the part of ``input_tokens`` read from the provider's cache
 
     def _names(self) -> tuple[str, ...]:
         return PUBLIC_COMPRESS_FIELDS

@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     idle_keep_tool_results: int = Field(default=1, ge=0)
     protected_tools: Annotated[tuple[str, ...], NoDecode] = DEFAULT_PROTECTED_TOOLS
     clear_at_least_tokens: int = Field(default=2_000, ge=0)
+    # a pressure clearing after an earlier one is weighed against a summary by the prompt cache
+    # each rewrites (core.decision.policy); false: clearing always comes first, as before
+    weigh_clearing: bool = True
     # The aged stage (docs/lifecycle.md): an old tool result is first sent as its head and tail
     # within this many characters (its saved file named), and cleared later; 0 turns the stage off
     # (results go straight to cleared, arguments stay whole).

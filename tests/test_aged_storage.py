@@ -305,6 +305,8 @@ def test_compress_ages_first_then_clears(engine: Engine, recap: Recap) -> None:
         log.close()
     assert reason[-1].startswith("aged 3 old tool results")
     # more steps, and a window where ageing the new results is not enough: the run clears
+    # (a clearing again, not weighed here against a summary: RECAP_WEIGH_CLEARING off)
+    recap.settings = recap.settings.model_copy(update={"weigh_clearing": False})
     for step in range(6, 9):
         call = {"id": f"c{step}", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
         recap.add(cid, {"role": "assistant", "content": None, "tool_calls": [call]})

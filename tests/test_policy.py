@@ -242,3 +242,46 @@ def test_the_summary_is_planned_for_the_room_it_leaves() -> None:
     assert split is not None and split.summary_room is not None
     recent = sum(message_tokens(m, decision.clearings) for m in split.recent)
     assert split.summary_room == max((decision.pressure.trigger - recent) // 2, 256)
+
+
+def steps_of_sizes(sizes: list[int]) -> list[Msg]:
+    """One user message and a tool step per size (its result that large)."""
+    messages = [Msg(1, None, "user", None, 50)]
+    for size in sizes:
+        mid = len(messages) + 1
+        call = ({"id": "call_0", "function": {"name": "run"}},)
+        messages.append(Msg(mid, mid - 1, "assistant", None, 30, tool_calls=call))
+        messages.append(Msg(mid + 1, mid, "tool", None, size, tool_call_id="call_0", name="run"))
+    return messages
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes", "cleared_before", "window", "action"),
+    [
+        # the first clearing under pressure: cheapest loss first, whatever it rewrites
+        ("first clearing", [400] * 22, 0, 12_000, policy.CLEAR),
+        # results already taken, the history back at the trigger: clearing again starts near
+        # the front and rewrites most of the cached prefix for a few turns' room
+        ("again, from the front", [400] * 40, 6, 12_000, policy.SUMMARIZE),
+        ("again, many small", [100] * 25 + [2500] * 5, 25, 16_000, policy.SUMMARIZE),
+        # one large result near the end: ageing it rewrites little for much room
+        (
+            "again, one large near the end",
+            [100] * 10 + [7000] + [300] * 3,
+            10,
+            12_000,
+            policy.CLEAR,
+        ),
+    ],
+)
+def test_a_clearing_again_is_weighed_against_a_summary_by_what_each_rewrites(
+    name: str, sizes: list[int], cleared_before: int, window: int, action: str
+) -> None:
+    branch = steps_of_sizes(sizes)
+    results = [m for m in branch if m.role == "tool"][:cleared_before]
+    clearings = {m.id: ClearingRec(m.id, "pressure", m.tokens - 20, "cleared") for m in results}
+    decision = policy.decide(snap(branch, window=window, clearings=clearings), KNOBS)
+    assert decision.action == action, (name, decision.reason)
+    if action == policy.SUMMARIZE:
+        assert "summarized instead" in decision.reason
+        assert decision.clear is None  # the clearing it weighed is not taken as well

@@ -63,6 +63,7 @@ class Completion:
     input_tokens: int
     output_tokens: int
     cost: float
+    cached_tokens: int = 0  # the part of the input read from the provider's cache
 
 
 def backoff_seconds(attempt: int, cap: float, *, rng: random.Random | None = None) -> float:
@@ -103,9 +104,13 @@ def complete(
     model: str | None = None,
     max_tokens: int | None = None,
     timeout: float | None = None,
+    tools: Sequence[Mapping[str, Any]] = (),
+    cache_params: Mapping[str, str] | None = None,
 ) -> Completion:
     """One chat completion; raises an ``LLMError`` subclass on any failure. ``timeout`` (at most
-    ``RECAP_LLM_TIMEOUT``) is what is left of the run's time when that is less."""
+    ``RECAP_LLM_TIMEOUT``) is what is left of the run's time when that is less. ``tools`` and
+    ``cache_params`` (OpenAI's ``prompt_cache_key``) are sent as the chat's request sent them,
+    for a request built on its prefix (the model is not asked to call a tool)."""
     name = model or settings.summary_model
     if not name:
         raise FatalLLMError("no summary model is configured (RECAP_SUMMARY_MODEL)")
@@ -124,6 +129,7 @@ def complete(
             api_key=key,
             max_tokens=limit,
             temperature=0,
+            **_prefix_params(tools, cache_params, name),
         )
     except Exception as exc:  # every failure is sorted, none escapes unclassified
         metrics.summarizer_error()
@@ -134,6 +140,38 @@ def complete(
     metrics.summarizer_call(completion.input_tokens, completion.output_tokens)
     _traced(call, response, completion)
     return completion
+
+
+CACHE_HINT_PROVIDERS = frozenset({"openai", "azure", "text-completion-openai"})
+
+
+def takes_cache_hints(model: str) -> bool:
+    """Whether litellm calls ``model`` as OpenAI does (it takes ``prompt_cache_key``)."""
+    try:
+        return litellm.get_llm_provider(model)[1] in CACHE_HINT_PROVIDERS
+    except Exception:  # a name litellm cannot place: not one it calls as OpenAI
+        return False
+
+
+def _prefix_params(
+    tools: Sequence[Mapping[str, Any]], cache_params: Mapping[str, str] | None, model: str
+) -> dict[str, Any]:
+    """The tools and caching hints (for a model called as OpenAI) of a request built on the
+    chat's prefix (none otherwise)."""
+    params: dict[str, Any] = dict(cache_params or {}) if takes_cache_hints(model) else {}
+    if tools:
+        params["tools"] = [dict(tool) for tool in tools]
+    return params
+
+
+def cached_tokens_of(usage: Any) -> int:
+    """The input tokens a reply's usage says were read from the provider's cache (OpenAI's
+    ``prompt_tokens_details.cached_tokens``, Anthropic's ``cache_read_input_tokens``)."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    if not cached:
+        cached = getattr(usage, "cache_read_input_tokens", None)
+    return int(cached or 0)
 
 
 def _traced(call: Any, response: Any, completion: Completion) -> None:
@@ -164,4 +202,5 @@ def _completion_of(response: Any, model: str) -> Completion:
         input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
         output_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
         cost=cost,
+        cached_tokens=cached_tokens_of(usage),
     )

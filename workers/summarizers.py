@@ -1,7 +1,9 @@
 """The summarizers a compression run calls, with no session held: one protocol, two strategies.
 
-``ModelSummarizer`` asks the configured litellm model (``workers.llm``) for a chunked progressive
-summary, within the run's deadline, re-asking once when identifiers were lost;
+``ModelSummarizer`` asks the configured litellm model (``workers.llm``) for a summary: in one call
+on the chat's last request where the run built it again (``core.compression.prefix``, so the
+provider's prompt cache serves most of the input), else a chunked progressive summary; within the
+run's deadline, re-asking once when identifiers were lost;
 ``ExtractiveSummarizer`` is the offline one (``core.summaries.extractive``). ``summarizer_for``
 picks one from the settings. A summarizer returns the summary's text and usage, or raises
 ``SummaryFailed`` (nothing is stored) or ``RetryLater`` (a model error worth retrying).
@@ -25,10 +27,12 @@ from recap.core.compression.summarizer import SummaryFailed as SummaryFailed
 from recap.core.compression.summarizer import SummaryText as SummaryText
 from recap.core.counting import tokens
 from recap.core.decision import policy
+from recap.core.request.assembly.parts import tools_tokens
 from recap.core.settings import Settings
-from recap.core.summaries import planning, sizing
+from recap.core.summaries import onprefix, planning, sizing
 from recap.core.summaries.identifiers import identifiers_of_span, retention
 from recap.core.summaries.planning import Rendered, Split
+from recap.core.summaries.prompts import RETENTION_REMINDER
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -46,6 +50,7 @@ SHORTER = (
     "and the summary must leave room for the newest turns."
 )
 DEADLINE_SLACK_SECONDS = 0.5  # a timeout this close to the deadline is the deadline's doing
+REASK_ROOM = 64  # beside the listed identifiers, the re-ask's reminder on the chat's prefix
 
 
 def summarizer_for(settings: Settings, attempt: int, deadline: float) -> Summarizer:
@@ -142,6 +147,10 @@ class ModelSummarizer:
         count = self.count = _counter(
             tokens.encoding_name_for(settings.summary_model or snapshot.model)
         )
+        if split.prefix is not None:
+            done = self._on_prefix(llm, snapshot, split, window, count)
+            if done is not None:
+                return done
         names = planning.tool_names(snapshot.branch)
         older = planning.render_messages(
             split.older,
@@ -200,10 +209,77 @@ class ModelSummarizer:
                 log.info("retention_reask_skipped", conversation_id=snapshot.conversation_id)
         return result
 
+    def _on_prefix(
+        self,
+        llm: ModuleType,
+        snapshot: policy.Snapshot,
+        split: Split,
+        window: int,
+        count: planning.Counter,
+    ) -> SummaryText | None:
+        """The summary by one call on the chat's last request (``core.summaries.onprefix``),
+        re-asked once on it when identifiers were lost; None where that request cannot serve
+        (the span is not where it begins, or it and the reply do not fit the summarizer's
+        window): the chunked request shape then."""
+        assert split.prefix is not None
+        settings = self.settings
+        request = onprefix.on_prefix(
+            split.prefix,
+            model=split.prefix.model,
+            summary_id=snapshot.summary.id if snapshot.summary else None,
+            span=[m.id for m in split.older],
+            prompt=settings.summary_prompt,
+        )
+        if request is None:
+            return None
+        cap = settings.summary_max_output_tokens
+        limit = sizing.summary_limit(split.summary_room, cap)
+        max_output = min(cap, limit + limit // 4, window // 3)
+        encoding = tokens.encoding_name_for(settings.summary_model or snapshot.model)
+        size = sum(count(m) for m in request.messages) + tools_tokens(request.tools, encoding)
+        if size + max_output + planning.RETENTION_LIST_TOKENS + REASK_ROOM > window:
+            return None
+        self.asked = min(limit, max_output) if min(limit, max_output) < cap else None
+        result = SummaryText(text="", model=settings.summary_model or "", retention=0)
+        self._call(llm, request.messages, result, max_output, request)
+        wanted = identifiers_of_span(split.older)
+        score = retention(wanted, result.text)
+        result.retention = score.score
+        if not _usable(result.text) or score.score >= settings.identifier_retention_floor:
+            return result
+        if not score.missing:
+            return result
+        listed = planning.missing_within(score.missing, planning.RETENTION_LIST_TOKENS, count)
+        missing = RETENTION_REMINDER + "\n" + "\n".join(f"- {m}" for m in listed)
+        instruction = request.messages[-1]
+        again = [
+            *request.messages[:-1],
+            {**instruction, "content": f"{instruction['content']}\n\n{missing}"},
+        ]
+        first_text, first_score = result.text, result.retention
+        try:
+            self._call(llm, again, result, max_output, request)
+        except OutOfTime:  # the first summary stands; the re-ask only ever improves on it
+            log.info("retention_reask_skipped", conversation_id=snapshot.conversation_id)
+            result.text = first_text
+            return result
+        second = retention(wanted, result.text).score
+        if _usable(result.text) and second > first_score:
+            result.retention = second
+        else:
+            result.text, result.retention = first_text, first_score
+        return result
+
     def _call(
-        self, llm: ModuleType, messages: list[Rendered], into: SummaryText, max_output: int
+        self,
+        llm: ModuleType,
+        messages: list[Rendered],
+        into: SummaryText,
+        max_output: int,
+        on: onprefix.PrefixRequest | None = None,
     ) -> None:
-        """One summarizer call within the run's deadline, its reply and usage added to ``into``."""
+        """One summarizer call within the run's deadline, its reply and usage added to ``into``
+        (``on``: a request on the chat's prefix, sent with its tools and caching hints)."""
         settings, deadline = self.settings, self.deadline
         if self.asked is not None:  # asked shorter: the summary must leave the newest turns room
             shorter = SHORTER.format(tokens=self.asked)
@@ -218,7 +294,14 @@ class ModelSummarizer:
                 "(RECAP_TASK_TIME_LIMIT) left, too little for a summarizer call"
             )
         try:
-            reply = llm.complete(messages, settings, max_tokens=max_output, timeout=left)
+            reply = llm.complete(
+                messages,
+                settings,
+                max_tokens=max_output,
+                timeout=left,
+                tools=on.tools if on is not None else (),
+                cache_params=on.cache_params if on is not None else None,
+            )
         except llm.ContextTooLongError as exc:
             exc.sent_tokens = sum(self.count(m) for m in messages) + max_output
             raise
@@ -234,6 +317,7 @@ class ModelSummarizer:
         into.input_tokens += reply.input_tokens
         into.output_tokens += reply.output_tokens
         into.cost += reply.cost
+        into.cached_input_tokens += reply.cached_tokens
         into.calls += 1
 
     def _reask(

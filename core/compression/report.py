@@ -23,6 +23,10 @@ FAILED = "compression_failed"
 # failed (logged as a warning; the readable summary is kept either way).
 PROVIDER_COMPACTION = "provider_compaction"
 
+DELETED_REASON = "the conversation was deleted during the run; nothing was written"
+RECREATED_REASON = (
+    "the conversation was deleted during the run and its id created again; nothing was written"
+)
 log = structlog.get_logger("recap.compress")
 
 

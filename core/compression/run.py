@@ -33,11 +33,9 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from recap.core import tracing
-from recap.core.compression import provider, report
-from recap.core.compression.dbretry import (
-    database_unavailable,
-)
-from recap.core.compression.report import LogReporter, Reporter
+from recap.core.compression import prefix, provider, report
+from recap.core.compression.dbretry import database_unavailable
+from recap.core.compression.report import DELETED_REASON, RECREATED_REASON, LogReporter, Reporter
 from recap.core.compression.summarizer import (
     RetryLater,
     Summarizers,
@@ -73,7 +71,6 @@ from recap.core.values.records import ClearingRec, Msg
 __all__ = [  # what the workers' wiring (workers.compress) and the host API import from here
     "COMPACTION_LOG",
     "DELETED_REASON",
-    "RECREATED_REASON",
     "Outcome",
     "Parts",
     "RetryLater",
@@ -275,6 +272,8 @@ def one_pass(run: Run) -> PassResult:
         return PassResult(replace(base, reason=decision.reason))
     started = {k: v for k, v in _event_fields(run, base).items() if k != "action"}
     run.emit(report.STARTED, **started, forced=run.force, urgent=decision.urgent)
+    # the chat's last request as sent (for a summary): built before this run's clearings
+    chat = prefix.for_summary(run.engine, run.settings, snapshot, decision, run.incarnation)
     if decision.clear:
         applied = clearing_step(
             run.engine, run.conversation_id, decision.clear, run.clock(), run.incarnation
@@ -288,14 +287,17 @@ def one_pass(run: Run) -> PassResult:
         base = replace(base, tokens_after=after)
     if decision.action != policy.SUMMARIZE or decision.split is None:
         return PassResult(replace(base, reason=decision.reason))
-    return summarize(run, replace(snapshot, clearings=decision.clearings), decision, base)
+    return summarize(run, replace(snapshot, clearings=decision.clearings), decision, base, chat)
 
 
-def summarize(run: Run, snapshot: Snapshot, decision: policy.Decision, base: Outcome) -> PassResult:
-    """Read the split's text, call the summarizer (no session held), validate; the row to
-    insert."""
+def summarize(
+    run: Run, snapshot: Snapshot, decision: policy.Decision, base: Outcome, chat: Any = None
+) -> PassResult:
+    """Read the split's text, call the summarizer (no session held) with the chat's last request
+    (``chat``: its request on that prefix where it can be), validate; the row to insert."""
     assert decision.split is not None
     split = with_text(run.engine, run.conversation_id, decision.split, run.incarnation)
+    split = replace(split, prefix=chat)
     try:
         summarizer = run.parts.summarizers(run.settings, run.attempt, run.deadline)
         result = summarizer.summarize(snapshot, split)
@@ -328,6 +330,7 @@ def _validated(
         input_tokens=result.input_tokens,
         output_tokens=result.output_tokens,
         cost=result.cost,
+        cached_input_tokens=result.cached_input_tokens,
     )
     problem = planning.rejection_reason(
         result.text, summary_tokens=summary_tokens, replaced_tokens=replaced
@@ -462,12 +465,6 @@ def _passes(run: Run, held: lease.Lease, started: float) -> Outcome:
         current = replace(run, leaf=None, force=False, trigger="recheck")
     assert first is not None
     return first
-
-
-DELETED_REASON = "the conversation was deleted during the run; nothing was written"
-RECREATED_REASON = (
-    "the conversation was deleted during the run and its id created again; nothing was written"
-)
 
 
 def _passes_unless_deleted(run: Run, held: lease.Lease, started: float) -> Outcome:

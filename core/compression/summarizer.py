@@ -54,6 +54,7 @@ class SummaryText:
     output_tokens: int = 0
     cost: float = 0.0
     calls: int = 0
+    cached_input_tokens: int = 0  # the part of the input read from the provider's cache
 
 
 class Summarizer(Protocol):

@@ -130,6 +130,7 @@ def _log_values(run: Run, outcome: Outcome, duration_ms: int, now: datetime) -> 
         "model": outcome.model,
         "input_tokens": outcome.input_tokens,
         "output_tokens": outcome.output_tokens,
+        "cached_input_tokens": outcome.cached_input_tokens,
         "cost": outcome.cost,
         "duration_ms": duration_ms,
         "error": redact(outcome.error or "", secrets)[:ERROR_CHARS] or None,

@@ -21,7 +21,11 @@ The decision, in order:
 3. Take old tool results a step when that reclaims ``clear_at_least_tokens`` (any saving when
    urgent), cheapest loss first (``pressure_clearing``): aged (their head and tail; old calls'
    arguments shortened) when that alone brings the history under the trigger, else cleared; when
-   the step brings the history under the trigger, that is all.
+   the step brings the history under the trigger, that is all. Except that a clearing after an
+   earlier pressure clearing is weighed against a summary by the provider's prompt cache each
+   rewrites (``_cheaper_rewrite``): results taken a step at a time move the request's first
+   changed message back and forth, and each step rewrites the cached prefix from there for a few
+   turns' room, where a summary rewrites only what it keeps for far more room.
 4. Otherwise summarize: the split of ``core.summaries.planning.plan_split`` (at a user message,
    or inside an agent turn at a step boundary, never between a call and its result). A span under
    ``min_summary_span_tokens`` is not sent: no summary of it would be smaller; unless the
@@ -99,6 +103,8 @@ class Knobs:
     idle_minutes: float = 60
     aged_result_chars: int = 4_000  # 0: no aged stage (results go full -> cleared)
     keep_tool_arguments: int = 10
+    summary_max_output_tokens: int = 2_000  # a summary's expected size (``_cheaper_rewrite``)
+    weigh_clearing: bool = True  # a clearing again is weighed against a summary
 
     @classmethod
     def from_settings(cls, settings: Any) -> Knobs:
@@ -292,10 +298,59 @@ def decide(snapshot: Snapshot, knobs: Knobs, *, force: bool = False) -> Decision
             reason = plan.describe()
             clearings = with_plan(clearings, plan)
             if p.history - p.budget.history(saved) <= p.trigger:
-                return Decision(CLEAR, reason, p, plan, urgent=urgent, clearings=clearings)
+                cleared = Decision(CLEAR, reason, p, plan, urgent=urgent, clearings=clearings)
+                return _cheaper_rewrite(snapshot, knobs, p, cleared, pending)
         else:
             plan = None
     return _summarize(snapshot, knobs, p, plan, clearings, urgent=urgent, force=force)
+
+
+def _cheaper_rewrite(
+    snapshot: Snapshot, knobs: Knobs, p: Pressure, cleared: Decision, pending: Sequence[Msg]
+) -> Decision:
+    """A pressure clearing after an earlier one, or a summary when that rewrites the provider's
+    cached prefix less for the room it makes (the module's step 3): the clearing rewrites the
+    request from its first changed message on, for the tokens it reclaims; the summary rewrites
+    what it keeps (the recent part, and the summary expected at its cap and weighed as generated
+    too: ``SUMMARY_WRITE_WEIGHT``), for the history less that. The first clearing under pressure
+    always stands (cheapest loss first), and so does one that only takes results already taken
+    a step further (aged on to cleared)."""
+    plan, old = cleared.clear, snapshot.clearings
+    if (
+        plan is None
+        or not knobs.weigh_clearing
+        or not any(rec.reason == PRESSURE for rec in old.values())
+    ):
+        return cleared
+    changed = {item.message_id for item in plan}
+    if changed <= old.keys():
+        return cleared  # a step further on results already taken (aged on to cleared)
+    first = next((i for i, m in enumerate(pending) if m.id in changed), None)
+    if first is None:
+        return cleared
+    rewrite = sum(message_tokens(m, old) for m in pending[first:])
+    alt = _summarize(snapshot, knobs, p, None, old, urgent=cleared.urgent, force=False)
+    if alt.action != SUMMARIZE or alt.split is None:
+        return cleared
+    recent = sum(message_tokens(m, old) for m in alt.split.recent)
+    cap = knobs.summary_max_output_tokens
+    summary = min(alt.split.summary_room or cap, cap)
+    made = p.history_estimate - recent - summary
+    cost = recent + summary * SUMMARY_WRITE_WEIGHT  # the summary is generated, then written
+    if made <= 0 or rewrite * made <= cost * max(plan.tokens_reclaimed, 1):
+        return cleared
+    return dataclasses.replace(
+        alt, reason=REWRITE_REASON.format(rewrite=rewrite, room=plan.tokens_reclaimed)
+    )
+
+
+# A summary's tokens weigh five times a rewritten token: generated once (output is priced at
+# about four times input: Anthropic 5x, OpenAI 4x), then written to the cache.
+SUMMARY_WRITE_WEIGHT = 5
+REWRITE_REASON = (
+    "a clearing again would rewrite {rewrite} cached tokens for {room} tokens of room: "
+    "summarized instead"
+)
 
 
 def _summarize(

@@ -305,6 +305,7 @@ def conversation_stats(
             session, conversation_id, leaf, failures=settings.failure_streak
         )
         recorded, cached, written = usage.cache_totals(session, conversation_id)
+        summarizer, summarizer_cached = usage.summarizer_totals(session, conversation_id)
     decision = policy.decide(snapshot, knobs)
     p = decision.pressure
     plan = p.budget
@@ -332,6 +333,11 @@ def conversation_stats(
         cached_tokens=cached,
         cache_write_tokens=written,
         cache_hit_rate=round(min(cached / recorded, 1.0), 4) if recorded > 0 else None,
+        summarizer_input_tokens=summarizer,
+        summarizer_cached_tokens=summarizer_cached,
+        summarizer_cache_share=(
+            round(min(summarizer_cached / summarizer, 1.0), 4) if summarizer > 0 else None
+        ),
     )
 
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy import Engine
 
 from recap.core.counting import media
-from recap.core.request import assembly
+from recap.core.request import assembly, sentspec
 from recap.core.service.conversations import log
 from recap.core.storage import compressed, reads, recount, store
 from recap.core.storage import profile as profiles
@@ -91,12 +91,46 @@ def _record_profile(
     already says exactly that (a repeat of the same request writes nothing). Only a request
     that was built is recorded: a failing ``assemble`` writes nothing. ``composition`` is the
     request's estimate by kind of content (``assemble`` works it out; without it the stored
-    one stays)."""
+    one stays). What the request was given beside the history is kept as text
+    (``core.request.sentspec``) when its hash differs from the stored one: the worker builds the
+    summarizer's request on the chat's prefix from it (``core.compression.prefix``)."""
+    model, loaded, request = built
+    digest, leaf_id, state = request_state(spec, model, loaded, request)
+    if composition is None and stored is not None and stored.sent is not None:
+        composition = stored.sent.composition  # not given (``Recording`` always gives it)
+    sent = profiles.Sent(request.tokens.total, leaf_id, state, composition)
+    given = sentspec.encode(spec)  # kept as text only when its hash changed
+    changed = given if stored is None or stored.spec_hash != given[1] else None
+    if (
+        stored is not None
+        and stored.parts == parts
+        and stored.content_hash == digest
+        and stored.sent == sent
+        and changed is None
+    ):
+        return
+    if isinstance(conversation, str):
+        conversation = store.Identity(conversation)
+    with session_scope(engine) as session:
+        if store.lock_conversation(session, conversation.id, incarnation=conversation.incarnation):
+            profiles.save_parts(
+                session.connection(), conversation.id, parts, digest, now, sent, changed
+            )
+
+
+def request_state(
+    spec: RequestSpec,
+    model: str,
+    loaded: reads.RequestBranch,
+    request: assembly.AssembledRequest,
+) -> tuple[str, int | None, str]:
+    """The fingerprint of the fixed parts ``spec`` gives, the request's leaf, and the key of what
+    the request is built from once recorded (``profiles.state_key``): what the profile records
+    as sent, and what a request built again is checked against (``core.compression.prefix``)."""
     tools = spec.tools
     tools_text = json.dumps(tools, sort_keys=True, separators=(",", ":")) if tools else ""
     files = tuple(spec.context_files)
     digest = profiles.fingerprint(spec.system, tools_text, spec.reminder, files)
-    model, loaded, request = built
     leaf_id = loaded.branch[-1].id if loaded.branch else None
     after = _after_recording(loaded.clearings, request)
     state = profiles.state_key(
@@ -108,21 +142,7 @@ def _record_profile(
         pins=[m.id for m in loaded.pinned],
         steps=steps_of(after.values()),
     )
-    if composition is None and stored is not None and stored.sent is not None:
-        composition = stored.sent.composition  # not given (``Recording`` always gives it)
-    sent = profiles.Sent(request.tokens.total, leaf_id, state, composition)
-    if (
-        stored is not None
-        and stored.parts == parts
-        and stored.content_hash == digest
-        and stored.sent == sent
-    ):
-        return
-    if isinstance(conversation, str):
-        conversation = store.Identity(conversation)
-    with session_scope(engine) as session:
-        if store.lock_conversation(session, conversation.id, incarnation=conversation.incarnation):
-            profiles.save_parts(session.connection(), conversation.id, parts, digest, now, sent)
+    return digest, leaf_id, state
 
 
 def _after_recording(

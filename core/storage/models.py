@@ -216,6 +216,11 @@ class CompactionLog(SQLModel, table=True):
     duration_ms: int = 0
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    # The part of the summarizer's input read from the provider's cache (its request built on
+    # the chat's prefix, ``core.compression.prefix``; 0: none or not reported).
+    cached_input_tokens: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default="0")
+    )
     # Consecutive skipped runs of a conversation share one row
     # (core.storage.compaction_log.record_run): the runs it stands for, and the latest one's time
     # (created_at is the first's).
@@ -250,10 +255,11 @@ class Usage(SQLModel, table=True):
 
 
 class RequestProfile(SQLModel, table=True):
-    """What the host last sent beside the stored history (token counts and a hash, never the
-    text), the latest provider reading that calibrates the estimate, and the conversation's
-    output reserve override: the inputs of ``core.counting.budget`` that ``assemble`` and
-    ``record_usage`` learn, one row per conversation."""
+    """What the host last sent beside the stored history (token counts and a hash; the text of
+    its system prompt, tools and reminder only as ``sent_spec``), the latest provider reading
+    that calibrates the estimate, and the conversation's output reserve override: the inputs of
+    ``core.counting.budget`` that ``assemble`` and ``record_usage`` learn, one row per
+    conversation."""
 
     __tablename__ = "request_profiles"
 
@@ -281,6 +287,11 @@ class RequestProfile(SQLModel, table=True):
     usage_state: str | None = Field(default=None, max_length=64)
     sent_kinds: str | None = Field(default=None, max_length=96)  # the sent request's composition
     usage_kinds: str | None = Field(default=None, max_length=96)  # the rates fitted per kind
+    # What the last request was given beside the history, as JSON (its system prompt, tools,
+    # reminder and rendering: ``core.compression.prefix``), written only when it changes
+    # (``sent_spec_hash``); the worker builds the chat's prefix again from it.
+    sent_spec: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    sent_spec_hash: str | None = Field(default=None, max_length=64)
 
 
 class Pin(SQLModel, table=True):

@@ -1,7 +1,9 @@
 """The request profile: what the host sends beside the stored history, per conversation.
 
 ``assemble`` records the token cost of the fixed parts it was given (system prompt, tool schemas,
-reminder, context files: counts and a hash, never the text), ``record_usage`` the provider's
+reminder, context files: counts and a hash) and, for the worker to build the summarizer's request
+on the chat's prefix, the text of the system prompt, tools and reminder (``sent_spec``, written
+only when its hash changes, erased with the conversation); ``record_usage`` the provider's
 reading that calibrates Recap's estimate, and ``set_output_reserve`` a conversation's own output
 reserve. The compression decision, ``stats`` and reconcile plan with it (``core.counting.budget``).
 
@@ -52,6 +54,7 @@ _ROW = select(
     P.sent_state,
     P.usage_kinds,
     P.sent_kinds,
+    P.sent_spec_hash,
 ).where(P.conversation_id == bindparam("conversation_id"))
 
 
@@ -71,7 +74,15 @@ def load_profile(connection: Connection, conversation_id: str) -> Profile | None
     sent = None
     if row[12] is not None:
         sent = Sent(int(row[12]), row[13], row[14], kinds_of.decode(row[16]))
-    return Profile(parts, row[4], row[6], reading, sent, as_utc(row[5]))
+    return Profile(parts, row[4], row[6], reading, sent, as_utc(row[5]), row[17])
+
+
+def load_spec(connection: Connection, conversation_id: str) -> str | None:
+    """What the last request was given beside the history, as the JSON ``save_parts`` stored
+    (None: nothing stored, or stored before it was kept)."""
+    statement = select(P.sent_spec).where(P.conversation_id == conversation_id)
+    found = connection.execute(statement).scalar_one_or_none()
+    return str(found) if found is not None else None
 
 
 def _upsert(connection: Connection, conversation_id: str, values: Mapping[str, Any]) -> None:
@@ -92,8 +103,10 @@ def save_parts(
     content_hash: str,
     now: datetime,
     sent: Sent | None = None,
+    spec: tuple[str, str] | None = None,
 ) -> None:
-    """Record what ``assemble`` was given, and the request it built (one upsert)."""
+    """Record what ``assemble`` was given, and the request it built (one upsert); ``spec`` the
+    text of what it was given and its hash, when that changed."""
     values: dict[str, Any] = {
         "system_tokens": parts.system,
         "tools_tokens": parts.tools,
@@ -109,6 +122,8 @@ def save_parts(
             "sent_state": sent.state,
             "sent_kinds": kinds_of.encode(sent.composition),
         }
+    if spec is not None:
+        values |= {"sent_spec": spec[0], "sent_spec_hash": spec[1]}
     _upsert(connection, conversation_id, values)
 
 

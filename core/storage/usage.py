@@ -65,6 +65,25 @@ def cache_totals(session: Session, conversation_id: str) -> tuple[int, int, int]
     return int(row[0]), int(row[1]), int(row[2])
 
 
+def summarizer_totals(session: Session, conversation_id: str) -> tuple[int, int]:
+    """The summarizer's input tokens over the conversation's logged runs, and the part of them
+    read from the provider's cache (its request on the chat's prefix)."""
+    from recap.core.storage.models import CompactionLog
+
+    log = CompactionLog.__table__.c  # type: ignore[attr-defined]
+    row = (
+        session.connection()
+        .execute(
+            sa_select(
+                func.coalesce(func.sum(log.input_tokens), 0),
+                func.coalesce(func.sum(log.cached_input_tokens), 0),
+            ).where(log.conversation_id == conversation_id)
+        )
+        .one()
+    )
+    return int(row[0]), int(row[1])
+
+
 def recent_samples(
     session: Session, conversation_id: str, limit: int = calibration.WINDOW
 ) -> list[calibration.Sample]:

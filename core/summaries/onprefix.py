@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
@@ -41,13 +41,15 @@ QUOTE_CHARS = 160  # how much of the last summarized message the marker quotes
 class SentRequest:
     """The chat's last request as it was sent: its model, messages (cache marks included) and
     tools, the stored id of each message (None for the system prompt, the summary, a stub or
-    context file), and the summary it sent."""
+    context file), the summary it sent, and the caching hints it was sent with (OpenAI's
+    ``prompt_cache_key``: the summarizer's call goes to the same cache)."""
 
     model: str
     messages: tuple[dict[str, Any], ...]
     ids: tuple[int | None, ...]
     tools: tuple[dict[str, Any], ...] = ()
     summary_id: int | None = None
+    cache_params: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class PrefixRequest:
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
+    cache_params: dict[str, str] = field(default_factory=dict)
 
     @property
     def shared(self) -> list[dict[str, Any]]:
@@ -91,7 +94,7 @@ def on_prefix(
         "role": "user",
         "content": instruction_text(prompt, last - first + 1, sent.messages[last]),
     }
-    return PrefixRequest([*sent.messages, instruction], list(sent.tools))
+    return PrefixRequest([*sent.messages, instruction], list(sent.tools), dict(sent.cache_params))
 
 
 def instruction_text(prompt: str, count: int, last: dict[str, Any]) -> str:

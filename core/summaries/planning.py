@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recap.core.counting import media
 from recap.core.request.branch import effective_history_tokens, messages_after_cutoff
@@ -24,6 +24,9 @@ from recap.core.summaries.prompts import (
     SUMMARY_REMINDER,
 )
 from recap.core.values.records import SYSTEM_ROLES, ClearingRec, Msg, SummaryRec
+
+if TYPE_CHECKING:
+    from recap.core.summaries.onprefix import SentRequest
 
 Counter = Callable[[Mapping[str, Any]], int]
 Rendered = dict[str, str]
@@ -90,6 +93,9 @@ class Split:
     # Estimated tokens the summary may take so that it and the recent part leave the request
     # room to grow (set by the decision: ``core.decision.policy``); None: the setting's size.
     summary_room: int | None = None
+    # The chat's last request as sent, built again by the run (``core.compression.prefix``):
+    # the summarizer's request is built on it where it can be (``core.summaries.onprefix``).
+    prefix: SentRequest | None = None
 
     @property
     def cutoff_message_id(self) -> int:

@@ -64,6 +64,7 @@ class Profile:
     reading: Reading | None
     sent: Sent | None = None
     assembled_at: datetime | None = None  # the last request assembled (its cache's last use)
+    spec_hash: str | None = None  # the hash of what the last request was given, as stored text
 
 
 def state_key(
