@@ -14,19 +14,31 @@ from pathlib import Path
 import pytest
 
 from tests.support import livefuzz
+from tests.support.slow import SLOW
 
-SEEDS = range(24)  # a fast subset: about 10 s here
+# Seeds 0-11 by default (a few seconds; they draw chat and replayed sessions, truncations and
+# compressions); seeds 12-23 under ``-m slow``; ``bench fuzz`` runs thousands.
+FAST, REST = range(12), range(12, 24)
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(FAST, id="fast"), pytest.param(REST, id="rest", marks=SLOW)],
+)
+def seeds(request: pytest.FixtureRequest) -> range:
+    seeds: range = request.param
+    return seeds
 
 
 @pytest.fixture(scope="module")
-def figures(tmp_path_factory: pytest.TempPathFactory) -> livefuzz.Figures:
-    return livefuzz.run(tmp_path_factory.mktemp("fuzz"), SEEDS)
+def figures(seeds: range, tmp_path_factory: pytest.TempPathFactory) -> livefuzz.Figures:
+    return livefuzz.run(tmp_path_factory.mktemp("fuzz"), seeds)
 
 
-def test_the_sessions_ran(figures: livefuzz.Figures) -> None:
+def test_the_sessions_ran(figures: livefuzz.Figures, seeds: range) -> None:
     """The subset did real work: requests, readings, truncations and compressions."""
-    assert figures.sessions == len(SEEDS)
-    assert figures.requests > 10 * len(SEEDS) and figures.readings > 0
+    assert figures.sessions == len(seeds)
+    assert figures.requests > 10 * len(seeds) and figures.readings > 0
     assert figures.compressions > 0 and figures.truncated_requests > 0
 
 

@@ -22,6 +22,10 @@ from recap.workers.app import app, celery_config, configure, is_redis
 # event dispatcher (its exchange is fanout on Redis, topic on RabbitMQ) and the task sender that
 # holds all of these, the first time a task is sent: without dropping them, a Redis test's
 # declarations would be what a later RabbitMQ test sends with, and the other way round.
+# How long an in-process worker's blocking read on Redis waits for a message (kombu: 1 s): the
+# worker notices that it is asked to stop only between two reads.
+REDIS_POLL_SECONDS = 0.1
+
 _DECLARATION_CACHES = (
     "queues",
     "default_queue",
@@ -54,7 +58,11 @@ def configured_app(settings: Settings, prefix: str | None) -> Iterator[None]:
     saved = {key: app.conf.get(key) for key in celery_config(settings)}
     configure(app, settings)
     if prefix is not None and is_redis(settings.broker_url):
-        options = {**app.conf.broker_transport_options, "global_keyprefix": prefix}
+        options = {
+            **app.conf.broker_transport_options,
+            "global_keyprefix": prefix,
+            "polling_interval": REDIS_POLL_SECONDS,
+        }
         app.conf.broker_transport_options = options
     reset_app_connections()
     try:
