@@ -198,3 +198,46 @@ def test_a_model_call_span_in_memory() -> None:
         "gen_ai.response.id": "r1",
         "gen_ai.response.finish_reasons": ("stop",),
     }
+
+
+@pytest.mark.parametrize("client", ["direct", "litellm"])
+def test_the_upstream_request_carries_the_model_call_span(client: str) -> None:
+    """With tracing on, serve's upstream HTTP request carries its model-call span as W3C
+    ``traceparent``, on both clients: the model server (or the gateway before it) continues the
+    trace under that span. With tracing off, no such header goes out."""
+    from opentelemetry import trace
+
+    from recap.workers.serve import upstream
+    from tests.support.llm_server import LLMServer
+
+    server = LLMServer().start()
+    settings = Settings(
+        upstream_api_base=server.url, upstream_api_key="k", upstream_client=client
+    )  # fmt: skip
+    messages = [{"role": "user", "content": "hello"}]
+
+    async def call() -> None:
+        up = upstream.Upstream(settings)
+        try:
+            await up.complete("openai/stand-in", messages, {}, stream=False)
+        finally:
+            await up.aclose()
+
+    try:
+        asyncio.run(call())  # untraced
+        with in_memory_tracing() as exporter:
+            asyncio.run(call())
+            (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    finally:
+        server.stop()
+    untraced, traced = ({k.lower(): v for k, v in r.headers.items()} for r in server.requests)
+    assert "traceparent" not in untraced
+    version, trace_id, span_id, flags = traced["traceparent"].split("-")
+    context = span.context
+    assert (version, trace_id, span_id) == (
+        "00",
+        f"{context.trace_id:032x}",
+        f"{context.span_id:016x}",
+    )
+    assert int(flags, 16) & 1  # sampled
+    assert span.kind == trace.SpanKind.CLIENT
