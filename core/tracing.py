@@ -241,6 +241,18 @@ def inject(carrier: MutableMapping[str, Any]) -> None:
     propagate.inject(carrier)
 
 
+def inject_span(started: Any, carrier: MutableMapping[str, Any]) -> None:
+    """The trace of ``started`` (a span not made current, as ``model_call``'s) put into
+    ``carrier`` as W3C ``traceparent`` (and ``tracestate``): what an outgoing HTTP request
+    carries so that the server it calls continues the trace under that span. Nothing when
+    ``started`` records nothing (tracing off: ``QUIET``)."""
+    if _api() is None or not started.is_recording():
+        return
+    from opentelemetry import propagate, trace
+
+    propagate.inject(carrier, context=trace.set_span_in_context(started))
+
+
 def extract(carrier: Mapping[str, Any]) -> Any:
     """The trace context ``carrier`` carries (None without OpenTelemetry or a trace)."""
     if _api() is None or "traceparent" not in carrier:

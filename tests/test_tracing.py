@@ -198,3 +198,81 @@ def test_a_model_call_span_in_memory() -> None:
         "gen_ai.response.id": "r1",
         "gen_ai.response.finish_reasons": ("stop",),
     }
+
+
+@pytest.mark.parametrize("client", ["direct", "litellm"])
+def test_the_upstream_request_carries_the_model_call_span(client: str) -> None:
+    """With tracing on, serve's upstream HTTP request carries its model-call span as W3C
+    ``traceparent``, on both clients: the model server (or the gateway before it) continues the
+    trace under that span. With tracing off, no such header goes out."""
+    from opentelemetry import trace
+
+    from recap.workers.serve import upstream
+    from tests.support.llm_server import LLMServer
+
+    server = LLMServer().start()
+    settings = Settings(
+        upstream_api_base=server.url, upstream_api_key="k", upstream_client=client
+    )  # fmt: skip
+    messages = [{"role": "user", "content": "hello"}]
+
+    async def call() -> None:
+        up = upstream.Upstream(settings)
+        try:
+            await up.complete("openai/stand-in", messages, {}, stream=False)
+        finally:
+            await up.aclose()
+
+    try:
+        asyncio.run(call())  # untraced
+        with in_memory_tracing() as exporter:
+            asyncio.run(call())
+            (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    finally:
+        server.stop()
+    untraced, traced = ({k.lower(): v for k, v in r.headers.items()} for r in server.requests)
+    assert "traceparent" not in untraced
+    version, trace_id, span_id, flags = traced["traceparent"].split("-")
+    context = span.context
+    assert (version, trace_id, span_id) == (
+        "00",
+        f"{context.trace_id:032x}",
+        f"{context.span_id:016x}",
+    )
+    assert int(flags, 16) & 1  # sampled
+    assert span.kind == trace.SpanKind.CLIENT
+
+
+def test_a_memory_task_continues_its_enqueuers_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``send_memory`` sends in a PRODUCER span under the enqueuer's and puts its trace in the
+    message's headers; ``recap.extract_memories`` (run eagerly with those headers, its core
+    run stood in for) makes its CONSUMER span that span's child, in the same trace."""
+    from opentelemetry import trace
+
+    from recap.workers import enqueue, tasks
+    from recap.workers import memory as memory_task
+
+    sent: dict[str, Any] = {}
+
+    class Broker:
+        def send_task(self, name: str, **options: Any) -> Any:
+            sent.update(options, name=name)
+            return SimpleNamespace(id="memory-1")
+
+    monkeypatch.setattr(memory_task, "extract_memories", lambda *a, **k: {"action": "none"})
+    monkeypatch.setattr(tasks, "engine", lambda: None)
+    with in_memory_tracing() as exporter:
+        with trace.get_tracer("test").start_as_current_span("serve turn") as turn:
+            enqueue.send_memory(Broker(), enqueue.MemoryJob("user-1", "conv-1", 7))
+        task: Any = memory_task.extract_memories_task
+        result = task.apply(args=sent["args"], kwargs=sent["kwargs"], headers=sent["headers"])
+        finished = {s.name: s for s in exporter.get_finished_spans()}
+    assert result.status == "SUCCESS"
+    producer, consumer = finished["send memory"], finished["process memory"]
+    assert (
+        producer.parent is not None and producer.parent.span_id == turn.get_span_context().span_id
+    )
+    assert consumer.parent is not None and consumer.parent.span_id == producer.context.span_id
+    assert consumer.context.trace_id == turn.get_span_context().trace_id
+    assert consumer.kind == trace.SpanKind.CONSUMER
+    assert dict(consumer.attributes or {})["messaging.destination.name"] == "memory"

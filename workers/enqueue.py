@@ -116,12 +116,23 @@ class MemoryJob:
 
 
 def send_memory(app: Celery, job: MemoryJob) -> AsyncResult[Any]:
-    """Send ``job`` on ``app``'s broker to the memory queue."""
+    """Send ``job`` on ``app``'s broker to the memory queue, in a PRODUCER span whose trace the
+    task continues (as ``send``)."""
     args = [job.conversation_id, job.user_id]  # the conversation first, as every task's
-    headers = {ENQUEUED_HEADER: time.time()}
-    return app.send_task(
-        MEMORY_TASK, args=args, kwargs=job.kwargs(), queue=MEMORY_QUEUE, headers=headers
-    )
+    headers: dict[str, Any] = {ENQUEUED_HEADER: time.time()}
+    attributes = {
+        "messaging.system": "celery",
+        "messaging.operation.type": "send",
+        "messaging.destination.name": MEMORY_QUEUE,
+        "recap.conversation_id": job.conversation_id,
+    }
+    with tracing.span(f"send {MEMORY_QUEUE}", attributes, kind=tracing.PRODUCER) as span:
+        tracing.inject(headers)  # the sender's trace, continued by the task (workers.memory)
+        sent = app.send_task(
+            MEMORY_TASK, args=args, kwargs=job.kwargs(), queue=MEMORY_QUEUE, headers=headers
+        )
+        span.set_attribute("messaging.message.id", str(sent.id))
+    return sent
 
 
 def compress_later(

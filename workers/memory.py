@@ -13,16 +13,17 @@ import json
 import time
 from typing import Any
 
+from recap.core import tracing as core_tracing
 from recap.core.memory.extractor import RetryLater
 from recap.core.memory.run import Failed, extract_memories
 from recap.core.redact import known_secrets, redact
 from recap.core.settings import get_settings
-from recap.workers import events
+from recap.workers import events, tracing
 from recap.workers.app import task
 from recap.workers.celery_types import TaskHandle, task_received
 from recap.workers.errors import CompressionRetry, MemoryFailed
 from recap.workers.extractors import extractor_for
-from recap.workers.queues import MEMORY_TASK
+from recap.workers.queues import MEMORY_QUEUE, MEMORY_TASK
 
 
 @task(name=MEMORY_TASK, bind=True, max_retries=None, throws=(MemoryFailed,))
@@ -41,19 +42,23 @@ def extract_memories_task(
     secrets = known_secrets(settings)
     started = time.monotonic()
     outcome: dict[str, Any] | RetryLater | Failed
-    try:
-        outcome = extract_memories(
-            engine(),
-            settings,
-            user_id,
-            conversation_id,
-            leaf_message_id,
-            extractors=extractor_for,
-            attempt=self.request.retries,
-            task_id=self.request.id,
-        )
-    except (RetryLater, Failed) as exc:
-        outcome = exc
+    # the enqueuer's trace, continued (its traceparent in the message's headers)
+    with tracing.task_span(self.request, conversation_id, MEMORY_QUEUE) as span:
+        try:
+            outcome = extract_memories(
+                engine(),
+                settings,
+                user_id,
+                conversation_id,
+                leaf_message_id,
+                extractors=extractor_for,
+                attempt=self.request.retries,
+                task_id=self.request.id,
+            )
+        except (RetryLater, Failed) as exc:
+            outcome = exc
+        if isinstance(outcome, Failed):
+            core_tracing.error_status(span, "the extraction failed")
     # Raised here, outside any except block: the stored traceback chains no provider error.
     if isinstance(outcome, RetryLater):
         reason = CompressionRetry(redact(outcome.reason, secrets))

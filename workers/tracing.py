@@ -91,23 +91,22 @@ def carried(request: Any) -> dict[str, str]:
     return found
 
 
-def task_span(request: Any, conversation_id: str) -> Any:
-    """The CONSUMER span of one compression task, the child of its sender's span when the
-    message carries one (``QUIET`` when tracing is off)."""
+def task_span(request: Any, conversation_id: str, queue: str = COMPRESS_QUEUE) -> Any:
+    """The CONSUMER span of one task on ``queue`` (a compression, or a memory extraction on
+    the memory queue), the child of its sender's span when the message carries one
+    (``QUIET`` when tracing is off)."""
     if not tracing.enabled():
         return tracing.QUIET
     attributes = {
         "messaging.system": "celery",
         "messaging.operation.type": "process",
-        "messaging.destination.name": COMPRESS_QUEUE,
+        "messaging.destination.name": queue,
         "messaging.message.id": str(getattr(request, "id", "") or ""),
         "recap.conversation_id": conversation_id,
         "recap.attempt": int(getattr(request, "retries", 0) or 0),
     }
     parent = tracing.extract(carried(request))
-    return tracing.span(
-        f"process {COMPRESS_QUEUE}", attributes, kind=tracing.CONSUMER, context=parent
-    )
+    return tracing.span(f"process {queue}", attributes, kind=tracing.CONSUMER, context=parent)
 
 
 def outcome(span: Any, result: Any) -> None:

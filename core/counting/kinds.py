@@ -110,30 +110,40 @@ def _is_mapping(value: Any) -> bool:
 def message_weights(message: Mapping[str, Any]) -> list[float]:
     """Approximate tokens of one chat-completions message per kind: its text content and text
     parts, its tool calls' names and arguments (arguments as code), its reasoning text."""
-    weights = [0.0, 0.0, 0.0, 0.0]
-    parts: list[tuple[float, float, float, float]] = []
+    return list(_message_weights(message))
+
+
+def _message_weights(message: Mapping[str, Any]) -> tuple[float, float, float, float]:
+    """``message_weights`` as a tuple: each part's weights added in the message's order (its
+    content, its tool calls, its reasoning), to the same sums whichever path a message takes."""
     content = message.get("content")
+    calls = message.get("tool_calls")
+    reasoning = len(message) > 2 and ("reasoning_content" in message or "thinking" in message)
+    if type(content) is str and not calls and not reasoning:  # one text: the common case
+        return text_weights(content)
+    parts: list[tuple[float, float, float, float]] = []
     if type(content) is str:
         parts.append(text_weights(content))
     elif isinstance(content, list):
         for part in content:
             if _is_mapping(part) and isinstance(part.get("text"), str):
                 parts.append(text_weights(part["text"]))
-    for call in message.get("tool_calls") or ():
+    for call in calls or ():
         function: Any = call.get("function") if _is_mapping(call) else None
         if function is not None and _is_mapping(function):
             parts.append(text_weights(str(function.get("name") or "")))
             parts.append(_as_code(str(function.get("arguments") or "")))
-    if len(message) > 2:  # role and content alone: the common case has no reasoning
+    if reasoning:
         for key in ("reasoning_content", "thinking"):
             if isinstance(message.get(key), str):
                 parts.append(text_weights(message[key]))
-    for prose, code, digits, other in parts:
-        weights[PROSE] += prose
-        weights[CODE] += code
-        weights[DIGITS] += digits
-        weights[OTHER] += other
-    return weights
+    prose = code = digits = other = 0.0
+    for weights in parts:
+        prose += weights[PROSE]
+        code += weights[CODE]
+        digits += weights[DIGITS]
+        other += weights[OTHER]
+    return (prose, code, digits, other)
 
 
 def composition(messages: Iterable[Mapping[str, Any]], tools: Any, total: int) -> Composition:
@@ -143,11 +153,7 @@ def composition(messages: Iterable[Mapping[str, Any]], tools: Any, total: int) -
     for message in messages:
         if not _is_mapping(message):
             continue
-        content = message.get("content")
-        if type(content) is str and len(message) == 2:  # role and text: the common case
-            weights: Any = text_weights(content)
-        else:
-            weights = message_weights(message)
+        weights = _message_weights(message)
         prose += weights[PROSE]
         code += weights[CODE]
         digits += weights[DIGITS]

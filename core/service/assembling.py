@@ -230,14 +230,17 @@ def _read_for_request(  # noqa: PLR0913 - the request and how it is planned, eac
     try:
         with session_scope(engine) as session:
             reused = reuse if spec.as_of is None else None
-            stored_model, stored_window, version = _head(session, conversation_id, reused)
+            stored_model, stored_window, first = _head(session, conversation_id, reused)
             model = spec.model or stored_model
             override = (
                 stored_window if spec.max_input_tokens is None and spec.model is None else None
             )
             given = spec.max_input_tokens or override
             window = tokens.context_window(model, given)
-            profile = profiles.load_profile(session.connection(), conversation_id)
+            if first is not None:  # read with the version
+                profile = first.profile
+            else:
+                profile = profiles.load_profile(session.connection(), conversation_id)
             if spec.as_of is not None and leaf is None:
                 leaf = reads.leaf_at(session, conversation_id, spec.as_of)
 
@@ -254,9 +257,9 @@ def _read_for_request(  # noqa: PLR0913 - the request and how it is planned, eac
             activating = activation.context_for(
                 session, conversation_id, settings, model, profile, moment, as_of=spec.as_of
             )
-            if reused is not None and version is not None:
+            if reused is not None and first is not None:
                 loaded = reuses.load_request_branch(
-                    session, conversation_id, leaf, budget, version, reused, activating
+                    session, conversation_id, leaf, budget, first.version, reused, activating
                 )
             else:
                 loaded = reads.load_request_branch(
@@ -265,11 +268,17 @@ def _read_for_request(  # noqa: PLR0913 - the request and how it is planned, eac
             head = loaded.branch[-1].id if loaded.branch else leaf
             plan, limit = budget_at(head), limit_at(head)
             loaded, recounted = recount.refreshed(loaded, model)
-            loaded, expansion = attaching.expand_loaded(
-                session.connection(), conversation_id, loaded
-            )
+            if first is None or first.attached:  # no attachment: nothing to expand
+                loaded, expansion = attaching.expand_loaded(
+                    session.connection(), conversation_id, loaded
+                )
+            else:
+                expansion = None
             forgotten = _span_forgotten(session, conversation_id, loaded, leaf, settings)
-            incarnation = store.incarnation_of(session.connection(), conversation_id)
+            if first is not None:
+                incarnation = first.incarnation
+            else:
+                incarnation = store.incarnation_of(session.connection(), conversation_id)
             remembered = _memories(session.connection(), spec.user_id, settings)
     except (OperationalError, ProgrammingError) as exc:
         guard_schema(exc)
@@ -335,15 +344,15 @@ def _reply_room(
 
 def _head(
     session: Any, conversation_id: str, reuse: BranchReuse | None
-) -> tuple[str, int | None, versions.RequestVersion | None]:
-    """The conversation's model and window override; with ``reuse``, read with its request
-    version in one query (``core.storage.versions``), which the reused read is checked
-    against."""
+) -> tuple[str, int | None, versions.RequestHead | None]:
+    """The conversation's model and window override; with ``reuse``, read in one query with
+    its request version (which the reused read is checked against), its incarnation, whether
+    it has attachments and its profile (``core.storage.versions.request_head``)."""
     if reuse is None:
         model, window = reads.conversation_head(session, conversation_id)
         return model, window, None
-    version = versions.request_version(session.connection(), conversation_id)
-    return version.model, version.max_input_tokens, version
+    head = versions.request_head(session.connection(), conversation_id)
+    return head.version.model, head.version.max_input_tokens, head
 
 
 def _span_forgotten(

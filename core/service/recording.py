@@ -28,7 +28,8 @@ class Recording:
     reading with), media aged and results shortened (so they stay so), counts made anew, and
     one log line when history was left out.
 
-    ``recap serve`` writes it while the upstream answers, not before the request goes out;
+    ``recap serve`` writes it while the upstream answers (a stream: once its first chunk is out),
+    not before the request goes out;
     the conversation's turn lock, held to the stored reply, keeps its next request after it."""
 
     engine: Engine

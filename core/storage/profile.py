@@ -14,7 +14,7 @@ turn pays one small read per request and no write.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -36,7 +36,7 @@ from recap.core.values.profile import state_key as state_key
 EMPTY_PARTS = {"system_tokens": 0, "tools_tokens": 0, "reminder_tokens": 0, "context_tokens": 0}
 
 P = REQUEST_PROFILES.c
-_ROW = select(
+COLUMNS = (  # what ``profile_of`` reads a profile from, in this order
     P.system_tokens,
     P.tools_tokens,
     P.reminder_tokens,
@@ -55,14 +55,19 @@ _ROW = select(
     P.usage_kinds,
     P.sent_kinds,
     P.sent_spec_hash,
-).where(P.conversation_id == bindparam("conversation_id"))
+)
+_ROW = select(*COLUMNS).where(P.conversation_id == bindparam("conversation_id"))
 
 
 def load_profile(connection: Connection, conversation_id: str) -> Profile | None:
     """The conversation's profile, or None when nothing was recorded yet."""
     row = connection.execute(_ROW, {"conversation_id": conversation_id}).first()
-    if row is None:
-        return None
+    return profile_of(row) if row is not None else None
+
+
+def profile_of(row: Sequence[Any]) -> Profile:
+    """A stored profile from its ``COLUMNS`` (read alone, or with the request's version:
+    ``core.storage.versions.request_head``)."""
     parts = None
     if row[5] is not None:
         parts = FixedParts(int(row[0]), int(row[1]), int(row[2]), int(row[3]))

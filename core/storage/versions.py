@@ -23,7 +23,9 @@ conversation's rows (``VERSIONED``), each chosen to change with every write that
 
 The request profile is not part of the version: it changes with every turn (the request last
 sent, the provider's latest reading), and what the read depends on of it, the request's budget,
-is worked out anew for every request and passed to the read (``core.storage.reads``).
+is worked out anew for every request and passed to the read (``core.storage.reads``). It is read
+in the same query all the same (``request_head``), with the conversation's incarnation and
+whether it has any attachments: three reads the request path would otherwise make one by one.
 
 - pins are inserted and deleted, never updated: count and highest id (ids only grow, so a set
   of pins with the count and highest id of an earlier one is that set).
@@ -42,7 +44,16 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, Table, bindparam, func, select, true
 
 from recap.core.errors import NotFoundError
-from recap.core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, PINS, SUMMARIES
+from recap.core.storage import profile as profiles
+from recap.core.storage.models import (
+    ATTACHMENTS,
+    CLEARINGS,
+    CONVERSATIONS,
+    MESSAGES,
+    PINS,
+    REQUEST_PROFILES,
+    SUMMARIES,
+)
 
 
 def aggregates(table: Table, *summed: Any) -> tuple[ColumnElement[Any], ...]:
@@ -74,10 +85,15 @@ _BASES = (
 )
 
 
+OTHERS = sum(len(values) for _, values in VERSIONED)  # the aggregates of ``VERSIONED``
+
+
 def _statement() -> Any:
     """A row per basis of the conversation's messages (one with nulls when it has none), each
     with the conversation's model, window override and creation time and every aggregate of
-    ``VERSIONED`` (each table's an aggregate subquery joined on true: one row)."""
+    ``VERSIONED`` (each table's an aggregate subquery joined on true: one row); then its
+    incarnation, whether it has attachments, and its request profile (``profile.COLUMNS``
+    after the profile's conversation id, null without a profile)."""
     conversation: Any = bindparam("conversation_id")
     c = CONVERSATIONS.c
     columns: list[Any] = [c.model, c.max_input_tokens, c.created_at, *_BASES.c]
@@ -89,11 +105,17 @@ def _statement() -> Any:
         )
         columns.extend(part.c)
         joined = joined.join(part, true())
+    attached = select(ATTACHMENTS.c.id).where(ATTACHMENTS.c.conversation_id == conversation)
+    profile = REQUEST_PROFILES.c
+    columns += [c.incarnation, attached.exists().label("attached"), profile.conversation_id]
+    columns += profiles.COLUMNS
+    joined = joined.outerjoin(REQUEST_PROFILES, profile.conversation_id == c.id)
     return select(*columns).select_from(joined).where(c.id == conversation)
 
 
 _VERSION = _statement()
 Basis = tuple[str, int, int, int]  # a basis, its rows' count, highest id and token sum
+_HEAD = 7 + OTHERS  # where the incarnation, the attachments and the profile start in a row
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,21 +140,45 @@ class RequestVersion:
         return self.created_at == other.created_at and self.others == other.others
 
 
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    """What a request reads first, in one query: the version, the conversation's incarnation
+    (``store.Identity``), whether any attachment points into it (none: nothing to expand), and
+    its request profile (None before anything was recorded)."""
+
+    version: RequestVersion
+    incarnation: str | None
+    attached: bool
+    profile: profiles.Profile | None
+
+
 def request_version(connection: Connection, conversation_id: str) -> RequestVersion:
     """The conversation's request version (one query), or a ``NotFoundError``."""
+    return request_head(connection, conversation_id).version
+
+
+def request_head(connection: Connection, conversation_id: str) -> RequestHead:
+    """The conversation's request version, incarnation, attachments and profile (one query),
+    or a ``NotFoundError``."""
     rows = connection.execute(_VERSION, {"conversation_id": conversation_id}).all()
     if not rows:
         raise NotFoundError(f"unknown conversation {conversation_id!r}")
-    model, window, created_at = rows[0][:3]
+    first = rows[0]
+    model, window, created_at = first[:3]
     bases = sorted(
         (str(row[3]), int(row[4]), int(row[5]), int(row[6])) for row in rows if row[3] is not None
     )
-    return RequestVersion(
+    version = RequestVersion(
         model=str(model),
         max_input_tokens=window,
         created_at=created_at,
         messages=tuple(bases),
-        others=tuple(int(value) for value in rows[0][7:]),
+        others=tuple(int(value) for value in first[7:_HEAD]),
+    )
+    incarnation, attached, profiled = first[_HEAD : _HEAD + 3]
+    profile = profiles.profile_of(first[_HEAD + 3 :]) if profiled is not None else None
+    return RequestHead(
+        version, str(incarnation) if incarnation is not None else None, bool(attached), profile
     )
 
 

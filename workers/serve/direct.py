@@ -191,8 +191,10 @@ class DirectClient:
         params: Mapping[str, Any],
         *,
         stream: bool,
+        headers: Mapping[str, str] | None = None,
     ) -> Reply | Stream | ReplyStream:
-        """One request: the reply, or its stream when ``stream`` (usage asked for either way)."""
+        """One request: the reply, or its stream when ``stream`` (usage asked for either way);
+        ``headers`` go with it beside the client's own (the trace context)."""
         body: dict[str, Any] = {**params, "model": model.removeprefix(PROVIDER_PREFIX)}
         body["messages"] = messages
         if stream:
@@ -200,7 +202,7 @@ class DirectClient:
             body["stream_options"] = {"include_usage": True}
         try:
             response = await self._client().post(
-                self.url, data=request_bytes(body), proxy=self._proxy
+                self.url, data=request_bytes(body), proxy=self._proxy, headers=headers or None
             )
         except TimeoutError:
             raise UpstreamError(GATEWAY_TIMEOUT, "the upstream did not answer in time") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -205,7 +206,8 @@ async def stored_turn(
     try:
         turn.stream = stream
         mapped = await _prepare(turns, turn)
-        turns.start_recording(turn)  # written while the upstream answers
+        if not stream:  # written while the upstream answers (a stream: once its first chunk is out)
+            turns.start_recording(turn)
         response = await turns.call(turn, stream=stream)
         if stream:
             handed_over = True
@@ -315,7 +317,10 @@ def _stream_turn(
                 log.error("serve_usage_not_recorded", error=turns.error_text(exc))
         await turns.enqueue(turn.conversation_id, turn.leaf_id, turn.user_id)
 
-    return TurnStream(relay, close, headers=dict(reply_headers(turn)))
+    # what the assembly records is written once the first chunk is out: not in the way of the
+    # first byte (the thread writing it would hold the GIL the event loop relays it with)
+    first = functools.partial(turns.start_recording, turn)
+    return TurnStream(relay, close, headers=dict(reply_headers(turn)), on_first=first)
 
 
 def _log_turn(turn: Turn, mapped: history.Mapped, started: float, outcome: str) -> None:

@@ -276,8 +276,10 @@ class TurnStream(StreamingResponse):
         relay: Relay,
         on_close: Callable[[], Awaitable[None]],
         headers: Mapping[str, str] | None = None,
+        on_first: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(relay.__aiter__(), media_type=EVENT_STREAM, headers=headers)
+        body = relay.__aiter__() if on_first is None else _after_first(relay, on_first)
+        super().__init__(body, media_type=EVENT_STREAM, headers=headers)
         self._relay = relay
         self._on_close = on_close
 
@@ -292,3 +294,13 @@ class TurnStream(StreamingResponse):
             await super().__call__(scope, watched, send)
         finally:
             await self._on_close()
+
+
+async def _after_first(relay: Relay, on_first: Callable[[], None]) -> AsyncIterator[bytes]:
+    """The relay's chunks, ``on_first`` called once the first has been sent to the client."""
+    first = True
+    async for chunk in relay:
+        yield chunk
+        if first:  # back here: the server has sent the chunk before asking for the next
+            first = False
+            on_first()

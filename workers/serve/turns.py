@@ -181,8 +181,10 @@ class Turns:
         return mapped
 
     def start_recording(self, turn: Turn) -> None:
-        """Write what the turn's assembly records (``service.Recording``) on the thread pool
-        while the upstream answers: the request goes out without waiting for the write."""
+        """Write what the turn's assembly records (``service.Recording``) on the thread pool:
+        the request goes out without waiting for the write (``stored_turn`` starts it while the
+        upstream answers, or a streamed turn once its first chunk is out; ``recorded`` starts it
+        when neither has yet)."""
         recording, turn.recording = turn.recording, None
         if recording is not None:
             turn.recorded = asyncio.ensure_future(self.recap.run(recording.write))
@@ -191,6 +193,7 @@ class Turns:
         """Wait for the turn's recording (before anything that reads it: compression, the
         usage, the reply's store, the next turn); a failed write is logged, never raised (the
         request is out: the next assembly records again)."""
+        self.start_recording(turn)  # not started yet: a stream before its first chunk
         task, turn.recorded = turn.recorded, None
         if task is None:
             return

@@ -225,14 +225,20 @@ class Upstream:
             temperature=params.get("temperature"),
             server=self._server,
         )
+        carried: dict[str, str] = {}  # the call's span as W3C traceparent, when tracing
+        tracing.inject_span(call, carried)
         metrics.upstream_started()
         try:
             if is_direct:
                 assert self._direct is not None
                 sent = outgoing(messages, copy=False)
-                reply = await self._direct.complete(model, sent, params, stream=stream)
+                reply = await self._direct.complete(
+                    model, sent, params, stream=stream, headers=carried
+                )
             else:
-                reply = await complete(model, messages, params, self.settings, stream=stream)
+                reply = await complete(
+                    model, messages, params, self.settings, stream=stream, headers=carried
+                )
         except BaseException as exc:
             tracing.failed(call, exc)
             call.end()
@@ -259,11 +265,15 @@ async def complete(
     settings: Settings,
     *,
     stream: bool,
+    headers: Mapping[str, str] | None = None,
 ) -> Any:
-    """One upstream call: a litellm ``ModelResponse``, or its stream when ``stream``."""
+    """One upstream call: a litellm ``ModelResponse``, or its stream when ``stream``;
+    ``headers`` (the trace context) go with the HTTP request."""
     key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
     # an empty value (compose passes unset variables as "") means litellm's own defaults
     extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if stream else {}
+    if headers:
+        extra["extra_headers"] = dict(headers)
     response = await litellm.acompletion(
         model=model,
         messages=outgoing(messages),
