@@ -42,9 +42,8 @@ WINDOWS = (3_000, 6_000, 12_000, 24_000, 64_000)
 TURNS = 4  # short sessions, so that 60 per door run in about half an hour on two cores
 LARGEST = 200_000
 LARGEST_TURNS = 3
-OPTIONS = {"large": True, "images": True, "edits": True}
 DRAWS = [
-    loop.Draw(seed, window, turns=TURNS, stream=seed % 2 == 0, **OPTIONS)
+    loop.Draw(seed, window, turns=TURNS, large=True, images=True, edits=True, stream=seed % 2 == 0)
     for seed in SEEDS
     for window in WINDOWS
 ] + [loop.Draw(SEEDS[0], LARGEST, turns=LARGEST_TURNS, images=True, edits=True)]
