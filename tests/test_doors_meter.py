@@ -39,6 +39,8 @@ def test_a_result_sent_whole_or_with_a_note_is_no_silent_truncation() -> None:
     assert counting.silences(request(user(0), result(cleared + "]"))) == []
     shortened = OUTPUT[:20] + "\n[... 30 tokens of this result are left out here to fit]\n"
     assert counting.silences(request(user(0), result(shortened))) == []
+    stored = "[Output truncated: 92911 bytes in 1 lines; ... The full output is saved at x.txt]\n"
+    assert counting.silences(request(user(0), result(stored + OUTPUT[:20]))) == []
 
 
 def test_a_result_cut_without_a_note_is_a_silent_truncation() -> None:

@@ -38,9 +38,12 @@ REPLY_PRIMING = 3  # the reply's own framing
 IMAGE_BASE = 85
 IMAGE_TILE = 170
 # what Recap writes where it leaves something out of a request: a summary, the gap note, a
-# cleared result's placeholder, a shortened result's or attachment's note
+# cleared result's placeholder, a shortened result's or attachment's note, an output cut when it
+# was stored (the whole saved to a file), an orphan call's note
 NOTES = (
     "Summary of the earlier conversation",
+    "[Output truncated:",
+    "[No result was recorded for this",
     "left out here",
     "[Cleared:",
     "omitted ...]",
