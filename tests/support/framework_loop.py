@@ -21,6 +21,7 @@ import base64
 import json
 import random
 import struct
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -283,6 +284,9 @@ async def run_session(
         figures.over_window = len(over)
         if over:
             figures.failures.append(f"{cid}: requests over the {draw.window} window: {over}")
+        # a streamed reply reaches the client before `recap serve` stores its usage: the last
+        # request's reading may land a moment after the turn ended
+        await asyncio.to_thread(_wait_readings, recap, cid, len(meter.requests) - len(over))
         figures.silent_truncations = len(meter.silent)
         figures.failures += [f"{cid}: silent truncation: {line}" for line in meter.silent[:5]]
         _readings(recap, cid, figures)
@@ -290,6 +294,20 @@ async def run_session(
         if upstream is None:
             server.stop()
     return figures
+
+
+READING_WAIT = 10.0  # seconds a session's last readings may take to be stored
+
+
+def _wait_readings(recap: Recap, cid: str, count: int) -> None:
+    """Until ``count`` usage rows of the conversation are stored, or ``READING_WAIT`` passed."""
+    deadline = time.monotonic() + READING_WAIT
+    query = text("SELECT count(*) FROM usage WHERE conversation_id = :c")
+    while time.monotonic() < deadline:
+        with recap.engine.connect() as connection:
+            if (connection.execute(query, {"c": cid}).scalar() or 0) >= count:
+                return
+        time.sleep(0.05)
 
 
 def _readings(recap: Recap, cid: str, figures: Figures) -> None:
