@@ -21,6 +21,17 @@ from bench.data import data_dir
 
 RESULTS = Path(__file__).parent / "RESULTS.md"
 CHILD_FLAG = "--child"
+# the doors' figures again as a table by door (``bench doors``): its heading, and the columns
+# (each figure named ``doors_<door>_<suffix>``)
+DOOR_TABLE = "## By door (`python -m bench doors`)"
+DOOR_COLUMNS = (
+    ("requests", "model requests"),
+    ("over_window", "over the window"),
+    ("dead_ends", "dead ends"),
+    ("silent_truncations", "silent truncations"),
+    ("calibration_error", "calibration error (p90)"),
+    ("usage_recorded", "usage recorded"),
+)
 
 
 def write_results(figures: list[Figure], seconds: float) -> None:
@@ -39,7 +50,48 @@ def write_results(figures: list[Figure], seconds: float) -> None:
         "|---|---|---|---|---|",
     ]
     lines += [_row(f) for f in figures]
+    table = door_table(figures)
+    lines += ["", *table] if table else []
     RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def door_table(figures: list[Figure]) -> list[str]:
+    """The doors' figures as a table, a row per door (none when the run had no doors)."""
+    values = {f.name: f for f in figures}
+    doors = [
+        f.name.removeprefix("doors_").removesuffix("_requests")
+        for f in figures
+        if f.name.startswith("doors_") and f.name.endswith("_requests")
+    ]
+    if not doors:
+        return []
+    lines = [
+        DOOR_TABLE,
+        "",
+        "| door | " + " | ".join(title for _, title in DOOR_COLUMNS) + " |",
+        "|---|" + "---|" * len(DOOR_COLUMNS),
+    ]
+    for door in doors:
+        cells = []
+        for suffix, _ in DOOR_COLUMNS:
+            f = values.get(f"doors_{door}_{suffix}")
+            cells.append("" if f is None else f"{f.value:g}" + ("" if f.meets() else " (NO)"))
+        lines.append(f"| {door} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _split_door_table(lines: list[str]) -> tuple[list[str], list[str]]:
+    """The file's lines without the door table, and the door table's lines."""
+    if DOOR_TABLE not in lines:
+        return lines, []
+    start = lines.index(DOOR_TABLE)
+    end = start + 2
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    before = lines[:start]
+    while before and not before[-1].strip():
+        before.pop()
+    return before + lines[end:], lines[start:end]
 
 
 def _row(f: Figure) -> str:
@@ -53,13 +105,15 @@ def merge_results(figures: list[Figure]) -> None:
     if not RESULTS.exists():
         write_results(figures, 0.0)
         return
-    lines = RESULTS.read_text(encoding="utf-8").splitlines()
+    lines, old_table = _split_door_table(RESULTS.read_text(encoding="utf-8").splitlines())
     rows = {f"| `{f.name}` |": _row(f) for f in figures}
     merged = []
     for line in lines:
         head = next((key for key in rows if line.startswith(key)), None)
         merged.append(rows.pop(head) if head is not None else line)
     merged += rows.values()
+    table = door_table(figures) or old_table
+    merged += ["", *table] if table else []
     RESULTS.write_text("\n".join(merged) + "\n", encoding="utf-8")
 
 

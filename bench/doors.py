@@ -5,14 +5,23 @@ Messages APIs, and the LangChain, Agents SDK and Pydantic AI adapters.
 The provider counts by content (``tests/support/content_meter.py``: prose 1.0-1.15x cl100k,
 code and JSON 1.3-1.7x, digit runs 2x, base64 1.7-2.0x, each session drawing its own rates) and
 refuses a request over its window; a real ``recap worker`` compresses between turns. Each session
-is a seed and a window (3k, 6k and 24k tokens): user turns mixing prose, code, JSON and numbers,
-tool calls whose JSON outputs (some with base64 attachments) reach half the window.
+is a seed and a window (``SEEDS`` x ``WINDOWS``: 3k to 64k tokens, ``TURNS`` turns, and one
+200k-window session of ``LARGEST_TURNS`` turns): user turns mixing prose, code, JSON and numbers,
+some with a PNG screenshot (64, 512 or 1024 pixels square); tool calls whose JSON outputs (some
+with base64 attachments) reach 3x the window (half the window in the 200k session, to keep it
+fast); now and then a turn sent as an edit of the one before (the doors whose client can edit:
+the Python API, serve's chat completions and Messages); every other seed streamed at the serve
+doors. ``BENCH_DOORS_SEEDS`` sets how many seeds (12 by default: 60 sessions per door, 61 with
+the 200k one).
 
-Figures per door: the model requests the provider received, those over its window, the turns
-that failed (dead ends), and the share of requests whose usage was recorded. Over all doors: the
-calibration's error, p90 over every reading after a session's third of |predicted / measured -
-1|, by the rates per kind fitted over the readings before it, and (reported beside it) by the
-single factor of the reading before it, as one factor per conversation would have planned.
+Figures per door (and as a table by door in RESULTS.md): the model requests the provider
+received, those over its window, the turns that failed (dead ends), the silent truncations (a
+tool result sent changed without a note of Recap's, or an earlier turn missing from a request
+with no summary or note, as the provider saw them), the share of requests whose usage was
+recorded, and the calibration's error: p90 over every reading after a session's third of
+|predicted / measured - 1|, by the rates per kind fitted over the readings before it. Over all
+doors: the same added up, and (reported beside it) the error by the single factor of the reading
+before each, as one factor per conversation would have planned.
 """
 
 from __future__ import annotations
@@ -28,10 +37,16 @@ from tests.support import doors
 from tests.support import framework_loop as loop
 from tests.support.frameworks_stack import start_stack
 
-SEEDS = (101, 102)
-WINDOWS = (3_000, 6_000, 24_000)
-TURNS = 20
-DRAWS = [loop.Draw(seed, window, turns=TURNS) for seed in SEEDS for window in WINDOWS]
+SEEDS = tuple(range(101, 101 + int(os.environ.get("BENCH_DOORS_SEEDS", "12"))))
+WINDOWS = (3_000, 6_000, 12_000, 24_000, 64_000)
+TURNS = 4  # short sessions, so that 60 per door run in about half an hour on two cores
+LARGEST = 200_000
+LARGEST_TURNS = 3
+DRAWS = [
+    loop.Draw(seed, window, turns=TURNS, large=True, images=True, edits=True, stream=seed % 2 == 0)
+    for seed in SEEDS
+    for window in WINDOWS
+] + [loop.Draw(SEEDS[0], LARGEST, turns=LARGEST_TURNS, images=True, edits=True)]
 
 
 def p90(values: list[float]) -> float:
@@ -75,7 +90,10 @@ def _measure(folder: Path) -> dict[str, loop.Figures]:
 def run() -> list[Figure]:
     with tempfile.TemporaryDirectory() as tmp:
         results = _measure(Path(tmp))
-    where = f"{len(DRAWS)} sessions of {TURNS} turns at {', '.join(map(str, WINDOWS))} tokens"
+    where = (
+        f"{len(DRAWS) - 1} sessions of {TURNS} turns at {', '.join(map(str, WINDOWS))} tokens "
+        f"and one of {LARGEST_TURNS} at {LARGEST}"
+    )
     figures: list[Figure] = []
     for door, f in results.items():
         recorded = f.readings / f.requests if f.requests else 0.0
@@ -88,6 +106,18 @@ def run() -> list[Figure]:
                 f"{door}: requests over the window by the provider's count",
             ),
             Figure(f"doors_{door}_dead_ends", f.dead_ends, "== 0", f"{door}: failed turns"),
+            Figure(
+                f"doors_{door}_silent_truncations",
+                f.silent_truncations,
+                "== 0",
+                f"{door}: results changed or turns missing without a note, as the provider saw",
+            ),
+            Figure(
+                f"doors_{door}_calibration_error",
+                round(p90(f.calibration_errors), 4),
+                "<= 0.05",
+                f"{door}: p90 of {len(f.calibration_errors)} readings after a session's third",
+            ),
             Figure(
                 f"doors_{door}_usage_recorded",
                 round(recorded, 3),
@@ -106,6 +136,12 @@ def run() -> list[Figure]:
             f"all doors: requests over the window ({len(every)} doors x {len(DRAWS)} sessions)",
         ),
         Figure("doors_dead_ends", sum(f.dead_ends for f in every), "== 0", "all doors"),
+        Figure(
+            "doors_silent_truncations",
+            sum(f.silent_truncations for f in every),
+            "== 0",
+            "all doors",
+        ),
         Figure(
             "doors_calibration_error",
             round(p90(kinds_errors), 4),

@@ -6,6 +6,7 @@ wrapper (``_agents_model.py``)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,43 @@ def sent_whole(message: Mapping[str, Any], originals: list[Any]) -> bool:
     if len(again) != 1:
         return False
     return all(_same(again[0].get(k), message.get(k)) for k in COMPARED_KEYS)
+
+
+# a media part sent as its placeholder (``core.counting.media``: aged, or its copy gone)
+AGED_MEDIA = re.compile(
+    r"\[[a-z]+: [^\]\n]*, (?:removed to save context|its stored copy is no longer available)\]"
+)
+
+
+def media_aged(message: Mapping[str, Any], originals: list[Any]) -> bool:
+    """Whether the assembly sends the message as the originals say but for media parts sent as
+    placeholders (an image that cannot fit the window, even in its own turn): the same role,
+    the same text, one placeholder for each media part not sent."""
+    try:
+        again = convert.items_to_messages(originals)
+    except (AttributeError, TypeError, KeyError):
+        return False
+    if len(again) != 1 or again[0].get("role") != message.get("role"):
+        return False
+    sent, given = again[0].get("content"), message.get("content")
+    if not isinstance(given, list):
+        return False
+    texts = [p.get("text") for p in given if isinstance(p, Mapping) and p.get("type") == "text"]
+    media = len(given) - len(texts)
+    kept = 0
+    if isinstance(sent, list):
+        kept = sum(1 for p in sent if not (isinstance(p, Mapping) and p.get("type") == "text"))
+        sent = "".join(
+            str(p.get("text") or "")
+            for p in sent
+            if isinstance(p, Mapping) and p.get("type") == "text"
+        )
+    if not isinstance(sent, str) or media == 0:
+        return False
+    aged = len(AGED_MEDIA.findall(sent))
+    return (
+        aged > 0 and aged + kept == media and AGED_MEDIA.sub("", sent) == "".join(map(str, texts))
+    )
 
 
 def _same(left: Any, right: Any) -> bool:

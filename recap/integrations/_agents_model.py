@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents.models.interface import Model
 
-from recap.integrations._agents_items import FixedParts, sent_whole, with_originals
+from recap.integrations._agents_items import FixedParts, media_aged, sent_whole, with_originals
 
 if TYPE_CHECKING:
     from agents.agent_output import AgentOutputSchemaBase
@@ -229,7 +229,7 @@ def _completed_usage(event: Any) -> Any:
 def _same_item(left: Any, right: Any) -> bool:
     """Whether two items stand for the same stored message (what a call's input ends with):
     the same call's output or call (Recap may send a tool result shortened to fit, its call id
-    unchanged), else a message sent whole."""
+    unchanged), else a message sent whole or with its media as placeholders."""
     if not isinstance(left, Mapping) or not isinstance(right, Mapping):
         return False
     call = right.get("call_id")
@@ -239,4 +239,6 @@ def _same_item(left: Any, right: Any) -> bool:
         message = with_originals([dict(right)])
     except (AttributeError, TypeError, KeyError):
         return False
-    return len(message) == 1 and sent_whole(message[0], [dict(left)])
+    if len(message) != 1:
+        return False
+    return sent_whole(message[0], [dict(left)]) or media_aged(message[0], [dict(left)])

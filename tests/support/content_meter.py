@@ -12,10 +12,13 @@ adapters through (``tests/test_frameworks_loop.py``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import random
 import re
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +33,62 @@ CODE_SHARE = 0.06  # a line with more punctuation than this share of its charact
 DIGIT_FACTOR = 2.0  # a run of digits costs twice tiktoken's count
 MESSAGE_OVERHEAD = 4  # role and framing per message
 REPLY_PRIMING = 3  # the reply's own framing
+# an image part costs what OpenAI's rule says of its size (not of its bytes): a base, plus a
+# price per 512-pixel tile once the image is scaled within 2048 and its short side to 768
+IMAGE_BASE = 85
+IMAGE_TILE = 170
+# what Recap writes where it leaves something out of a request: a summary, the gap note, a
+# cleared result's placeholder, a shortened result's or attachment's note, an output cut when it
+# was stored (the whole saved to a file), an orphan call's note
+NOTES = (
+    "Summary of the earlier conversation",
+    "[Output truncated:",
+    "[No result was recorded for this",
+    "left out here",
+    "[Cleared:",
+    "omitted ...]",
+    "characters omitted",
+    "[truncated:",
+    "[Earlier conversation, compacted.]",
+)
+TURN_MARK = re.compile(r"^turn (\d+): ")
+
+
+def png_size(url: str) -> tuple[int, int] | None:
+    """A PNG data URL's width and height (None for anything else)."""
+    if not url.startswith("data:image/png;base64,"):
+        return None
+    try:
+        head = base64.b64decode(url.split(",", 1)[1][:64] + "==", validate=False)
+    except (binascii.Error, ValueError):
+        return None
+    if len(head) < 24 or head[12:16] != b"IHDR":
+        return None
+    width, height = struct.unpack(">II", head[16:24])
+    return int(width), int(height)
+
+
+def image_tokens(width: int, height: int) -> int:
+    scale = min(1.0, 2048 / max(width, height))
+    w, h = width * scale, height * scale
+    scale = min(1.0, 768 / min(w, h))
+    w, h = w * scale, h * scale
+    return IMAGE_BASE + IMAGE_TILE * math.ceil(w / 512) * math.ceil(h / 512)
+
+
+def _image_url(part: dict[str, Any]) -> str:
+    image = part.get("image_url")
+    if isinstance(image, dict):
+        return str(image.get("url") or "")
+    return str(image or "")
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+    return ""
 
 
 @dataclass
@@ -42,6 +101,12 @@ class ContentMeter:
     code: float = 1.5
     dense: float = 1.8
     requests: list[int] = field(default_factory=list)  # every request's count, refused ones too
+    # the session's tool outputs as the tools gave them, the turns a client replaced by an edit
+    # (or whose run failed), and the silent truncations seen: a tool result sent changed with
+    # no note of Recap's, or an earlier turn ("turn N: ...") missing with no summary or note
+    originals: set[str] = field(default_factory=set)
+    replaced: set[int] = field(default_factory=set)
+    silent: list[str] = field(default_factory=list)
     _previous: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -82,6 +147,8 @@ class ContentMeter:
             for part in content:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     total += self.text(part["text"])
+                elif isinstance(part, dict) and (size := png_size(_image_url(part))):
+                    total += image_tokens(*size)
                 else:
                     total += self.code * tokens.count_text(json.dumps(part), ENCODING)
         for call in message.get("tool_calls") or ():
@@ -110,8 +177,10 @@ class ContentMeter:
         sent too, a provider's prompt cache); remembered as the next request's cache."""
         count = self.count(body)
         messages = [json.dumps(m, sort_keys=True) for m in body.get("messages") or ()]
+        silent = self.silences(body)
         with self._lock:
             self.requests.append(count)
+            self.silent += silent
             shared = 0
             for old, new in zip(self._previous, messages, strict=False):
                 if old != new:
@@ -121,6 +190,28 @@ class ContentMeter:
                 self._previous = messages
         cached = sum(self.message(json.loads(m)) for m in messages[:shared])
         return count, min(math.floor(cached), count)
+
+    def silences(self, body: dict[str, Any]) -> list[str]:
+        """What this request left out without saying so (``silent``)."""
+        messages = [m for m in body.get("messages") or () if isinstance(m, dict)]
+        texts = [_text_of(m.get("content")) for m in messages]
+        noted = any(note in text for text in texts for note in NOTES)
+        found: list[str] = []
+        for message, text in zip(messages, texts, strict=True):
+            if message.get("role") != "tool" or not self.originals or text in self.originals:
+                continue
+            if not any(note in text for note in NOTES):
+                found.append(f"result {message.get('tool_call_id')} changed with no note")
+        seen = set()
+        for message, text in zip(messages, texts, strict=True):
+            mark = TURN_MARK.match(text) if message.get("role") == "user" else None
+            if mark:
+                seen.add(int(mark.group(1)))
+        if seen and not noted:
+            missing = sorted(set(range(max(seen))) - seen - self.replaced)
+            if missing:
+                found.append(f"turns {missing} left out with no summary or note")
+        return found
 
     def over(self) -> list[int]:
         """The counts of the requests over the window."""

@@ -16,7 +16,7 @@ import asyncio
 import json
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,46 @@ DOORS = (
     "pydantic_ai",
 )
 SERVE_DOORS = ("serve_chat", "serve_responses", "serve_messages")
+# the doors whose client can edit an earlier message and send it again: the Python API
+# (``parent_id``) and serve's chat completions and Messages (the whole history is resent);
+# serve's Responses input is resent whole too, but its clients chain by ``previous_response_id``
+# rather than edit, and the frameworks keep their own history (an edit is not theirs to make)
+EDIT_DOORS = ("python_api", "serve_chat", "serve_messages")
+# the doors that carry images: all seven (each in its own format, converted from the session's
+# OpenAI parts by ``_parts_for``)
+IMAGE_DOORS = DOORS
+
+
+def _split(message: loop.Content) -> tuple[str, list[str]]:
+    """A session's user message as its text and its images' data URLs."""
+    if isinstance(message, str):
+        return message, []
+    text = "".join(str(p.get("text") or "") for p in message if p.get("type") == "text")
+    urls = [p["image_url"]["url"] for p in message if p.get("type") == "image_url"]
+    return text, urls
+
+
+def _responses_content(message: loop.Content) -> Any:
+    text, urls = _split(message)
+    if not urls:
+        return text
+    return [{"type": "input_text", "text": text}] + [
+        {"type": "input_image", "image_url": url, "detail": "auto"} for url in urls
+    ]
+
+
+def _messages_content(message: loop.Content) -> Any:
+    text, urls = _split(message)
+    if not urls:
+        return text
+    images = [
+        {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]},
+        }
+        for url in urls
+    ]
+    return [{"type": "text", "text": text}, *images]
 
 
 def _key(arguments: Any) -> str:
@@ -74,6 +114,7 @@ def python_api_talk(
     client = AsyncOpenAI(base_url=server.url, api_key="test-key", max_retries=0)
     tools = [_loop.openai_tool(loop.TOOL_NAME, LOOKUP_DOC, LOOKUP_SCHEMA)]
     recap.new(cid, max_input_tokens=window)
+    ids: dict[str, int | None] = {"head": None, "before_user": None}
 
     def assemble() -> Any:
         try:
@@ -110,14 +151,19 @@ def python_api_talk(
             cached_tokens=(details.cached_tokens or 0) if details else 0,
         )
         message = reply.choices[0].message.model_dump(exclude_none=True)
-        recap.add(cid, message)
+        ids["head"] = recap.add(cid, message)
         for tool_call in message.get("tool_calls") or ():
             content = outputs[_key(tool_call["function"]["arguments"])]
-            recap.add(cid, {"role": "tool", "tool_call_id": tool_call["id"], "content": content})
+            result = {"role": "tool", "tool_call_id": tool_call["id"], "content": content}
+            ids["head"] = recap.add(cid, result)
         return bool(message.get("tool_calls"))
 
-    async def talk(message: str) -> None:
-        recap.add(cid, {"role": "user", "content": message})
+    async def talk(message: loop.Content, edit: bool = False) -> None:
+        # an edit: the new message is a sibling of the previous user message (a branch from
+        # the message before it), the branch head from then on
+        parent = ids["before_user"] if edit else ids["head"]
+        added = recap.add(cid, {"role": "user", "content": message}, parent_id=parent)
+        ids["before_user"], ids["head"] = parent, added
         while await step():
             pass
         compress_later(cid, broker_url=recap.settings.broker_url)
@@ -152,8 +198,8 @@ def langchain_talk(
     config: Any = {"configurable": {"thread_id": cid}}
     graph: Any = agent
 
-    async def talk(message: str) -> None:
-        await graph.ainvoke({"messages": [("user", message)]}, config)
+    async def talk(message: loop.Content) -> None:
+        await graph.ainvoke({"messages": [{"role": "user", "content": message}]}, config)
 
     return talk
 
@@ -181,8 +227,11 @@ def pydantic_ai_talk(
         capabilities=[history],
     )
 
-    async def talk(message: str) -> None:
-        await agent.run(message)
+    async def talk(message: loop.Content) -> None:
+        from pydantic_ai import ImageUrl
+
+        text, urls = _split(message)
+        await agent.run([text, *(ImageUrl(url=url) for url in urls)] if urls else text)
 
     return talk
 
@@ -213,8 +262,10 @@ def agents_sdk_talk(
     model = OpenAIChatCompletionsModel(model="stand-in", openai_client=client)
     agent = Agent(name="support", instructions=loop.SYSTEM, model=session.wrap(model), tools=[tool])
 
-    async def talk(message: str) -> None:
-        await Runner.run(agent, message, session=session)
+    async def talk(message: loop.Content) -> None:
+        content = _responses_content(message)
+        given: Any = content if isinstance(content, str) else [{"role": "user", "content": content}]
+        await Runner.run(agent, given, session=session)
 
     return talk
 
@@ -222,9 +273,46 @@ def agents_sdk_talk(
 # --- recap serve ---------------------------------------------------------------------------------
 
 
-def serve_chat_talk(base_url: str) -> loop.MakeTalk:
-    """A client of serve's chat completions: the whole history sent every call, tool results
-    added by the client."""
+async def _chat_reply(client: Any, stream: bool, **request: Any) -> tuple[Any, list[Any]]:
+    """A chat completions call, streamed or not: the reply's text and its tool calls (streamed:
+    put together from the chunks, the usage chunk asked for)."""
+    if not stream:
+        message = (await client.chat.completions.create(**request)).choices[0].message
+        return message.content, list(message.tool_calls or [])
+    chunks = await client.chat.completions.create(
+        **request, stream=True, stream_options={"include_usage": True}
+    )
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    async for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            text.append(delta.content or "")
+            for part in delta.tool_calls or ():
+                call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] = part.id or call["id"]
+                if part.function is not None:
+                    call["name"] += part.function.name or ""
+                    call["arguments"] += part.function.arguments or ""
+    from openai.types.chat import ChatCompletionMessageFunctionToolCall as ToolCall
+
+    made = [
+        ToolCall.model_validate(
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+        )
+        for _, c in sorted(calls.items())
+    ]
+    return "".join(text) or None, made
+
+
+def serve_chat_talk(base_url: str, stream: bool = False) -> loop.MakeTalk:
+    """A client of serve's chat completions: the whole history sent every call (streamed with
+    ``stream``), tool results added by the client; an edit drops the previous user message and
+    what followed it from the history and sends the new one in its place."""
 
     def make(
         recap: Recap, server: LLMServer, cid: str, window: int, outputs: dict[str, str]
@@ -234,26 +322,30 @@ def serve_chat_talk(base_url: str) -> loop.MakeTalk:
         client = AsyncOpenAI(base_url=base_url, api_key=CLIENT_KEY, max_retries=0, timeout=120)
         tools = [_loop.openai_tool(loop.TOOL_NAME, LOOKUP_DOC, LOOKUP_SCHEMA)]
         messages: list[dict[str, Any]] = [{"role": "system", "content": loop.SYSTEM}]
+        last_user = [len(messages)]
 
-        async def talk(text: str) -> None:
+        async def talk(text: loop.Content, edit: bool = False) -> None:
+            if edit:
+                del messages[last_user[0] :]
+            last_user[0] = len(messages)
             messages.append({"role": "user", "content": text})
             while True:
-                reply = await client.chat.completions.create(
+                content, calls = await _chat_reply(
+                    client,
+                    stream,
                     model=SERVE_MODEL,
-                    messages=messages,  # type: ignore[arg-type]
-                    tools=tools,  # type: ignore[arg-type]
+                    messages=messages,
+                    tools=tools,
                     extra_headers={"X-Recap-Conversation": cid},
                 )
-                message = reply.choices[0].message
-                sent: dict[str, Any] = {"role": "assistant", "content": message.content}
-                calls = message.tool_calls or []
+                sent: dict[str, Any] = {"role": "assistant", "content": content}
                 if calls:
                     sent["tool_calls"] = [call.model_dump(exclude_none=True) for call in calls]
                 messages.append(sent)
                 if not calls:
                     return
                 for call in calls:
-                    output = outputs[_key(call.function.arguments)]  # type: ignore[union-attr]
+                    output = outputs[_key(call.function.arguments)]
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
 
         return talk
@@ -261,9 +353,10 @@ def serve_chat_talk(base_url: str) -> loop.MakeTalk:
     return make
 
 
-def serve_responses_talk(base_url: str) -> loop.MakeTalk:
+def serve_responses_talk(base_url: str, stream: bool = False) -> loop.MakeTalk:
     """A client of serve's Responses API: the whole input sent every call (messages, function
-    calls and their outputs), the system prompt as ``instructions``."""
+    calls and their outputs), the system prompt as ``instructions``; with ``stream``, streamed
+    and the response taken from its ``response.completed`` event."""
 
     def make(
         recap: Recap, server: LLMServer, cid: str, window: int, outputs: dict[str, str]
@@ -279,16 +372,27 @@ def serve_responses_talk(base_url: str) -> loop.MakeTalk:
         }
         items: list[dict[str, Any]] = []
 
-        async def talk(text: str) -> None:
-            items.append({"role": "user", "content": text})
+        async def respond() -> Any:
+            request: Any = {
+                "model": SERVE_MODEL,
+                "instructions": loop.SYSTEM,
+                "input": items,
+                "tools": [tool],
+                "extra_headers": {"X-Recap-Conversation": cid},
+            }
+            if not stream:
+                return await client.responses.create(**request)
+            done = None
+            async for event in await client.responses.create(**request, stream=True):
+                if event.type == "response.completed":
+                    done = event.response
+            assert done is not None, "the stream ended without response.completed"
+            return done
+
+        async def talk(text: loop.Content) -> None:
+            items.append({"role": "user", "content": _responses_content(text)})
             while True:
-                response = await client.responses.create(
-                    model=SERVE_MODEL,
-                    instructions=loop.SYSTEM,
-                    input=items,  # type: ignore[arg-type]
-                    tools=[tool],  # type: ignore[list-item]
-                    extra_headers={"X-Recap-Conversation": cid},
-                )
+                response = await respond()
                 calls = []
                 for item in response.output:
                     if item.type == "function_call":
@@ -320,9 +424,11 @@ def serve_responses_talk(base_url: str) -> loop.MakeTalk:
     return make
 
 
-def serve_messages_talk(base_url: str) -> loop.MakeTalk:
-    """A client of serve's Messages API (the anthropic SDK): the whole history sent every call,
-    tool results as ``tool_result`` blocks of the next user message."""
+def serve_messages_talk(base_url: str, stream: bool = False) -> loop.MakeTalk:
+    """A client of serve's Messages API (the anthropic SDK): the whole history sent every call
+    (streamed with ``stream``: the SDK's ``messages.stream`` and its final message), tool
+    results as ``tool_result`` blocks of the next user message; an edit drops the previous user
+    message and what followed it and sends the new one in its place."""
 
     def make(
         recap: Recap, server: LLMServer, cid: str, window: int, outputs: dict[str, str]
@@ -338,17 +444,28 @@ def serve_messages_talk(base_url: str) -> loop.MakeTalk:
         )
         tool = {"name": loop.TOOL_NAME, "description": LOOKUP_DOC, "input_schema": LOOKUP_SCHEMA}
         messages: list[dict[str, Any]] = []
+        last_user = [0]
 
-        async def talk(text: str) -> None:
-            messages.append({"role": "user", "content": text})
+        async def reply_to() -> Any:
+            request: Any = {
+                "model": SERVE_MODEL,
+                "max_tokens": MESSAGES_MAX_TOKENS,
+                "system": loop.SYSTEM,
+                "messages": messages,
+                "tools": [tool],
+            }
+            if not stream:
+                return await client.messages.create(**request)
+            async with client.messages.stream(**request) as streamed:
+                return await streamed.get_final_message()
+
+        async def talk(text: loop.Content, edit: bool = False) -> None:
+            if edit:
+                del messages[last_user[0] :]
+            last_user[0] = len(messages)
+            messages.append({"role": "user", "content": _messages_content(text)})
             while True:
-                reply = await client.messages.create(
-                    model=SERVE_MODEL,
-                    max_tokens=MESSAGES_MAX_TOKENS,
-                    system=loop.SYSTEM,
-                    messages=messages,  # type: ignore[arg-type]
-                    tools=[tool],  # type: ignore[list-item]
-                )
+                reply = await reply_to()
                 blocks = [block.model_dump(exclude_none=True) for block in reply.content]
                 messages.append({"role": "assistant", "content": blocks})
                 uses = [block for block in reply.content if block.type == "tool_use"]
@@ -369,7 +486,7 @@ def serve_messages_talk(base_url: str) -> loop.MakeTalk:
     return make
 
 
-SERVE_TALKS: dict[str, Callable[[str], loop.MakeTalk]] = {
+SERVE_TALKS: dict[str, Callable[[str, bool], loop.MakeTalk]] = {
     "serve_chat": serve_chat_talk,
     "serve_responses": serve_responses_talk,
     "serve_messages": serve_messages_talk,
@@ -431,10 +548,18 @@ def run_door(
 ) -> loop.Figures:
     """The draws through one door, one session after another; the figures added up."""
     total = loop.Figures()
-    for draw in draws:
+    for given in draws:
+        # what the door cannot take is left out of its session (``EDIT_DOORS``, ``IMAGE_DOORS``;
+        # streaming is asked of the serve doors only)
+        draw = replace(
+            given,
+            edits=given.edits and door in EDIT_DOORS,
+            images=given.images and door in IMAGE_DOORS,
+            outputs={},
+        )
         if door in SERVE_TALKS:
             assert running is not None, "the serve doors need their serve processes"
-            make = SERVE_TALKS[door](running.url(draw.window))
+            make = SERVE_TALKS[door](running.url(draw.window), draw.stream)
             session = loop.run_session(stack, recap, make, draw, door, running.upstream)
         else:
             session = loop.run_session(stack, recap, TALKS[door], draw, door)

@@ -20,6 +20,9 @@ import asyncio
 import base64
 import json
 import random
+import struct
+import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +101,20 @@ def user_turn(rng: random.Random, window: int, turn: int) -> str:
     return "\n".join(parts)
 
 
+def png(width: int, height: int) -> str:
+    """A blank PNG of ``width`` x ``height`` as a data URL (what a screenshot is sent as)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    rows = zlib.compress(b"".join(b"\0" + bytes(width) for _ in range(height)))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    chunks = chunk(b"IHDR", header) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+    body = b"\x89PNG\r\n\x1a\n" + chunks
+    return "data:image/png;base64," + base64.b64encode(body).decode()
+
+
 def model_reply(seed: int) -> Callable[[dict[str, Any]], str]:
     """The stand-in model's answers: prose, code or numbers, about 60-200 tokens each."""
     rng = random.Random(seed * 31 + 7)
@@ -113,28 +130,61 @@ def model_reply(seed: int) -> Callable[[dict[str, Any]], str]:
     return answer
 
 
+SHARES = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5)  # a tool output's size, as a share of the window
+LARGE_SHARES = (*SHARES, 1.0, 2.0, 3.0)  # with ``large``: outputs up to 3x the window
+IMAGE_SIDES = (64, 512, 1024)  # a screenshot's side in pixels
+IMAGE_SHARE = 0.2  # of the turns after the first, those sending an image with the text
+EDIT_SHARE = 0.15  # of the turns after the second, those sent as an edit of the turn before
+
+# A user message: text, or OpenAI content parts (the text and an image).
+Content = str | list[dict[str, Any]]
+
+
 @dataclass
 class Draw:
-    """One session: its window, provider and turns."""
+    """One session: its window, provider and turns. The options beyond the defaults draw from a
+    random stream of their own, so a draw without them is the same session as ever:
+    ``large`` lets tool outputs reach 3x the window (``LARGE_SHARES``), ``images`` sends a PNG
+    with some user messages, ``edits`` marks some turns as a client editing its previous user
+    message and sending it again (a branch), ``stream`` asks the serve doors to stream."""
 
     seed: int
     window: int
     turns: int
+    large: bool = False
+    images: bool = False
+    edits: bool = False
+    stream: bool = False
     outputs: dict[str, str] = field(default_factory=dict)  # tool call key -> its JSON output
+    edited: set[int] = field(default_factory=set)  # turns sent as an edit of the one before
 
-    def plan(self) -> list[tuple[str, list[str]]]:
+    def plan(self) -> list[tuple[Content, list[str]]]:
         """Each turn's user message and the keys of the tool calls the model makes first."""
         rng = random.Random(self.seed)
-        turns: list[tuple[str, list[str]]] = []
+        extra = random.Random(self.seed * 7919 + self.window)
+        shares = LARGE_SHARES if self.large else SHARES
+        turns: list[tuple[Content, list[str]]] = []
+        self.edited = set()
         for turn in range(self.turns):
             calls = []
             for step in range(rng.choice([0, 0, 1, 1, 2])):
                 key = f"t{turn}s{step}"
-                share = rng.choice([0.02, 0.05, 0.1, 0.2, 0.35, 0.5])
+                share = rng.choice(shares)
                 scan = rng.random() < 0.2
                 self.outputs[key] = json_blob(rng, int(self.window * share / 1.4), scan)
                 calls.append(key)
-            turns.append((user_turn(rng, self.window, turn), calls))
+            message: Content = user_turn(rng, self.window, turn)
+            # both options drawn every turn, so a door without one gets the same other
+            image, side = extra.random() < IMAGE_SHARE, extra.choice(IMAGE_SIDES)
+            edit = extra.random() < EDIT_SHARE
+            if self.images and turn > 0 and image:
+                message = [
+                    {"type": "text", "text": message},
+                    {"type": "image_url", "image_url": {"url": png(side, side)}},
+                ]
+            if self.edits and edit and turn > 1 and turn - 1 not in self.edited:
+                self.edited.add(turn)
+            turns.append((message, calls))
         return turns
 
 
@@ -147,6 +197,7 @@ class Figures:
     requests: int = 0
     over_window: int = 0
     dead_ends: int = 0
+    silent_truncations: int = 0  # tool results or turns left out of a request without a note
     readings: int = 0
     cached_readings: int = 0
     uncalibrated: int = 0  # sessions whose stored factor stayed 1.0
@@ -163,6 +214,7 @@ class Figures:
             "requests",
             "over_window",
             "dead_ends",
+            "silent_truncations",
             "readings",
             "cached_readings",
             "uncalibrated",
@@ -174,7 +226,9 @@ class Figures:
 
 
 # A turn: the user message in; the agent runs (raising on failure) in the session's event loop.
-Talk = Callable[[str], Any]
+# With ``edit=True`` (only passed for a draw with ``edits``), the message replaces the client's
+# previous user message and what followed it, as a client editing that message and resending.
+Talk = Callable[..., Any]
 # An adapter's session maker: (recap, server, conversation id, window, tool outputs) -> talk.
 MakeTalk = Callable[[Recap, LLMServer, str, int, dict[str, str]], Talk]
 
@@ -195,6 +249,9 @@ async def run_session(
     The model server is a new one, or ``upstream`` (a `recap serve`'s, kept running) given this
     session's provider and answers."""
     meter = ContentMeter(draw.window, seed=draw.seed)
+    turns = draw.plan()
+    meter.originals = set(draw.outputs.values())
+    meter.replaced = {turn - 1 for turn in draw.edited}
     if upstream is not None:
         upstream.clear_script()
         upstream.meter, upstream.default = meter, model_reply(draw.seed)
@@ -202,7 +259,6 @@ async def run_session(
     figures = Figures(sessions=1)
     cid = f"{name}-{draw.seed}-{draw.window}"
     try:
-        turns = draw.plan()
         talk = make(recap, server, cid, draw.window, draw.outputs)
         done = 0  # turns that ended, each having enqueued one run
         for turn, (message, calls) in enumerate(turns):
@@ -210,11 +266,15 @@ async def run_session(
                 server.script(tool_reply(key))
             figures.turns += 1
             try:
-                await talk(message)
+                if turn in draw.edited:
+                    await talk(message, edit=True)
+                else:
+                    await talk(message)
                 done += 1
             except Exception as exc:
                 server.clear_script()  # the tool calls of a failed turn are not answered
                 figures.dead_ends += 1
+                meter.replaced.add(turn)  # a failed run: the framework may not keep it
                 figures.failures.append(
                     f"{cid} turn {turn}: dead end: {type(exc).__name__}: {str(exc)[:160]}"
                 )
@@ -224,11 +284,30 @@ async def run_session(
         figures.over_window = len(over)
         if over:
             figures.failures.append(f"{cid}: requests over the {draw.window} window: {over}")
+        # a streamed reply reaches the client before `recap serve` stores its usage: the last
+        # request's reading may land a moment after the turn ended
+        await asyncio.to_thread(_wait_readings, recap, cid, len(meter.requests) - len(over))
+        figures.silent_truncations = len(meter.silent)
+        figures.failures += [f"{cid}: silent truncation: {line}" for line in meter.silent[:5]]
         _readings(recap, cid, figures)
     finally:
         if upstream is None:
             server.stop()
     return figures
+
+
+READING_WAIT = 10.0  # seconds a session's last readings may take to be stored
+
+
+def _wait_readings(recap: Recap, cid: str, count: int) -> None:
+    """Until ``count`` usage rows of the conversation are stored, or ``READING_WAIT`` passed."""
+    deadline = time.monotonic() + READING_WAIT
+    query = text("SELECT count(*) FROM usage WHERE conversation_id = :c")
+    while time.monotonic() < deadline:
+        with recap.engine.connect() as connection:
+            if (connection.execute(query, {"c": cid}).scalar() or 0) >= count:
+                return
+        time.sleep(0.05)
 
 
 def _readings(recap: Recap, cid: str, figures: Figures) -> None:
