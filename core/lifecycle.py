@@ -191,9 +191,11 @@ def timeline(
         summary_refs={s.id: span_ref(s.cutoff_message_id) for s in summaries},
     )
     merges = [m.as_dict() for m in merged if m.instruction_id in on_branch]
-    return dataclasses.replace(derived, merges=merges).in_provider_tokens(
-        budgets.calibration_factor(reading, leaf_id=head, now=utcnow())
+    sent = profile.sent if profile is not None else None
+    planned = budgets.calibration_factor(  # as the request's budget was planned (its mix)
+        reading, leaf_id=head, now=utcnow(), composition=sent.composition if sent else None
     )
+    return dataclasses.replace(derived, merges=merges).in_provider_tokens(planned)
 
 
 def _utc(moment: datetime) -> datetime:

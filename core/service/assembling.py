@@ -245,7 +245,7 @@ def _read_for_request(  # noqa: PLR0913 - the request and how it is planned, eac
                 leaf = reads.leaf_at(session, conversation_id, spec.as_of)
 
             def budget_at(leaf_id: int | None) -> budgets.Budget:
-                return _request_budget(
+                return request_budget(
                     settings, model, window, given is not None, profile, leaf_id, now, at_least
                 )
 
@@ -390,7 +390,7 @@ def _assembled(
     return assembly.assemble(stored, spec, target=target)
 
 
-def _request_budget(
+def request_budget(
     settings: Settings,
     model: str,
     window: int,

@@ -26,7 +26,7 @@ from recap.core.errors import InputError, NotFoundError, RecapError
 from recap.core.redact import known_secrets, redact
 from recap.core.request import assembly
 from recap.core.results import Stats
-from recap.core.service import attaching
+from recap.core.service import assembling, attaching
 from recap.core.settings import Settings
 from recap.core.storage import activation, attachments, compressed, console, outputs, reads
 from recap.core.storage.db import session_scope
@@ -421,21 +421,15 @@ def preview_request(
 ) -> assembly.AssembledRequest:
     """The request ``recap assemble`` would build now from the stored branch, with room held
     back for the host's own fixed parts; nothing is recorded."""
-    profile = read.profile
     window = tokens.context_window(read.model, read.window_override)
-    reserve = budgets.output_reserve(
-        tokens.model_info(read.model),
-        window_given=read.window_override is not None,
-        setting=settings.reserve_output_tokens,
-        override=profile.reserve_override if profile is not None else None,
-    )
-    limit = budgets.request_budget(
+    limit = assembling.request_budget(  # as the request itself is planned (the timeline too)
+        settings,
+        read.model,
         window,
-        safety_margin=settings.safety_margin,
-        output_reserve=reserve,
-        calibration=budgets.calibration_factor(
-            profile.reading if profile is not None else None, leaf_id=leaf, now=utcnow()
-        ),
+        read.window_override is not None,
+        read.profile,
+        leaf,
+        utcnow(),
     ).request
     loaded = read.expanded or read.loaded  # attachments expanded, as a request has them
     missing = frozenset(
