@@ -356,9 +356,9 @@ def test_same_owner_attaches_another_does_not(sqlite_engine: Engine) -> None:
         recap.attach("library", source="sub")
 
 
-def test_erasing_a_source_drops_summaries_that_quote_it(engine: Engine) -> None:
-    """A summary of the parent made over the attached items may quote them: erasing the source
-    deletes it, so no request sends the erased text again (the fallback stands in its place)."""
+def attached_and_grown(engine: Engine) -> Recap:
+    """The sub-agent attached to a 4k-window parent, then 12 turns after it: enough for a
+    summary that covers the attachment."""
     recap = client(engine)
     sub_agent(recap)
     recap.new("parent", model="gpt-4o", max_input_tokens=4_000)
@@ -369,6 +369,13 @@ def test_erasing_a_source_drops_summaries_that_quote_it(engine: Engine) -> None:
         words = " ".join(f"q{n}w{i}" for i in range(120))
         recap.add("parent", {"role": "user", "content": f"question {n} {words}"})
         recap.add("parent", {"role": "assistant", "content": f"answer {n} {words}"})
+    return recap
+
+
+def test_erasing_a_source_drops_summaries_that_quote_it(engine: Engine) -> None:
+    """A summary of the parent made over the attached items may quote them: erasing the source
+    deletes it, so no request sends the erased text again (the fallback stands in its place)."""
+    recap = attached_and_grown(engine)
     done = recap.compress("parent", force=True)
     assert done.action == "summarized"
     summary = recap.summaries("parent")[-1]
@@ -392,16 +399,7 @@ def test_a_source_erased_during_the_parents_run_is_never_summarized(
     none to delete), ends skipped, and the next run summarizes the fallback."""
     from recap.core.compression import run as runs
 
-    recap = client(engine)
-    sub_agent(recap)
-    recap.new("parent", model="gpt-4o", max_input_tokens=4_000)
-    recap.add("parent", {"role": "user", "content": "what do we owe?"})
-    recap.add("parent", {"role": "assistant", "content": "Let me ask the helper."})
-    recap.attach("parent", source="sub")
-    for n in range(12):
-        words = " ".join(f"q{n}w{i}" for i in range(120))
-        recap.add("parent", {"role": "user", "content": f"question {n} {words}"})
-        recap.add("parent", {"role": "assistant", "content": f"answer {n} {words}"})
+    recap = attached_and_grown(engine)
     read_text = runs.with_text
     erased: list[dict[str, Any]] = []
 

@@ -80,19 +80,25 @@ class CompressJob:
 def send(app: Celery, job: CompressJob) -> AsyncResult[Any]:
     """Send ``job`` on ``app``'s broker to the compress queue (the one way a job is sent), in a
     PRODUCER span whose trace the task continues (W3C ``traceparent`` in its headers)."""
-    args = [job.conversation_id]
-    headers: dict[str, Any] = {ENQUEUED_HEADER: time.time()}  # the queue lag (workers.metrics)
+    return _traced_send(app, COMPRESS_TASK, COMPRESS_QUEUE, [job.conversation_id], job.kwargs())
+
+
+def _traced_send(
+    app: Celery, task: str, queue: str, args: list[Any], kwargs: dict[str, Any]
+) -> AsyncResult[Any]:
+    """``app.send_task`` in a PRODUCER span, its trace in the headers (continued by the task:
+    workers.tasks, workers.memory) with the time sent (the queue lag: workers.metrics); the
+    conversation is each task's first argument."""
+    headers: dict[str, Any] = {ENQUEUED_HEADER: time.time()}
     attributes = {
         "messaging.system": "celery",
         "messaging.operation.type": "send",
-        "messaging.destination.name": COMPRESS_QUEUE,
-        "recap.conversation_id": job.conversation_id,
+        "messaging.destination.name": queue,
+        "recap.conversation_id": args[0],
     }
-    with tracing.span(f"send {COMPRESS_QUEUE}", attributes, kind=tracing.PRODUCER) as span:
-        tracing.inject(headers)  # the sender's trace, continued by the task (workers.tasks)
-        sent = app.send_task(
-            COMPRESS_TASK, args=args, kwargs=job.kwargs(), queue=COMPRESS_QUEUE, headers=headers
-        )
+    with tracing.span(f"send {queue}", attributes, kind=tracing.PRODUCER) as span:
+        tracing.inject(headers)
+        sent = app.send_task(task, args=args, kwargs=kwargs, queue=queue, headers=headers)
         span.set_attribute("messaging.message.id", str(sent.id))
     return sent
 
@@ -119,20 +125,7 @@ def send_memory(app: Celery, job: MemoryJob) -> AsyncResult[Any]:
     """Send ``job`` on ``app``'s broker to the memory queue, in a PRODUCER span whose trace the
     task continues (as ``send``)."""
     args = [job.conversation_id, job.user_id]  # the conversation first, as every task's
-    headers: dict[str, Any] = {ENQUEUED_HEADER: time.time()}
-    attributes = {
-        "messaging.system": "celery",
-        "messaging.operation.type": "send",
-        "messaging.destination.name": MEMORY_QUEUE,
-        "recap.conversation_id": job.conversation_id,
-    }
-    with tracing.span(f"send {MEMORY_QUEUE}", attributes, kind=tracing.PRODUCER) as span:
-        tracing.inject(headers)  # the sender's trace, continued by the task (workers.memory)
-        sent = app.send_task(
-            MEMORY_TASK, args=args, kwargs=job.kwargs(), queue=MEMORY_QUEUE, headers=headers
-        )
-        span.set_attribute("messaging.message.id", str(sent.id))
-    return sent
+    return _traced_send(app, MEMORY_TASK, MEMORY_QUEUE, args, job.kwargs())
 
 
 def compress_later(
