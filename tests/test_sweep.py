@@ -331,3 +331,28 @@ def test_sweep_files_nothing_under_a_conversation_recreated_during_its_insert(
             text("SELECT message_id FROM clearings WHERE conversation_id = 'victim'")
         ).scalars()
         assert set(filed) <= reborn, "a clearing names a message of the erased conversation"
+
+
+@pytest.mark.parametrize("keep_last", [0, 3])
+def test_the_sweep_probes_clearings_by_their_unique_index(
+    sqlite_engine: Engine, keep_last: int
+) -> None:
+    """Every read of the clearings in the sweep's statement is a search of their unique index
+    (conversation, message, stage), never a scan: a probe by message alone scanned the whole
+    table for each candidate (an idle sweep over 1,000 conversations took minutes; quadratic)."""
+    from recap.core.storage import sweep
+
+    compiled = sweep._sweep_statement("sqlite", keep_last, False).compile(
+        dialect=sqlite_engine.dialect
+    )
+    values = {"after_id": 0, "until_id": 10, "idle_before": utcnow(), "now": utcnow()}
+    bound = compiled.construct_params(values)
+    positions = tuple(bound.get(name) for name in compiled.positiontup or ())
+    with sqlite_engine.connect() as connection:
+        plan = connection.exec_driver_sql(
+            "EXPLAIN QUERY PLAN " + str(compiled), positions
+        ).fetchall()
+    steps = [str(row[-1]) for row in plan]
+    on_clearings = [s for s in steps if " clearings " in f"{s} " or s.split()[1:2] == ["aged"]]
+    assert len(on_clearings) == 2, steps
+    assert all(s.startswith("SEARCH") and "conversation_id=?" in s for s in on_clearings), steps

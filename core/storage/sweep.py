@@ -229,7 +229,9 @@ def sweep_batch(
         select(
             k.conversation_id,
             func.count(),
-            func.sum(k.tokens_reclaimed - func.coalesce(_aged_saving(k.message_id), 0)),
+            func.sum(
+                k.tokens_reclaimed - func.coalesce(_aged_saving(k.conversation_id, k.message_id), 0)
+            ),
         )
         .where(
             k.message_id > after_id,
@@ -265,12 +267,17 @@ def _strays_statement() -> Any:
     )
 
 
-def _aged_saving(message_id: Any) -> Any:
-    """What the aged row of a message saves (NULL when the message is not aged)."""
+def _aged_saving(conversation_id: Any, message_id: Any) -> Any:
+    """What the aged row of a message saves for the conversation (NULL when it is not aged):
+    one probe of the clearings' unique index (conversation, message, stage)."""
     aged = CLEARINGS.alias("aged")
     return (
         select(aged.c.tokens_reclaimed)
-        .where(aged.c.message_id == message_id, aged.c.stage == AGED)
+        .where(
+            aged.c.conversation_id == conversation_id,
+            aged.c.message_id == message_id,
+            aged.c.stage == AGED,
+        )
         .scalar_subquery()
     )
 
@@ -312,8 +319,10 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
         .prefix_with("MATERIALIZED")
     )
     reclaimed = reclaimed_sql(m)
-    cleared = select(CLEARINGS.c.message_id).where(
-        CLEARINGS.c.message_id == m.c.id, CLEARINGS.c.stage == CLEARED
+    cleared = select(CLEARINGS.c.message_id).where(  # the unique index's columns, in order
+        CLEARINGS.c.conversation_id == m.c.conversation_id,
+        CLEARINGS.c.message_id == m.c.id,
+        CLEARINGS.c.stage == CLEARED,
     )
     conditions = [
         m.c.id > after,
@@ -321,9 +330,11 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
         m.c.role == TOOL_ROLE,
         m.c.id > idle.c.covered,
         # the step must save tokens: against the stored count, or an aged result's aged form
-        reclaimed - func.coalesce(_aged_saving(m.c.id), 0) > 0,
-        # a result already cleared is skipped by one probe of the clearings' unique index, not
-        # by a conflicting insert (which stays, for a result cleared meanwhile by another run)
+        reclaimed - func.coalesce(_aged_saving(m.c.conversation_id, m.c.id), 0) > 0,
+        # a result already cleared for this conversation is skipped by one probe of the
+        # clearings' unique index (conversation, message, stage; a probe by message alone scans
+        # the table: quadratic in an idle sweep), not by a conflicting insert (which stays,
+        # for a result cleared meanwhile by another run)
         ~cleared.exists(),
         # a pinned result is sent as stored (core.request.pins): one probe of the pins' index
         ~select(PINS.c.message_id).where(PINS.c.message_id == m.c.id).exists(),
