@@ -113,11 +113,16 @@ _SET_COUNT = (
     .values(tokens=bindparam("new_tokens"), encoding=bindparam("basis"))
 )
 _CLEARINGS_OF = select(
-    CLEARINGS.c.message_id, CLEARINGS.c.reason, CLEARINGS.c.tokens_reclaimed, CLEARINGS.c.stage
+    CLEARINGS.c.message_id,
+    CLEARINGS.c.reason,
+    CLEARINGS.c.tokens_reclaimed,
+    CLEARINGS.c.stage,
+    CLEARINGS.c.conversation_id,
 ).where(CLEARINGS.c.message_id.in_(bindparam("ids", expanding=True)))
-_SET_RECLAIMED = (
+_SET_RECLAIMED = (  # by the clearings' unique key: one index probe a row, not a table scan
     update(CLEARINGS)
     .where(
+        CLEARINGS.c.conversation_id == bindparam("cleared_conversation"),
         CLEARINGS.c.message_id == bindparam("cleared_id"),
         CLEARINGS.c.stage == bindparam("cleared_stage"),
     )
@@ -140,11 +145,12 @@ def write(connection: Connection, changes: Sequence[Change]) -> None:
             _SET_RECLAIMED,
             [
                 {
+                    "cleared_conversation": cid,
                     "cleared_id": mid,
                     "cleared_stage": stage,
                     "reclaimed": _reclaimed(by_id[mid], reason, int(old), stage),
                 }
-                for mid, reason, old, stage in cleared
+                for mid, reason, old, stage, cid in cleared
             ],
         )
 
