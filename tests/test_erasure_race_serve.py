@@ -10,23 +10,17 @@ until the delete and the new first turn are done, on SQLite and on PostgreSQL.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from sqlalchemy import func, select
 
-from recap.core.settings import get_settings
 from recap.core.storage.models import SUMMARIES
 from recap.core.summaries.prompts import SUMMARY_MESSAGE_PREFIX
-from recap.workers.app import app
-from tests.support.celery_helpers import configured_app
 from tests.support.cli_helpers import recap
 from tests.support.llm_server import LLMServer, Reply
-from tests.support.services import postgres_database
+from tests.support.serve_worker import database_url, serve_and_worker
 from tests.support.serving import (
     KEY_A,
     KEY_B,
@@ -34,7 +28,6 @@ from tests.support.serving import (
     Serve,
     as_message,
     reply_to,
-    running_serve,
     runs,
     turn,
     wait_until,
@@ -52,46 +45,18 @@ def stack(
 ) -> Iterator[tuple[Serve, LLMServer]]:
     """Serve with keys A and B, its worker, and the summarizer (not holding yet)."""
     tmp_path = tmp_path_factory.mktemp("erasure-serve")
-    with contextlib.ExitStack() as database:
-        if request.param == "postgres":
-            admin = request.getfixturevalue("postgres_admin_url")
-            url = database.enter_context(postgres_database(admin))
-        else:
-            url = f"sqlite:///{tmp_path / 'recap.db'}"
-        yield from _stack(tmp_path, url)
-
-
-def _stack(tmp_path: Path, url: str) -> Iterator[tuple[Serve, LLMServer]]:
     upstream = LLMServer(default=reply_to).start()
     summarizer = LLMServer().start()
-    env = {
-        "RECAP_DATABASE_URL": url,
-        "RECAP_SERVE_MAX_INPUT_TOKENS": str(WINDOW),
-        "RECAP_BROKER_URL": "filesystem://",
-        "RECAP_BROKER_FOLDER": str(tmp_path / "broker"),
-        "RECAP_SUMMARY_MODEL": "openai/stand-in",
-        "RECAP_SUMMARY_API_BASE": summarizer.url,
-        "RECAP_SUMMARY_API_KEY": "test-key",
-        "RECAP_LLM_TIMEOUT": "60",
-    }
-    monkeypatch = pytest.MonkeyPatch()
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    get_settings.cache_clear()
     try:
         with (
-            running_serve(url, tmp_path / "serve", upstream, **env) as serve,
-            configured_app(get_settings(), None),
-            start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
-                         loglevel="WARNING", shutdown_timeout=30),
-        ):  # fmt: skip
+            database_url(request, tmp_path) as url,
+            serve_and_worker(url, tmp_path, upstream, summarizer, WINDOW) as serve,
+        ):
             yield serve, summarizer
     finally:
         summarizer.release()
         summarizer.stop()
         upstream.stop()
-        monkeypatch.undo()
-        get_settings.cache_clear()
 
 
 def b_turns(serve: Serve, cid: str) -> list[dict[str, Any]]:

@@ -10,30 +10,24 @@ On SQLite and on PostgreSQL.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from sqlalchemy import inspect, select, text
 
 from recap.core import service
 from recap.core.settings import get_settings
 from recap.core.storage.models import REQUEST_PROFILES, SUMMARIES, CompactionLog, table_of
-from recap.workers.app import app
-from tests.support.celery_helpers import configured_app
 from tests.support.cli_helpers import recap
 from tests.support.content_meter import ContentMeter
 from tests.support.llm_server import LLMServer, Recorded, stand_in_summary
-from tests.support.services import postgres_database
+from tests.support.serve_worker import database_url, serve_and_worker
 from tests.support.serving import (
     Serve,
     as_message,
     reply_to,
-    running_serve,
     runs,
     turn,
     wait_until,
@@ -71,43 +65,15 @@ def stack(
 ) -> Iterator[tuple[Serve, LLMServer]]:
     """Serve and its worker; one stand-in provider answers the chat and the summarizer."""
     tmp_path = tmp_path_factory.mktemp("onprefix-worker")
-    with contextlib.ExitStack() as database:
-        if request.param == "postgres":
-            admin = request.getfixturevalue("postgres_admin_url")
-            url = database.enter_context(postgres_database(admin))
-        else:
-            url = f"sqlite:///{tmp_path / 'recap.db'}"
-        yield from _stack(tmp_path, url)
-
-
-def _stack(tmp_path: Path, url: str) -> Iterator[tuple[Serve, LLMServer]]:
     provider = LLMServer(default=answer, meter=ContentMeter(window=100_000)).start()
-    env = {
-        "RECAP_DATABASE_URL": url,
-        "RECAP_SERVE_MAX_INPUT_TOKENS": str(WINDOW),
-        "RECAP_BROKER_URL": "filesystem://",
-        "RECAP_BROKER_FOLDER": str(tmp_path / "broker"),
-        "RECAP_SUMMARY_MODEL": "openai/stand-in",  # the chat's model (tests.support.serving)
-        "RECAP_SUMMARY_API_BASE": provider.url,
-        "RECAP_SUMMARY_API_KEY": "test-key",
-        "RECAP_LLM_TIMEOUT": "60",
-    }
-    monkeypatch = pytest.MonkeyPatch()
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    get_settings.cache_clear()
     try:
         with (
-            running_serve(url, tmp_path / "serve", provider, **env) as serve,
-            configured_app(get_settings(), None),
-            start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
-                         loglevel="WARNING", shutdown_timeout=30),
-        ):  # fmt: skip
+            database_url(request, tmp_path) as url,
+            serve_and_worker(url, tmp_path, provider, provider, WINDOW) as serve,
+        ):
             yield serve, provider
     finally:
         provider.stop()
-        monkeypatch.undo()
-        get_settings.cache_clear()
 
 
 def summarizer_calls(provider: LLMServer) -> list[Recorded]:
