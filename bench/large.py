@@ -48,6 +48,7 @@ from bench import Figure
 from bench.assemble import long_conversation
 from bench.data import load_all
 from bench.services import POSTGRES_ADMIN_URL
+from recap.core.storage.models import new_incarnation
 
 MODEL = "gpt-4o-mini"
 GENERATOR_VERSION = 1  # bump when the data changes: a database of another version is rebuilt
@@ -88,7 +89,7 @@ MESSAGE_COLUMNS = (
 )
 CONVERSATION_COLUMNS = (
     "id, model, max_input_tokens, meta, created_at, last_activity_at, lease_owner, "
-    "lease_expires_at, dirty, last_compacted_at, owner"
+    "lease_expires_at, dirty, last_compacted_at, owner, incarnation"
 )
 SUMMARY_COLUMNS = (
     "conversation_id, cutoff_message_id, previous_summary_id, text, tokens, encoding, model, "
@@ -447,6 +448,7 @@ def build_large(log: Callable[[str], None]) -> None:
                                 plan.dirty,
                                 plan.last_compacted,
                                 None,
+                                new_incarnation(),
                             )
                         )
                 summaries: list[tuple[Any, ...]] = []

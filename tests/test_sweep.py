@@ -331,6 +331,38 @@ def test_sweep_files_nothing_under_a_conversation_recreated_during_its_insert(
             text("SELECT message_id FROM clearings WHERE conversation_id = 'victim'")
         ).scalars()
         assert set(filed) <= reborn, "a clearing names a message of the erased conversation"
+        kept = connection.execute(
+            text("SELECT count(*) FROM clearings WHERE reason = 'idle' AND stage = 'cleared'")
+        ).scalar_one()
+    # what the sweep reports is what stayed: the rows taken back are not counted
+    assert outcome["result"].cleared == kept
+    assert outcome["result"].conversations == 1  # "first" only
+
+
+@pytest.mark.postgres
+def test_a_sweep_batch_runs_without_jit_and_leaves_the_setting_behind(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL compiled the sweep's statements with JIT on every batch once its large
+    tables put them above ``jit_above_cost`` (about 70 ms a batch, most of its time): a batch
+    turns JIT off for its own transaction only, so a pooled connection keeps its setting."""
+    from sqlmodel import Session
+
+    from recap.core.storage.db import without_jit
+    from recap.core.storage.sweep import sweep_batch
+
+    engine = migrated(postgres_url, monkeypatch)
+    with Session(engine) as session:
+        before = session.execute(text("SHOW jit")).scalar_one()
+        session.commit()
+        sweep_batch(session, now=utcnow(), idle_minutes=0, keep_last=1, protected=(), batch_size=10)
+        assert session.execute(text("SHOW jit")).scalar_one() == "off"
+        session.commit()
+        assert session.execute(text("SHOW jit")).scalar_one() == before
+        without_jit(session)  # and what the batch calls turns it off again, for a transaction
+        assert session.execute(text("SHOW jit")).scalar_one() == "off"
+        session.rollback()
+    engine.dispose()
 
 
 @pytest.mark.parametrize("keep_last", [0, 3])
@@ -353,6 +385,30 @@ def test_the_sweep_probes_clearings_by_their_unique_index(
             "EXPLAIN QUERY PLAN " + str(compiled), positions
         ).fetchall()
     steps = [str(row[-1]) for row in plan]
-    on_clearings = [s for s in steps if " clearings " in f"{s} " or s.split()[1:2] == ["aged"]]
-    assert len(on_clearings) == 2, steps
-    assert all(s.startswith("SEARCH") and "conversation_id=?" in s for s in on_clearings), steps
+    on_clearings = [s for s in steps if s.split()[1:2] in (["clearings"], ["taken"])]
+    # one probe answers both "already cleared?" and "what does its aged form save?"
+    assert len(on_clearings) == 1, steps
+    assert all(
+        s.startswith("SEARCH") and "conversation_id=? AND message_id=?" in s for s in on_clearings
+    ), steps
+
+
+def test_the_strays_check_searches_the_clearings(sqlite_engine: Engine) -> None:
+    """The batch's read-back of the rows it filed (a range of message ids) searches an index
+    (migration 0021 added one on ``message_id``): it scanned the whole table once per batch, so
+    an idle sweep over a large store slowed with every clearing it had written."""
+    from sqlalchemy import event
+
+    from recap.core.storage import sweep
+
+    def explain(conn: Any, cursor: Any, statement: str, *rest: Any) -> tuple[str, Any]:
+        return "EXPLAIN QUERY PLAN " + statement, rest[0]  # the statement as it is sent
+
+    values = {"after_id": 0, "until_id": 10, "now": utcnow(), "reborn": ["a", "b"]}
+    with sqlite_engine.connect() as connection:
+        event.listen(connection, "before_cursor_execute", explain, retval=True)
+        plan = connection.execute(sweep._strays_statement(), values).fetchall()
+        event.remove(connection, "before_cursor_execute", explain)
+    steps = [str(row[-1]) for row in plan]
+    assert any(s.startswith("SEARCH clearings USING") for s in steps), steps
+    assert not any(s.startswith("SCAN clearings") for s in steps), steps

@@ -181,8 +181,10 @@ class Clearing(SQLModel, table=True):
     )
 
     id: int | None = Field(default=None, sa_column=Column(ID_TYPE, primary_key=True))
-    conversation_id: str = Field(foreign_key="conversations.id", max_length=255, index=True)
-    message_id: int = Field(sa_column=Column(ID_TYPE, nullable=False))
+    # looked up by conversation through the unique index's first column (migration 0021)
+    conversation_id: str = Field(foreign_key="conversations.id", max_length=255)
+    # by message: the idle sweep reads back a batch's range of message ids
+    message_id: int = Field(sa_column=Column(ID_TYPE, nullable=False, index=True))
     reason: str = Field(max_length=32)
     tokens_reclaimed: int = 0
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

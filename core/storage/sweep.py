@@ -41,7 +41,7 @@ from recap.core.decision.toolresults import DIGIT_RUN_BOUNDS, IDLE, placeholder_
 from recap.core.errors import InputError
 from recap.core.request.placeholders import DEFAULT_TOOL_NAME
 from recap.core.settings import Settings
-from recap.core.storage.db import write_scope
+from recap.core.storage.db import without_jit, write_scope
 from recap.core.storage.models import CLEARINGS, CONVERSATIONS, MESSAGES, PINS, SUMMARIES, utcnow
 from recap.core.values.clearing import ClearingPlan, describe_steps
 from recap.core.values.records import AGED, ARGUMENTS, CLEARED, STAGES
@@ -146,6 +146,15 @@ class SweepBatch:
     conversation_ids: set[str] = field(default_factory=set)
     last_message_id: int = 0
     more: bool = False
+    per_conversation: dict[str, int] = field(default_factory=dict)  # results cleared
+
+    def count(self, conversation_id: str, cleared: int, reclaimed: int) -> None:
+        """Add what a statement reported for a conversation (negative: rows taken back)."""
+        self.cleared += cleared
+        self.tokens_reclaimed += reclaimed
+        self.per_conversation[conversation_id] = (
+            self.per_conversation.get(conversation_id, 0) + cleared
+        )
 
 
 def reclaimed_sql(m: Any) -> ColumnElement[int]:
@@ -199,6 +208,7 @@ def sweep_batch(
         .limit(batch_size)
         .subquery()
     )
+    without_jit(session)
     seen = session.execute(select(func.count(), func.max(window.c.id))).one()
     batch = SweepBatch(last_message_id=int(seen[1] or after_id), more=int(seen[0]) >= batch_size)
     if not seen[0]:
@@ -213,27 +223,42 @@ def sweep_batch(
     }
     if shielded:
         values["protected"] = shielded
-    session.execute(statement, values)
-    if session.get_bind().dialect.name == "postgresql":
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        # the insert reports what it wrote (a data-modifying CTE, grouped in SQL), with the
+        # incarnation of each conversation as its snapshot saw it
+        seen_as: dict[str, str] = {}
+        for conversation_id, incarnation, cleared, reclaimed in session.execute(statement, values):
+            batch.count(str(conversation_id), int(cleared), int(reclaimed))
+            seen_as[str(conversation_id)] = str(incarnation)
         # READ COMMITTED: the insert's rows come from its snapshot, its foreign-key check from what
         # is committed when each row goes in; a conversation deleted and created again between the
         # two would keep rows naming the erased one's messages. Once a row is in, the conversation
-        # is locked until this transaction ends, so one statement on a fresh snapshot finds them.
-        session.execute(
-            _strays_statement(), {k: values[k] for k in ("after_id", "until_id", "now")}
-        )
-    # what this batch inserted: its window, its timestamp (counted in SQL, not row by row); an
-    # aged result cleared saves what its placeholder saves beyond its aged form
+        # is locked until this transaction ends, so a fresh snapshot finds such a conversation by
+        # its new incarnation, and what was filed under it is taken back.
+        reborn = _reborn(session, seen_as)
+        if reborn:
+            strays = {k: values[k] for k in ("after_id", "until_id", "now")}
+            for conversation_id, reclaimed in session.execute(
+                _strays_statement(), {**strays, "reborn": reborn}
+            ):
+                batch.count(str(conversation_id), -1, -int(reclaimed))
+        batch.conversation_ids = {c for c, n in batch.per_conversation.items() if n > 0}
+        return batch
+    session.execute(statement, values)
+    # what this batch inserted: its window, its timestamp (counted in SQL, not row by row), read
+    # by the conversations with results in the window (the unique index's first column, so each
+    # is a range of the index, not a scan of the table)
     k = CLEARINGS.c
+    in_window = select(MESSAGES.c.conversation_id).where(
+        MESSAGES.c.role == TOOL_ROLE,
+        MESSAGES.c.id > after_id,
+        MESSAGES.c.id <= batch.last_message_id,
+    )
     inserted = (
-        select(
-            k.conversation_id,
-            func.count(),
-            func.sum(
-                k.tokens_reclaimed - func.coalesce(_aged_saving(k.conversation_id, k.message_id), 0)
-            ),
-        )
+        select(k.conversation_id, func.count(), func.sum(_saving_beyond_aged(CLEARINGS)))
         .where(
+            k.conversation_id.in_(in_window),
             k.message_id > after_id,
             k.message_id <= batch.last_message_id,
             k.reason == IDLE,
@@ -243,27 +268,53 @@ def sweep_batch(
         .group_by(k.conversation_id)
     )
     for conversation_id, cleared, reclaimed in session.execute(inserted):
-        batch.cleared += int(cleared)
-        batch.tokens_reclaimed += int(reclaimed)
-        batch.conversation_ids.add(str(conversation_id))
+        batch.count(str(conversation_id), int(cleared), int(reclaimed))
+    batch.conversation_ids = set(batch.per_conversation)
     return batch
+
+
+def _reborn(session: Session, seen_as: dict[str, str]) -> list[str]:
+    """The conversations whose incarnation is no longer the one the batch's snapshot saw (one
+    primary-key lookup each, on a fresh snapshot)."""
+    if not seen_as:
+        return []
+    rows = session.execute(
+        select(CONVERSATIONS.c.id, CONVERSATIONS.c.incarnation).where(
+            CONVERSATIONS.c.id.in_(sorted(seen_as))
+        )
+    )
+    now_as = {str(cid): str(incarnation) for cid, incarnation in rows}
+    return sorted(cid for cid, incarnation in seen_as.items() if now_as.get(cid) != incarnation)
 
 
 @lru_cache(maxsize=1)
 def _strays_statement() -> Any:
-    """Remove what this batch filed under a conversation that does not hold the message (the
-    conversation was erased and its id created again while the batch's insert ran)."""
+    """Remove what this batch filed under a conversation created again while the batch's insert
+    ran (``reborn``) that the conversation does not hold: the erased one's messages."""
     k = CLEARINGS
     holds = select(MESSAGES.c.id).where(
         MESSAGES.c.id == k.c.message_id, MESSAGES.c.conversation_id == k.c.conversation_id
     )
-    return delete(k).where(
-        k.c.message_id > bindparam("after_id", type_=Integer),
-        k.c.message_id <= bindparam("until_id", type_=Integer),
-        k.c.reason == IDLE,
-        k.c.stage == CLEARED,
-        k.c.created_at == bindparam("now", type_=DateTime(timezone=True)),
-        ~holds.exists(),
+    return (
+        delete(k)
+        .where(
+            k.c.conversation_id.in_(bindparam("reborn", expanding=True)),
+            k.c.message_id > bindparam("after_id", type_=Integer),
+            k.c.message_id <= bindparam("until_id", type_=Integer),
+            k.c.reason == IDLE,
+            k.c.stage == CLEARED,
+            k.c.created_at == bindparam("now", type_=DateTime(timezone=True)),
+            ~holds.exists(),
+        )
+        .returning(k.c.conversation_id, _saving_beyond_aged(k))
+    )
+
+
+def _saving_beyond_aged(clearings: Any) -> Any:
+    """What a ``cleared`` row saves beyond the message's aged form (an aged result cleared
+    saves only what its placeholder saves beyond it): the batch's reported saving."""
+    return clearings.c.tokens_reclaimed - func.coalesce(
+        _aged_saving(clearings.c.conversation_id, clearings.c.message_id), 0
     )
 
 
@@ -278,6 +329,22 @@ def _aged_saving(conversation_id: Any, message_id: Any) -> Any:
             aged.c.message_id == message_id,
             aged.c.stage == AGED,
         )
+        .correlate_except(aged)  # to the row it is asked for, in a RETURNING clause too
+        .scalar_subquery()
+    )
+
+
+def _steps_taken(conversation_id: Any, message_id: Any) -> Any:
+    """What the steps recorded for a message save for the conversation: NULL once it is
+    cleared, else what its aged row saves (0 without one). One probe of the clearings' unique
+    index (conversation, message, stage) for both questions; a probe by message alone would
+    scan the table (quadratic in an idle sweep)."""
+    k = CLEARINGS.alias("taken")
+    is_cleared = func.max(case((k.c.stage == CLEARED, 1), else_=0))
+    aged = func.sum(case((k.c.stage == AGED, k.c.tokens_reclaimed), else_=0))
+    return (
+        select(case((is_cleared == 1, literal(None, Integer)), else_=func.coalesce(aged, 0)))
+        .where(k.c.conversation_id == conversation_id, k.c.message_id == message_id)
         .scalar_subquery()
     )
 
@@ -310,7 +377,12 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
     )
     # one row per idle conversation with results in the window, its thresholds worked out once
     idle = (
-        select(c.c.id.label("cid"), keep_before.label("keep_before"), covered.label("covered"))
+        select(
+            c.c.id.label("cid"),
+            c.c.incarnation,
+            keep_before.label("keep_before"),
+            covered.label("covered"),
+        )
         .where(
             c.c.last_activity_at < bindparam("idle_before", type_=DateTime(timezone=True)),
             c.c.id.in_(in_window),
@@ -319,23 +391,15 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
         .prefix_with("MATERIALIZED")
     )
     reclaimed = reclaimed_sql(m)
-    cleared = select(CLEARINGS.c.message_id).where(  # the unique index's columns, in order
-        CLEARINGS.c.conversation_id == m.c.conversation_id,
-        CLEARINGS.c.message_id == m.c.id,
-        CLEARINGS.c.stage == CLEARED,
-    )
     conditions = [
         m.c.id > after,
         m.c.id <= until,
         m.c.role == TOOL_ROLE,
         m.c.id > idle.c.covered,
-        # the step must save tokens: against the stored count, or an aged result's aged form
-        reclaimed - func.coalesce(_aged_saving(m.c.conversation_id, m.c.id), 0) > 0,
-        # a result already cleared for this conversation is skipped by one probe of the
-        # clearings' unique index (conversation, message, stage; a probe by message alone scans
-        # the table: quadratic in an idle sweep), not by a conflicting insert (which stays,
-        # for a result cleared meanwhile by another run)
-        ~cleared.exists(),
+        # the step must save tokens: against the stored count, or an aged result's aged form;
+        # a result already cleared is skipped (NULL), not left to a conflicting insert (which
+        # stays, for a result cleared meanwhile by another run)
+        reclaimed - _steps_taken(m.c.conversation_id, m.c.id) > 0,
         # a pinned result is sent as stored (core.request.pins): one probe of the pins' index
         ~select(PINS.c.message_id).where(PINS.c.message_id == m.c.id).exists(),
     ]
@@ -357,10 +421,26 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
         .where(*conditions)
     )
     insert_ = postgresql.insert(CLEARINGS) if dialect == "postgresql" else sqlite.insert(CLEARINGS)
-    return insert_.from_select(
+    statement = insert_.from_select(
         ["conversation_id", "message_id", "reason", "tokens_reclaimed", "created_at", "stage"],
         candidates,
     ).on_conflict_do_nothing(index_elements=UNIQUE_KEY)
+    if dialect != "postgresql":
+        return statement
+    # PostgreSQL: the rows the insert wrote, counted per conversation in the same statement
+    written = statement.returning(
+        CLEARINGS.c.conversation_id, CLEARINGS.c.message_id, CLEARINGS.c.tokens_reclaimed
+    ).cte("written")
+    return (
+        select(
+            written.c.conversation_id,
+            idle.c.incarnation,
+            func.count(),
+            func.sum(_saving_beyond_aged(written)),
+        )
+        .select_from(written.join(idle, idle.c.cid == written.c.conversation_id))
+        .group_by(written.c.conversation_id, idle.c.incarnation)
+    )
 
 
 @dataclass
