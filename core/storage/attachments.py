@@ -182,16 +182,18 @@ def pointers_of(connection: Connection, conversation_id: str) -> dict[int, Point
     }
 
 
+_MARKERS = (  # built once: read on every request of the serve path
+    select(A.open_message_id, A.close_message_id, M.parent_id)
+    .join(MESSAGES, M.id == A.open_message_id)
+    .where(A.conversation_id == bindparam("cid"))
+)
+
+
 def marker_bridges(connection: Connection, conversation_id: str) -> dict[int, int]:
     """Each message attachment markers follow -> the last marker of the chain after it
     (``prefix.chain_ends``): a history a client resends maps over them (one indexed read,
     nothing for most conversations)."""
-    statement = (
-        select(A.open_message_id, A.close_message_id, M.parent_id)
-        .join(MESSAGES, M.id == A.open_message_id)
-        .where(A.conversation_id == conversation_id)
-    )
-    rows = connection.execute(statement).all()
+    rows = connection.execute(_MARKERS, {"cid": conversation_id}).all()
     if not rows:
         return {}
     return chain_ends((int(o), int(c), None if p is None else int(p)) for o, c, p in rows)

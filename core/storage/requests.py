@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, or_, select
+from sqlalchemy import Engine, and_, bindparam, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
@@ -406,19 +406,26 @@ def _append(
     return Mapped(ids[-1], len(path), ids, (*path, *ids))
 
 
+_M = MESSAGES.c
+# built once: a request's reads on the serve path run per turn, and building a statement costs
+# more than running one of these on an indexed table
+_START_PARENTS = select(_M.id).where(
+    _M.conversation_id == bindparam("cid"), _M.parent_id.is_(None), _M.role.in_(SYSTEM_ROLES)
+)
+_BY_HASH = select(_M.id, _M.parent_id, _M.content_hash).where(
+    _M.conversation_id == bindparam("cid"),
+    _M.content_hash.in_(bindparam("hashes", expanding=True)),
+)
+_BY_HASH_OR_ID = select(_M.id, _M.parent_id, _M.content_hash).where(
+    _M.conversation_id == bindparam("cid"),
+    or_(_M.content_hash.in_(bindparam("hashes", expanding=True)), _M.id == bindparam("known")),
+)
+
+
 def _start_parents(session: Session, conversation_id: str) -> list[int | None]:
     """Where a history may begin: as a root, or under a stored root system prompt (a request
     sends its own system prompt, which is not stored as history)."""
-    m = MESSAGES.c
-    rows = session.connection().execute(
-        select(m.id).where(
-            and_(
-                m.conversation_id == conversation_id,
-                m.parent_id.is_(None),
-                m.role.in_(SYSTEM_ROLES),
-            )
-        )
-    )
+    rows = session.connection().execute(_START_PARENTS, {"cid": conversation_id})
     return [None, *sorted(int(row[0]) for row in rows)]
 
 
@@ -427,19 +434,16 @@ def _candidates(
 ) -> list[Node]:
     """The stored messages whose hash is one of the request's: ids, parents and hashes only;
     with ``known``, that message too when it is still stored (read in the same query)."""
-    m = MESSAGES.c
     unique = sorted(set(hashes))
     nodes: list[Node] = []
     connection = session.connection()
     for start in range(0, max(len(unique), known is not None), HASH_BATCH):
         batch = unique[start : start + HASH_BATCH]
-        wanted: ColumnElement[bool] = m.content_hash.in_(batch)
+        values: dict[str, Any] = {"cid": conversation_id, "hashes": batch}
+        statement = _BY_HASH
         if known is not None and start == 0:
-            wanted = or_(wanted, m.id == known)
-        statement = select(m.id, m.parent_id, m.content_hash).where(
-            and_(m.conversation_id == conversation_id, wanted)
-        )
-        nodes.extend((int(r[0]), r[1], r[2]) for r in connection.execute(statement))
+            statement, values["known"] = _BY_HASH_OR_ID, known
+        nodes.extend((int(r[0]), r[1], r[2]) for r in connection.execute(statement, values))
     return nodes
 
 
