@@ -243,3 +243,53 @@ def test_a_client_resending_its_whole_input_matches_the_stored_items(
     requests = upstream.state.requests[start:]
     assert [r.error for r in requests if r.status != 200] == []
     assert check_items(requests, [0, 0, 1], WINDOW_TURNS) >= 2
+
+
+# --- tracing -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dialect", ["responses", "messages"])
+def test_a_native_call_is_a_span_of_the_clients_trace_carried_upstream(
+    upstream: Running, tmp_path: Any, dialect: str
+) -> None:
+    """With ``RECAP_TRACING``, a turn sent in a native dialect has its GenAI CLIENT span under
+    the turn's SERVER span, in the client's trace, with the native reply's usage; and the
+    request upstream carries that span as its W3C ``traceparent`` (the chat path did; the
+    native path sent none)."""
+    from tests.support.otlp import collector
+
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with collector() as traces, _serve(upstream, tmp_path, **traces.env("recap-serve")) as serve:
+        before = len(upstream.state.requests)
+        headers = {"traceparent": f"00-{trace_id}-{parent}-01"}
+        if dialect == "responses":
+            reply = serve.client().responses.create(
+                model=MODEL_A, input="hello", extra_headers=headers
+            )
+            used = reply.usage
+            assert used is not None
+            tokens = (used.input_tokens, used.output_tokens)
+            name, provider, route = "chat stand-a", "openai", "POST /v1/responses"
+        else:
+            message = claude_client(serve, "native-traced").messages.create(
+                model=CLAUDE_A,
+                max_tokens=256,
+                messages=[{"role": "user", "content": "hello"}],
+                extra_headers=headers,
+            )
+            tokens = (message.usage.input_tokens, message.usage.output_tokens)
+            name, provider, route = "chat claude-stand-a", "anthropic", "POST /v1/messages"
+        sent = upstream.state.requests[before:]
+        assert len(sent) == 1 and sent[0].status == 200
+        spans = traces.wait_for(trace_id, {name, route})
+    call = next(s for s in spans if s.name == name)
+    server = next(s for s in spans if s.name == route)
+    assert server.kind == "SERVER" and server.parent_id == parent and call.kind == "CLIENT"
+    assert call.trace_id == trace_id
+    assert call.attributes["gen_ai.provider.name"] == provider
+    assert (
+        call.attributes["gen_ai.usage.input_tokens"],
+        call.attributes["gen_ai.usage.output_tokens"],
+    ) == tokens
+    carried = sent[0].headers.get("traceparent", "")
+    assert carried.split("-")[1:3] == [trace_id, call.span_id]

@@ -64,6 +64,7 @@ class Seen:
     status: int = 200
     error: str = ""
     made: list[str] = field(default_factory=list)  # the sealed items of its reply (JSON text)
+    headers: dict[str, str] = field(default_factory=dict)  # as sent, names in lower case
 
 
 @dataclass
@@ -324,7 +325,8 @@ def _handler(state: NativeUpstream) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             body = json.loads(raw or b"{}")
-            seen = Seen(self.path, raw, body)
+            sent_headers = {k.lower(): v for k, v in self.headers.items()}
+            seen = Seen(self.path, raw, body, headers=sent_headers)
             state.requests.append(seen)
             anthropic = self.path.rstrip("/").endswith("/v1/messages")
             if isinstance(body.get("input"), str):  # a string is one user message

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from recap.core import tracing
 from recap.core.counting import providers
 from recap.core.request.native_items import LEFT_OUT_HEADER, SENT_HEADER, Report, dumps
 from recap.core.settings import Settings
@@ -137,15 +138,42 @@ class NativeClient:
             out["authorization"] = f"Bearer {self.key}"
         return out
 
-    async def post(self, dialect: str, body: bytes) -> tuple[int, bytes]:
-        """The upstream's status and body for one request of ``dialect``."""
+    async def post(
+        self, dialect: str, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """The upstream's status and body for one request of ``dialect`` (``headers``: more to
+        send, the call's ``traceparent`` when tracing)."""
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout)
         response = await self._client.post(
-            self.urls[dialect], content=body, headers=self.headers(dialect)
+            self.urls[dialect], content=body, headers={**self.headers(dialect), **(headers or {})}
         )
         return response.status_code, response.content
 
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
+
+
+def traced(call: Any, body: bytes) -> None:
+    """A native reply's usage, model, id and stop reason on its call's span (Responses and
+    Messages JSON both name them ``input_tokens`` and ``output_tokens``)."""
+    if not call.is_recording():
+        return
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return
+    if not isinstance(data, dict):
+        return
+    found = data.get("usage")
+    usage = found if isinstance(found, dict) else {}
+    reason = data.get("stop_reason", data.get("status"))
+    tracing.replied(
+        call,
+        input_tokens=usage.get("input_tokens"),
+        output_tokens=usage.get("output_tokens"),
+        response_model=data.get("model"),
+        response_id=data.get("id"),
+        finish_reasons=[reason] if isinstance(reason, str) else [],
+    )

@@ -176,15 +176,35 @@ class Upstream:
         ``native_messages.MessagesTurn``): the reply read, masked and checked as a
         ``Completion`` whose body is the upstream's JSON."""
         assert self.native is not None, "a native turn needs the native client"
+        # the call's CLIENT span, as on the chat path, carried upstream as W3C traceparent
+        call = tracing.model_call(
+            native.upstream_name(turn.model),
+            provider="anthropic" if turn.dialect == native.MESSAGES else "openai",
+            max_tokens=params.get("max_output_tokens", params.get("max_tokens")),
+            temperature=params.get("temperature"),
+            server=self._server,
+        )
+        carried: dict[str, str] = {}
+        tracing.inject_span(call, carried)
         metrics.upstream_started()
         try:
-            status, raw = await self.native.post(turn.dialect, turn.request(messages, params))
-        except httpx.HTTPError as exc:
-            raise direct.UpstreamError(BAD_GATEWAY, describe_failure(exc, ())) from None
-        metrics.upstream_answered(stream=False)
-        if status >= 400:
-            raise direct.error_from(status, raw)
-        return read_native(raw, turn, known_secrets(self.settings))
+            try:
+                status, raw = await self.native.post(
+                    turn.dialect, turn.request(messages, params), headers=carried
+                )
+            except httpx.HTTPError as exc:
+                raise direct.UpstreamError(BAD_GATEWAY, describe_failure(exc, ())) from None
+            metrics.upstream_answered(stream=False)
+            if status >= 400:
+                raise direct.error_from(status, raw)
+            completion = read_native(raw, turn, known_secrets(self.settings))
+        except BaseException as exc:
+            tracing.failed(call, exc)
+            call.end()
+            raise
+        native.traced(call, completion.body)
+        call.end()
+        return completion
 
     def is_direct(self, model: str) -> bool:
         """Whether a request for ``model`` goes out on the direct path."""
