@@ -9,6 +9,7 @@ import stat
 import threading
 from pathlib import Path
 
+import pytest
 from kombu import Connection
 
 from recap.workers import filebroker
@@ -118,3 +119,29 @@ def test_concurrent_bindings_keep_every_queue_and_never_show_a_torn_table(tmp_pa
         table = channel.get_table("shared")
     assert failures == []
     assert sorted(entry.queue for entry in table) == sorted(f"queue{n}" for n in range(bound))
+
+
+def test_a_host_sends_to_the_broker_folder_it_is_configured_with_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sending app was cached by the broker URL alone, and the file broker's URL is always
+    ``filesystem://``: once a process had sent through one folder, a host configured with
+    another folder went on writing to the first one, where no worker of its looks (the suite
+    lost a run this way when an earlier test had sent through a folder of its own)."""
+    from recap.core.settings import get_settings
+    from recap.workers import enqueue
+
+    enqueue.reset()
+    monkeypatch.setenv("RECAP_BROKER_URL", "filesystem://")
+    try:
+        for name in ("first", "second"):
+            monkeypatch.setenv("RECAP_BROKER_FOLDER", str(tmp_path / name))
+            get_settings.cache_clear()
+            enqueue.compress_later(f"conversation-{name}")
+        for name in ("first", "second"):
+            queued = [p for p in (tmp_path / name / "queue").iterdir() if p.suffix == ".msg"]
+            bodies = [p.read_text() for p in queued]
+            assert len(bodies) == 1 and f"conversation-{name}" in bodies[0], name
+    finally:
+        enqueue.reset()
+        get_settings.cache_clear()

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 import pytest
 
 from recap.core.client import Recap
-from recap.core.settings import get_settings
 from tests.support import doors
 from tests.support import framework_loop as loop
 from tests.support.frameworks_stack import FrameworkStack, host_on, start_stack
@@ -86,16 +85,8 @@ def check(figures: loop.Figures, draws: list[loop.Draw], reference: loop.Figures
 @pytest.fixture(scope="module")
 def reference(stack: FrameworkStack, tmp_path_factory: pytest.TempPathFactory) -> loop.Figures:
     """The README's loop on the Python API over the fast sessions: the figures to match."""
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in stack.host_env().items():
-            patch.setenv(key, value)
-        get_settings.cache_clear()
-        host = Recap(get_settings())
-        try:
-            return run(stack, host, "python_api", FAST)
-        finally:
-            host.engine.dispose()
-            get_settings.cache_clear()
+    with pytest.MonkeyPatch.context() as patch, host_on(stack, patch) as host:
+        return run(stack, host, "python_api", FAST)
 
 
 def test_the_python_api_reference(reference: loop.Figures) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -47,7 +48,7 @@ __all__ = [
     "send",
     "send_memory",
 ]
-_apps: dict[str, Celery] = {}
+_apps: dict[tuple[str, str], Celery] = {}  # by URL and, for the file broker, its folder
 _lock = threading.Lock()
 
 
@@ -156,10 +157,14 @@ def producer_app(broker_url: str | None = None) -> Celery:
 
     settings = get_settings()
     url = broker_url or settings.broker_url
+    # the embedded file broker's address is its folder, not its URL (always "filesystem://"):
+    # a host whose RECAP_BROKER_FOLDER changes sends to the new folder, not the first one's
+    folder = Path(settings.broker_folder).resolve() if url.startswith("filesystem:") else ""
+    key = (url, str(folder))
     with _lock:
-        app = _apps.get(url)
+        app = _apps.get(key)
         if app is None:
-            app = _apps[url] = _make_app(url)
+            app = _apps[key] = _make_app(url)
         return app
 
 
