@@ -20,8 +20,8 @@ pytest.importorskip("langchain_openai", reason="langchain-openai is not installe
 from sqlalchemy import text
 
 from recap.core.client import Recap
-from recap.core.settings import Settings
 from tests.support.content_meter import ContentMeter
+from tests.support.hosts import fresh_recap
 from tests.support.llm_server import LLMServer, Reply
 
 CID = "thread-1"
@@ -30,12 +30,8 @@ OVERFLOW = "context_length_exceeded"
 
 @pytest.fixture
 def recap(tmp_path: Path) -> Iterator[Recap]:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'r.db'}", output_dir=tmp_path / "o")
-    host = Recap(settings, create_schema=True)
-    try:
+    with fresh_recap(tmp_path) as host:
         yield host
-    finally:
-        host.engine.dispose()
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ pytest.importorskip("langchain_openai", reason="langchain-openai is not installe
 from sqlalchemy import text
 
 from recap.core.client import Recap
-from recap.core.settings import Settings
 from recap.integrations import _subagents
+from tests.support.hosts import fresh_recap
 from tests.support.llm_server import LLMServer, Reply
 
 THREAD = "lead-7"
@@ -30,12 +30,8 @@ THREAD = "lead-7"
 
 @pytest.fixture
 def recap(tmp_path: Path) -> Iterator[Recap]:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'r.db'}", output_dir=tmp_path / "o")
-    host = Recap(settings, create_schema=True)
-    try:
+    with fresh_recap(tmp_path) as host:
         yield host
-    finally:
-        host.engine.dispose()
 
 
 def _answer(body: dict[str, Any]) -> str:

@@ -68,6 +68,7 @@ from recap.core.client import Recap
 from recap.core.settings import Settings
 from recap.integrations.pydantic_ai import RecapHistory
 from tests.support.pydantic_ai_matchers import IsDatetime, IsStr, snapshot
+from tests.support.hosts import fresh_recap
 
 pytestmark = [pytest.mark.anyio]
 
@@ -88,13 +89,9 @@ class Peer:
 
 @pytest.fixture(params=["capability", "processor"])
 def recap(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Peer]:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'r.db'}", output_dir=tmp_path / "o")
-    host = Recap(settings, create_schema=True)
-    history = RecapHistory("peer-case", recap=host, max_input_tokens=32_000, enqueue=False)
-    try:
+    with fresh_recap(tmp_path) as host:
+        history = RecapHistory("peer-case", recap=host, max_input_tokens=32_000, enqueue=False)
         yield Peer(history, history if request.param == "capability" else ProcessHistory(history))
-    finally:
-        host.engine.dispose()
 
 
 @pytest.fixture

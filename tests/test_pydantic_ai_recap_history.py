@@ -24,8 +24,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from sqlalchemy import text
 
 from recap.core.client import Recap
-from recap.core.settings import Settings
 from recap.integrations.pydantic_ai import RecapHistory
+from tests.support.hosts import fresh_recap
 
 pytestmark = [pytest.mark.anyio]
 CID = "ticket-1"
@@ -38,12 +38,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def recap(tmp_path: Path) -> Iterator[Recap]:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'r.db'}", output_dir=tmp_path / "o")
-    host = Recap(settings, create_schema=True)
-    try:
+    with fresh_recap(tmp_path) as host:
         yield host
-    finally:
-        host.engine.dispose()
 
 
 @pytest.fixture
