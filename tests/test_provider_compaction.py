@@ -366,20 +366,26 @@ def test_the_python_api_keeps_both_and_falls_back(
     assert SUMMARY_MESSAGE_PREFIX.strip()[:30] in sent_b
 
 
+def compacting_host(upstream: Running, folder: Path) -> Recap:
+    """A host whose runs ask the stand-in for the provider's compaction (no summary model of
+    its own: the chat's), each summary active at once."""
+    settings = Settings(  # type: ignore[call-arg]
+        database_url=f"sqlite:///{folder}/recap.db",
+        upstream_api_base=upstream.url,
+        provider_compaction="auto",
+        summary_model=None,
+        activation_horizon_requests=0,
+    )
+    return Recap(settings, create_schema=True)
+
+
 def test_a_second_compaction_carries_the_first(
     stack: tuple[Serve, Running], tmp_path: Path
 ) -> None:
     """The span of a later run starts with the summary before it: the provider is sent its
     own earlier compaction (byte for byte, accepted), not the readable text."""
     _serve, upstream = stack
-    settings = Settings(  # type: ignore[call-arg]
-        database_url=f"sqlite:///{tmp_path}/recap.db",
-        upstream_api_base=upstream.url,
-        provider_compaction="auto",
-        summary_model=None,
-        activation_horizon_requests=0,
-    )
-    host = Recap(settings, create_schema=True)
+    host = compacting_host(upstream, tmp_path)
     cid = host.new(model=MODEL_A, max_input_tokens=3_000)
     stored: list[str] = []
     for round_ in range(2):
@@ -460,14 +466,7 @@ def test_anthropic_compaction_through_the_python_api(
 
     _serve, upstream = stack
     claude_a, claude_b = "anthropic/claude-stand-a", "anthropic/claude-stand-b"
-    settings = Settings(  # type: ignore[call-arg]
-        database_url=f"sqlite:///{tmp_path}/recap.db",
-        upstream_api_base=upstream.url,
-        provider_compaction="auto",
-        summary_model=None,
-        activation_horizon_requests=0,
-    )
-    host = Recap(settings, create_schema=True)
+    host = compacting_host(upstream, tmp_path)
     small = host.new(model=claude_a, max_input_tokens=3_000)
     for n in range(8):
         host.add(small, {"role": "user", "content": " ".join(f"s{n}w{i}" for i in range(110))})
