@@ -123,9 +123,9 @@ def user_header(request: Request) -> str | None:
 
 def turn_user(owner: str, params: dict[str, Any], header: str | None) -> str | None:
     """The stored id of the user a turn is for: the header's name, else the API's ``user``
-    field, scoped by the client key as conversation ids are (``memories.serve_user``); None
+    field, scoped by the client key as conversation ids are (``serve_user``); None
     when the request names no user."""
-    from recap.core.storage.memories import serve_user
+    from recap.core.values.memory import serve_user
 
     name = header if header is not None else params.get("user")
     if name is None or name == "":
