@@ -2,9 +2,10 @@
 short session. Conversations as a whole live in ``conversations.py``, the request path (read,
 assemble) in ``assembling.py``, what a request records in ``recording.py``, attach and merge in
 ``attaching.py``; the console's reads in ``console.py``, the database as a whole in
-``database.py``, the maintenance run now in ``maintenance.py`` and a user's memory in
-``memories.py``. The public names of the first four are here, with the ingest step new messages
-go through (``Ingest``), whether a conversation is stored, and the store's clock."""
+``database.py``, the maintenance run now in ``maintenance.py``, a user's memory in
+``memories.py`` and ``recap serve``'s writes and what its response ids name in ``serving.py``.
+The public names of the first four are here, with the ingest step new messages go through
+(``Ingest``), whether a conversation is stored, and the store's clock."""
 
 from __future__ import annotations
 
