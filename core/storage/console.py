@@ -1,6 +1,7 @@
-"""The web console's reads (``workers.ui``): the conversations list, paginated in the database,
-and the rows one conversation's page shows beside its branch (the compaction log, provider
-readings, when messages, summaries and clearings were written, the branches to switch between).
+"""The web console's reads (``workers.ui``, through ``core.service.console``): the conversations
+list, paginated in the database, and the rows one conversation's page shows beside its branch
+(the compaction log, provider readings, when messages, summaries and clearings were written, the
+branches to switch between); the values they return are ``core.values.console``'s.
 
 Reads only. The list is two statements: the page's ids (filtered, sorted and cut by the database,
 so a page costs about the same among ten conversations and ten thousand), then the figures of
