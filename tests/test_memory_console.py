@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from recap.core.client import Recap
 from recap.core.memory.run import extract_memories
 from recap.core.settings import get_settings
-from recap.core.storage.memories import serve_user
+from recap.core.values.memory import serve_user
 from recap.workers.serve.auth import fingerprint
 from recap.workers.ui.app import standalone
 

@@ -23,7 +23,7 @@ from recap.core.memory.window import Window
 from recap.core.settings import Settings, load_settings
 from recap.core.storage import erase, memories
 from recap.core.storage.models import CompactionLog, table_of, utcnow
-from recap.core.values.memory import MemoryEdit, MemoryRec
+from recap.core.values.memory import MemoryEdit, MemoryRec, serve_user
 from tests.support.cli_helpers import FAILED, assert_refused, recap, snapshot
 
 LOG = table_of(CompactionLog)
@@ -202,11 +202,11 @@ def test_one_user_never_sees_anothers_memory(sqlite_engine: Engine) -> None:
 
 
 def test_serve_users_are_scoped_by_the_key() -> None:
-    a = memories.serve_user("f" * 32, "amy")
-    b = memories.serve_user("e" * 32, "amy")
+    a = serve_user("f" * 32, "amy")
+    b = serve_user("e" * 32, "amy")
     assert a != b and a.endswith("/amy") and b.endswith("/amy")
     with pytest.raises(InputError):
-        memories.serve_user("f" * 32, "x" * 300)
+        serve_user("f" * 32, "x" * 300)
 
 
 def test_export_holds_everything_kept(sqlite_engine: Engine) -> None:

@@ -18,7 +18,7 @@ import pytest
 from recap.core.client import Recap
 from recap.core.request.memory import MEMORY_HEADING
 from recap.core.settings import get_settings
-from recap.core.storage import memories
+from recap.core.values.memory import serve_user
 from recap.workers.serve.auth import fingerprint
 from tests.support.llm_server import LLMServer, Reply
 from tests.support.serving import (
@@ -146,7 +146,7 @@ def _the_stacks_broker(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
 
 def served_user(key: str, name: str) -> str:
-    return memories.serve_user(fingerprint(key), name)
+    return serve_user(fingerprint(key), name)
 
 
 def names_of(stack: Stack, user: str) -> list[str]:

@@ -1,7 +1,11 @@
 """Engine-level operations for hosts, the CLI, the console and ``recap serve``: each opens its own
 short session. Conversations as a whole live in ``conversations.py``, the request path (read,
-assemble) in ``assembling.py``, what a request records in ``recording.py``; their public names
-are here."""
+assemble) in ``assembling.py``, what a request records in ``recording.py``, attach and merge in
+``attaching.py``; the console's reads in ``console.py``, the database as a whole in
+``database.py``, the maintenance run now in ``maintenance.py``, a user's memory in
+``memories.py`` and ``recap serve``'s writes and what its response ids name in ``serving.py``.
+The public names of the first four are here, with the ingest step new messages go through
+(``Ingest``), whether a conversation is stored, and the store's clock."""
 
 from __future__ import annotations
 
@@ -28,9 +32,13 @@ from recap.core.service.conversations import (
     set_output_reserve,
 )
 from recap.core.service.recording import Recording
+from recap.core.storage.erase import conversation_exists  # one short read: an engine operation
+from recap.core.storage.models import utcnow  # the clock every stored time is read by
+from recap.core.storage.outputs import Ingest  # the ingest step (``Prepare``) a door applies
 
 __all__ = [
     "Attached",
+    "Ingest",
     "MergeStarted",
     "Prepare",
     "Recording",
@@ -39,6 +47,7 @@ __all__ = [
     "assemble",
     "assemble_unrecorded",
     "attach",
+    "conversation_exists",
     "conversation_meta",
     "conversation_stats",
     "export_conversation",
@@ -52,4 +61,5 @@ __all__ = [
     "record_usage",
     "set_conversation_meta",
     "set_output_reserve",
+    "utcnow",
 ]

@@ -1,6 +1,7 @@
-"""The web console's reads (``workers.ui``): the conversations list, paginated in the database,
-and the rows one conversation's page shows beside its branch (the compaction log, provider
-readings, when messages, summaries and clearings were written, the branches to switch between).
+"""The web console's reads (``workers.ui``, through ``core.service.console``): the conversations
+list, paginated in the database, and the rows one conversation's page shows beside its branch
+(the compaction log, provider readings, when messages, summaries and clearings were written, the
+branches to switch between); the values they return are ``core.values.console``'s.
 
 Reads only. The list is two statements: the page's ids (filtered, sorted and cut by the database,
 so a page costs about the same among ten conversations and ten thousand), then the figures of
@@ -19,8 +20,7 @@ counts every branch after the cutoff. The page's own figures are then ``recap st
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,6 +56,14 @@ from recap.core.storage.models import (
 )
 from recap.core.storage.store import as_utc
 from recap.core.values.actions import Action
+from recap.core.values.console import (
+    SORTS,
+    ConversationRow,
+    Page,
+    PressureInputs,
+    Reading,
+    Run,
+)
 from recap.core.values.records import SYSTEM_ROLES
 
 LOG = table_of(CompactionLog)
@@ -63,7 +71,6 @@ USAGE = table_of(Usage)
 C, M, L = CONVERSATIONS.c, MESSAGES.c, LOG.c
 
 FAILED = Action.FAILED
-SORTS = ("activity", "id", "messages", "tokens", "pressure", "failures")  # the list's sorts
 PROMPT_ROLES = SYSTEM_ROLES  # a root message of these roles is the stored prompt
 MODELS_MAX = 500  # distinct models a pressure sort knows windows for (the rest sort last)
 NO_ROOM = 1e12  # the pressure of a conversation whose fixed parts leave its history no room
@@ -72,74 +79,6 @@ SEARCH_CHARS_MAX = 255  # a conversation id is at most this long, so a longer se
 LOG_ROWS = 200  # compaction-log rows one conversation page shows, newest first
 USAGE_ROWS = 2_000  # provider readings one conversation page charts, newest first
 BRANCHES_MAX = 50  # branch heads one conversation page offers
-
-
-@dataclass(frozen=True, slots=True)
-class ConversationRow:
-    """One line of the conversations list."""
-
-    id: str
-    owner: str | None
-    model: str
-    max_input_tokens: int | None
-    last_activity_at: datetime | None
-    messages: int
-    stored_tokens: int  # every stored message of every branch, as counted at ingest
-    last_action: str | None
-    last_run_at: datetime | None
-    failures: int  # failed runs in the retained compaction log
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    rows: list[ConversationRow]
-    total: int  # conversations matching the filter, across all pages
-    # With the pressure sort: each row's pressure as the sort worked it out (None: no window)
-    pressures: dict[str, float | None] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PressureInputs:
-    """What the pressure sort needs beside the rows (``core.counting.budget``'s inputs):
-    ``window_of(model)`` gives a model's window and its output reserve when the window comes
-    from the model map (None: unknown model), and the settings that the budget reads."""
-
-    window_of: Callable[[str], tuple[int, int] | None]
-    safety_margin: float
-    default_fixed_tokens: int
-    priming_tokens: int = 3
-    now: datetime | None = None  # the clock the calibration's age weight reads (default: now)
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """One compaction-log row as the conversation page shows it."""
-
-    id: int
-    created_at: datetime | None
-    last_seen_at: datetime | None
-    repeats: int
-    trigger: str
-    action: str
-    reason: str
-    tokens_before: int
-    tokens_after: int
-    duration_ms: int
-    model: str | None
-    error: str | None
-    summary_id: int | None
-    leaf_message_id: int | None
-    task_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Reading:
-    """A provider's usage report of one request."""
-
-    leaf_message_id: int | None
-    prompt_tokens: int
-    estimated_tokens: int
-    created_at: datetime | None
 
 
 def _like(search: str) -> str:

@@ -36,17 +36,10 @@ from recap.core.values.memory import (
 )
 
 M, R, U = MEMORIES.c, MEMORY_RUNS.c, MEMORY_USERS.c
-SERVE_PREFIX = "key-"  # a serve user id: the key's fingerprint, then the client's name
 
 
 class MemoryLimitError(InputError):
     """A set would take the user's memory past its token cap (``RECAP_MEMORY_MAX_TOKENS``)."""
-
-
-def serve_user(fingerprint: str, name: str) -> str:
-    """The stored user id of the user a `recap serve` client key names ``name``: scoped by the
-    key's fingerprint as conversation ids are, so one key never reads another key's users."""
-    return check_user(f"{SERVE_PREFIX}{fingerprint[:16]}/{check_user(name)}")
 
 
 def entry_tokens(key: str, text: str) -> int:

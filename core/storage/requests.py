@@ -25,6 +25,7 @@ from recap.core.storage.hashing import message_hash
 from recap.core.storage.models import CONVERSATIONS, MESSAGES
 from recap.core.storage.outputs import Ingest
 from recap.core.values.records import SYSTEM_ROLES
+from recap.core.values.serving import Mapped, Owner, Resolved
 
 HASH_BATCH = 500  # hashes per IN list: far below every driver's parameter limit
 CREATE_ATTEMPTS = 2  # a write that still meets another's new row is retried once
@@ -33,26 +34,6 @@ SCOPE_MARK = "~"  # between a client's name and the digest of a key-scoped conve
 SCOPE_DIGEST_CHARS = 24  # 96 bits of the key's fingerprint and the name: no two keys share one
 SCOPE_SALT = b"recap-serve-scope:"  # a scoped id's digest is no plain hash of what it mixes
 MAX_ID_CHARS = 255  # the conversations.id column
-
-
-@dataclass(frozen=True, slots=True)
-class Mapped:
-    """Where a request's history landed: the leaf of its branch, how many of its messages were
-    stored already, and the ids of those appended now."""
-
-    leaf_id: int | None
-    matched: int
-    appended: list[int]
-    path: tuple[int, ...] = ()  # the stored id of every message of the request
-
-
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """Who may use a conversation, and what a new one is created with."""
-
-    fingerprint: str
-    model: str
-    max_input_tokens: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,15 +145,6 @@ def scoped_id(name: str, fingerprint: str) -> str:
     digest = hashlib.sha256(SCOPE_SALT + f"{fingerprint}\n{name}".encode()).hexdigest()
     head = name[: MAX_ID_CHARS - len(SCOPE_MARK) - SCOPE_DIGEST_CHARS]
     return f"{head}{SCOPE_MARK}{digest[:SCOPE_DIGEST_CHARS]}"
-
-
-@dataclass(frozen=True, slots=True)
-class Resolved:
-    """Where a client key's conversation ``name`` is stored: ``conversation_id``, and whether
-    that conversation exists already (else it is the id a first turn creates)."""
-
-    conversation_id: str
-    exists: bool
 
 
 def resolve(engine: Engine, name: str, fingerprint: str) -> Resolved:

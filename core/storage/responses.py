@@ -4,8 +4,6 @@ the response ids a ``DELETE`` made name nothing."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, and_, func, select
@@ -13,6 +11,7 @@ from sqlalchemy import Connection, and_, func, select
 from recap.core.errors import NotFoundError
 from recap.core.storage import store
 from recap.core.storage.models import CONVERSATIONS, MESSAGES, Usage, table_of
+from recap.core.values.serving import StoredReply
 
 
 def reply_to_continue(
@@ -52,19 +51,6 @@ def deleted_responses(connection: Connection, conversation_id: str) -> set[int]:
     ).scalar()
     listed = meta.get(DELETED_RESPONSES) if isinstance(meta, dict) else None
     return {int(v) for v in listed or () if isinstance(v, int)}
-
-
-@dataclass(frozen=True, slots=True)
-class StoredReply:
-    """A stored reply as ``GET /v1/responses/{id}`` reads it back: the message (OpenAI chat
-    format), when it was stored, the conversation's model, and the provider's usage of the
-    request it answered (prompt, completion, cached tokens), when recorded."""
-
-    id: int
-    message: dict[str, Any]
-    created_at: datetime
-    model: str
-    usage: tuple[int, int, int] | None
 
 
 def stored_reply(

@@ -16,6 +16,7 @@ MAX_USER_CHARS = 255  # as a conversation id
 KEY_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 MEMORY_ENCODING = "o200k_base"  # a stored entry's tokens (the cap); a request counts its own
 SET, DELETE = "set", "delete"
+SERVE_PREFIX = "key-"  # a serve user id: the key's fingerprint, then the client's name
 
 
 class MemoryRec(NamedTuple):
@@ -95,3 +96,9 @@ def check_user(user_id: object) -> str:
     if len(user_id) > MAX_USER_CHARS or any(ord(c) < 32 for c in user_id):
         raise InputError(f"a user id is at most {MAX_USER_CHARS} printable characters")
     return user_id
+
+
+def serve_user(fingerprint: str, name: str) -> str:
+    """The stored user id of the user a `recap serve` client key names ``name``: scoped by the
+    key's fingerprint as conversation ids are, so one key never reads another key's users."""
+    return check_user(f"{SERVE_PREFIX}{fingerprint[:16]}/{check_user(name)}")

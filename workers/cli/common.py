@@ -53,7 +53,7 @@ def known_secrets() -> list[str]:
 def engine(*, create: bool = False) -> Any:
     """The engine for ``RECAP_DATABASE_URL``. Only ``create`` (``recap init``) creates an SQLite
     file: any other command on a missing one says to run ``recap init`` and leaves no file."""
-    from recap.core.storage.db import get_engine
+    from recap.core.service.database import get_engine
 
     return get_engine(settings().database_url, create=create)
 

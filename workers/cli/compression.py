@@ -55,13 +55,10 @@ def reconcile(as_json: JsonFlag = False) -> None:
 
 def _failed_since(since: str, conversations: list[str] | None = None) -> list[Any]:
     """The failed runs not settled within ``since`` (a duration such as ``24h``)."""
-    from recap.core.storage.compaction_log import failed_runs
-    from recap.core.storage.db import session_scope
-    from recap.core.storage.models import utcnow
+    from recap.core.service import maintenance
 
-    moment = utcnow() - parse_duration(since)
-    with session_scope(engine()) as session:
-        return failed_runs(session, since=moment, conversation_ids=conversations)
+    within = parse_duration(since)
+    return maintenance.failed_runs(engine(), within=within, conversation_ids=conversations)
 
 
 @handles_errors
@@ -112,12 +109,9 @@ def retry(
 
 def _existing(conversations: list[str]) -> list[str]:
     """The ids, after checking each names a stored conversation (``NotFoundError`` if not)."""
-    from recap.core.storage.db import session_scope
-    from recap.core.storage.store import get_conversation
+    from recap.core.service import maintenance
 
-    with session_scope(engine()) as session:
-        for conversation in conversations:
-            get_conversation(session, conversation)
+    maintenance.require_conversations(engine(), conversations)
     return conversations
 
 

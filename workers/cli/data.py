@@ -19,7 +19,7 @@ from recap.workers.cli.options import MESSAGE_ID, TOKEN_COUNT, JsonFlag, LeafOpt
 @handles_errors
 def init(as_json: JsonFlag = False) -> None:
     """Create or migrate the database schema."""
-    from recap.core.storage.migrate import upgrade
+    from recap.core.service.database import upgrade
 
     created = engine(create=True)
     revision = upgrade(created)
@@ -58,9 +58,7 @@ def import_(
 
 def _ingest() -> service.Prepare | None:
     """The ingest step applied to every new message (tool-output truncation)."""
-    from recap.core.storage.outputs import Ingest
-
-    return Ingest.from_settings(settings())
+    return service.Ingest.from_settings(settings())
 
 
 @handles_errors
@@ -202,11 +200,12 @@ def recount(
 ) -> None:
     """Recount the conversation's stored token counts made for another model, in batches
     (with --model, record the model change first)."""
-    from recap.core.storage import recount as recounts
+    from recap.core.service import maintenance
 
-    if model is not None:
-        recounts.set_model(engine(), conversation, model, max_input_tokens=max_input_tokens)
-    elif max_input_tokens is not None:
+    if model is None and max_input_tokens is not None:
         fail("--max-input-tokens goes with --model")
-    payload = recounts.recount_conversation(engine(), conversation).as_dict()
+    recounted = maintenance.recount(
+        engine(), conversation, model=model, max_input_tokens=max_input_tokens
+    )
+    payload = recounted.as_dict()
     emit(payload, as_json, lambda: table("recount", list(payload), [list(payload.values())]))

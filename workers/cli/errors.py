@@ -55,7 +55,7 @@ def _environment_error(exc: Exception) -> str | None:
     if "sqlalchemy" in sys.modules:
         from sqlalchemy.exc import DBAPIError
 
-        from recap.core.storage.db import INIT_HINT, is_schema_missing
+        from recap.core.service.database import INIT_HINT, is_schema_missing
 
         if is_schema_missing(exc):
             return f"the database has no Recap schema; {INIT_HINT}"
@@ -70,7 +70,7 @@ def _environment_error(exc: Exception) -> str | None:
 
 def _database_named() -> str:
     """``RECAP_DATABASE_URL`` and its value, password hidden, for a database error."""
-    from recap.core.storage.db import display_url
+    from recap.core.service.database import display_url
 
     return f"RECAP_DATABASE_URL={display_url(settings().database_url)}"
 

@@ -25,10 +25,9 @@ def sweep(
     as_json: JsonFlag = False,
 ) -> None:
     """Clear old tool results of idle conversations now (the beat sweep, all batches)."""
-    from recap.core.storage.models import utcnow
-    from recap.core.storage.sweep import sweep_idle
+    from recap.core.service import maintenance
 
-    result = sweep_idle(engine(), settings(), now=utcnow(), idle_minutes=idle_minutes)
+    result = maintenance.sweep(engine(), settings(), idle_minutes=idle_minutes)
     payload = result.as_dict()
     emit(payload, as_json, lambda: table("sweep", list(payload), [list(payload.values())]))
 
@@ -45,12 +44,9 @@ def cleanup(
     as_json: JsonFlag = False,
 ) -> None:
     """Delete saved tool outputs older than the retention now (the beat cleanup)."""
-    import time
+    from recap.core.service import maintenance
 
-    from recap.core.storage.outputs import cleanup_outputs
-
-    days = settings().output_retention_days if retention_days is None else retention_days
-    result = cleanup_outputs(settings().output_dir, now=time.time(), retention_days=days)
+    result = maintenance.cleanup(settings(), retention_days=retention_days)
     payload = result.as_dict()
     emit(payload, as_json, lambda: table("cleanup", list(payload), [list(payload.values())]))
 
@@ -59,16 +55,8 @@ def cleanup(
 def prune_log(as_json: JsonFlag = False) -> None:
     """Delete compaction-log rows past RECAP_LOG_RETENTION_DAYS (skipped runs) and
     RECAP_LOG_HISTORY_DAYS (every run) now (the beat pruning)."""
-    from recap.core.storage.compaction_log import prune_log as prune
-    from recap.core.storage.models import utcnow
+    from recap.core.service import maintenance
 
-    current = settings()
-    result = prune(
-        engine(),
-        now=utcnow(),
-        retention_days=current.log_retention_days,
-        history_days=current.log_history_days,
-        max_batches=None,
-    )
+    result = maintenance.prune_log(engine(), settings())
     payload = result.as_dict()
     emit(payload, as_json, lambda: table("prune-log", list(payload), [list(payload.values())]))

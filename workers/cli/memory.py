@@ -24,7 +24,7 @@ Key = Annotated[str, typer.Argument(help="The entry's key (a-z, 0-9, '_', '.', '
 @handles_errors
 def list_(user: User, as_json: JsonFlag = False) -> None:
     """The user's entries, newest first, with the conversation and message that wrote each."""
-    from recap.core.storage import memories
+    from recap.core.service import memories
 
     found = memories.list_memories(engine(), user)
     on = memories.is_enabled(engine(), user)
@@ -47,7 +47,7 @@ def set_(
     user: User, key: Key, text: Annotated[str, typer.Argument()], as_json: JsonFlag = False
 ) -> None:
     """Set one entry (within RECAP_MEMORY_MAX_TOKENS for the user)."""
-    from recap.core.storage import memories
+    from recap.core.service import memories
 
     done = memories.set_memory(engine(), user, key, text, cap=settings().memory_max_tokens)
     emit(
@@ -68,7 +68,7 @@ def delete(
     """Delete one entry, or with --yes and no key, the user's whole memory and switch."""
     if key is None and not yes:
         fail(f"recap memory delete without a key removes all of {user!r}'s memory; add --yes")
-    from recap.core.storage import memories
+    from recap.core.service import memories
 
     gone = memories.delete_memory(engine(), user, key)
     payload = {"user_id": user, "key": key, "deleted": gone}
@@ -99,7 +99,7 @@ def on(user: User, as_json: JsonFlag = False) -> None:
 
 
 def _switch(user: str, value: bool, as_json: bool) -> None:
-    from recap.core.storage import memories
+    from recap.core.service import memories
 
     memories.set_enabled(engine(), user, value)
     state = "on" if value else "off"
@@ -118,7 +118,7 @@ def extract(
 ) -> None:
     """Extract the user's memory from the conversation's turn now, in this process."""
     from recap.core.memory.run import extract_now
-    from recap.core.storage.erase import conversation_exists
+    from recap.core.service import conversation_exists
 
     if not conversation_exists(engine(), conversation):
         fail(f"unknown conversation {conversation!r}")

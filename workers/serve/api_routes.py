@@ -23,7 +23,7 @@ from starlette.routing import Route
 from recap.core.counting.tokens import TOKENS_REPLY_PRIMING
 from recap.core.errors import BudgetError, InputError, NotFoundError
 from recap.core.request.prefix import split_system
-from recap.core.storage import requests as history
+from recap.core.service import serving
 from recap.workers.serve import (
     messages_api,
     native,
@@ -149,11 +149,9 @@ def previous_not_found(value: str) -> ServeError:
 
 
 def resolve_previous(engine: Any, ref: responses_api.Reference, owner: str) -> int:
-    """The stored message a response id continues after (``core.storage.reads``); ``ref``'s
+    """The stored message a response id continues after (``core.service.serving``); ``ref``'s
     conversation is the id it is stored under (``Previous.conversation_id``)."""
-    from recap.core.storage.responses import reply_to_continue
-
-    return reply_to_continue(
+    return serving.reply_to_continue(
         engine, ref.conversation_id, ref.message_id, exact=ref.exact, owner=owner
     )
 
@@ -470,13 +468,13 @@ def counted(
         return request_tokens(model, chat.messages, tools)
     recap = state.turns.recap.recap
     try:  # the conversation this key's name means; none yet (or none of this key's): as is
-        resolved = history.resolve(recap.engine, cid, owner)
+        resolved = serving.resolve(recap.engine, cid, owner)
     except NotFoundError:
         return request_tokens(model, chat.messages, tools)
     if not resolved.exists:
         return request_tokens(model, chat.messages, tools)
     cid = resolved.conversation_id
-    leaf, matched = history.stored_prefix(recap.engine, cid, owner, rest)
+    leaf, matched = serving.stored_prefix(recap.engine, cid, owner, rest)
     if leaf is None:
         return request_tokens(model, chat.messages, tools)
     try:

@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from recap.core.storage.records import ROLES
+from recap.core.values.records import ROLES
 from recap.workers.serve import bounded
 from recap.workers.serve.errors import bad_request, too_large
 from recap.workers.serve.upstream import parameters

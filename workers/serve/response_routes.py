@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from recap.core.errors import NotFoundError
-from recap.core.storage import responses
-from recap.core.storage.requests import forget_response
+from recap.core.service import serving
+from recap.core.values.serving import StoredReply
 from recap.workers.serve import response_events, responses_api, routes
 from recap.workers.serve.errors import ServeError, bad_request
 
@@ -51,7 +51,7 @@ def checked_reference(value: str) -> responses_api.Reference:
     return ref
 
 
-def stored_object(value: str, reply: responses.StoredReply) -> dict[str, Any]:
+def stored_object(value: str, reply: StoredReply) -> dict[str, Any]:
     """The response object of a stored reply, under the id it was asked by."""
     created = int(reply.created_at.timestamp())
     head = responses_api.Head(value, reply.model, {}, created_at=created)
@@ -62,7 +62,7 @@ def stored_object(value: str, reply: responses.StoredReply) -> dict[str, Any]:
     return response
 
 
-def replayed(value: str, reply: responses.StoredReply) -> bytes:
+def replayed(value: str, reply: StoredReply) -> bytes:
     """A stored reply as the events of its stream (``GET ...?stream=true``): the same items,
     ids and final response as ``stored_object`` gives."""
     created = int(reply.created_at.timestamp())
@@ -85,16 +85,16 @@ def replayed(value: str, reply: responses.StoredReply) -> bytes:
     return b"".join(response_events.sse(event) for event in out)
 
 
-def _read(state: routes.State, ref: responses_api.Reference, owner: str) -> responses.StoredReply:
+def _read(state: routes.State, ref: responses_api.Reference, owner: str) -> StoredReply:
     engine = state.turns.recap.recap.engine
-    return responses.stored_reply(
+    return serving.stored_reply(
         engine, ref.conversation_id, ref.message_id, exact=ref.exact, owner=owner
     )
 
 
 def _forget(state: routes.State, ref: responses_api.Reference, owner: str) -> None:
     reply = _read(state, ref, owner)  # the model's reply, or the 404 of a GET
-    forget_response(state.turns.recap.recap.engine, ref.conversation_id, reply.id, owner)
+    serving.forget_response(state.turns.recap.recap.engine, ref.conversation_id, reply.id, owner)
 
 
 async def _stored(state: routes.State, value: str, owner: str) -> responses_api.Reference:

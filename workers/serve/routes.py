@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse, Response
 from recap.core.counting.tokens import UnknownModelError
 from recap.core.errors import NotFoundError, RecapError
 from recap.core.request.prefix import split_system
-from recap.core.storage import requests as history
-from recap.core.storage.db import ping
+from recap.core.service.database import ping
+from recap.core.values.serving import Mapped, Owner
 from recap.workers.serve import headers, reader, upstream
 from recap.workers.serve.auth import KeyRing
 from recap.workers.serve.errors import ServeError, bad_request, client_text, not_found, unauthorized
@@ -123,9 +123,9 @@ def user_header(request: Request) -> str | None:
 
 def turn_user(owner: str, params: dict[str, Any], header: str | None) -> str | None:
     """The stored id of the user a turn is for: the header's name, else the API's ``user``
-    field, scoped by the client key as conversation ids are (``memories.serve_user``); None
+    field, scoped by the client key as conversation ids are (``serve_user``); None
     when the request names no user."""
-    from recap.core.storage.memories import serve_user
+    from recap.core.values.memory import serve_user
 
     name = header if header is not None else params.get("user")
     if name is None or name == "":
@@ -156,7 +156,7 @@ def new_turn(
     tools = params.get("tools")
     return Turn(
         conversation_id=cid,
-        owner=history.Owner(owner, model, settings.serve_max_input_tokens),
+        owner=Owner(owner, model, settings.serve_max_input_tokens),
         model=model,
         system=system,
         tools=tools if isinstance(tools, list) else None,
@@ -240,7 +240,7 @@ async def stored_turn(
     )
 
 
-async def _prepare(turns: Turns, turn: Turn) -> history.Mapped:
+async def _prepare(turns: Turns, turn: Turn) -> Mapped:
     """The history stored and the request assembled, Recap's errors as OpenAI errors."""
     try:
         mapped = await turns.prepare(turn)
@@ -265,7 +265,7 @@ def _stream_turn(
     turn: Turn,
     stream: Any,
     usage: bool,
-    mapped: history.Mapped,
+    mapped: Mapped,
     started: float,
     shape: Shape | None = None,
 ) -> Response:
@@ -323,7 +323,7 @@ def _stream_turn(
     return TurnStream(relay, close, headers=dict(reply_headers(turn)), on_first=first)
 
 
-def _log_turn(turn: Turn, mapped: history.Mapped, started: float, outcome: str) -> None:
+def _log_turn(turn: Turn, mapped: Mapped, started: float, outcome: str) -> None:
     log.info(
         "serve_turn",
         conversation_id=turn.conversation_id,

@@ -26,7 +26,7 @@ MODELS_TIMEOUT = 5.0  # seconds the upstream has to list its models
 
 def database_url(settings: Settings) -> str:
     """The database URL as it may be shown: without its password."""
-    from recap.core.storage.db import display_url
+    from recap.core.service.database import display_url
 
     return display_url(settings.database_url)
 
@@ -36,7 +36,7 @@ def prepare_database(settings: Settings) -> str | None:
     it was brought to, or None when it was there already. A database that cannot be reached is
     one ``RecapError`` line."""
     logging.getLogger("alembic").setLevel(logging.WARNING)  # no line per plugin or step
-    from recap.core.storage.migrate import prepare
+    from recap.core.service.database import prepare
 
     return prepare(settings.database_url)
 

@@ -3,7 +3,7 @@ upstream model (compressing once and retrying when it does not fit), store the r
 usage, enqueue compression.
 
 Conversation ids are scoped per client key: the name a request gives is resolved to the
-conversation of that key (``core.storage.requests.resolve``) before anything waits, so a
+conversation of that key (``core.service.serving.resolve``) before anything waits, so a
 request never queues behind another key's. Turns of one key's conversation run one at a time
 in this process (an asyncio lock per key and name, held from the first read to the stored
 reply) and across processes (each write holds the database's append lock), so two requests at
@@ -27,10 +27,10 @@ from recap.core.aio import AsyncRecap
 from recap.core.errors import BudgetError, NotFoundError
 from recap.core.redact import error_text, known_secrets, redact
 from recap.core.request.assembly import AssembledRequest
+from recap.core.service import Ingest, serving
 from recap.core.settings import Settings
-from recap.core.storage import requests as history
-from recap.core.storage.outputs import Ingest
 from recap.core.values.request import RequestSpec
+from recap.core.values.serving import Mapped, Owner, Resolved
 from recap.workers.serve import metrics, recall, upstream
 from recap.workers.serve import tracing as serve_tracing
 from recap.workers.serve.errors import ServeError, client_text, context_too_long, not_found
@@ -49,7 +49,7 @@ class Turn:
     name itself until resolved."""
 
     conversation_id: str
-    owner: history.Owner
+    owner: Owner
     model: str
     system: str | None
     tools: list[dict[str, Any]] | None
@@ -88,7 +88,7 @@ class Turns:
         self.ingest = Ingest.from_settings(settings)
         self.locks = ConversationLocks()
         self.names = ResolvedNames()
-        self.seen = history.SeenRequests()
+        self.seen = serving.SeenRequests()
         self.upstream = upstream.Upstream(settings)
         self._secrets = known_secrets(settings)
 
@@ -101,11 +101,11 @@ class Turns:
             found = (await self.lookup(turn.owner.fingerprint, turn.name)).conversation_id
         turn.conversation_id = found
 
-    async def lookup(self, fingerprint: str, name: str) -> history.Resolved:
-        """Where the key's conversation ``name`` is stored (``history.resolve``); a 404 when it
+    async def lookup(self, fingerprint: str, name: str) -> Resolved:
+        """Where the key's conversation ``name`` is stored (``serving.resolve``); a 404 when it
         cannot be this key's."""
         try:
-            return await self.recap.run(history.resolve, self.recap.recap.engine, name, fingerprint)
+            return await self.recap.run(serving.resolve, self.recap.recap.engine, name, fingerprint)
         except NotFoundError:
             raise not_found(name) from None
 
@@ -123,7 +123,7 @@ class Turns:
             raise NotFoundError(name)
         return resolved.conversation_id
 
-    async def prepare(self, turn: Turn) -> history.Mapped:
+    async def prepare(self, turn: Turn) -> Mapped:
         """The request's history on the tree and Recap's request for it (``turn.sent``), in one
         trip to the thread pool; compressing once, and assembling again, if it does not fit."""
         mapped, request = await self.recap.run(self._store_and_assemble, turn)
@@ -132,14 +132,14 @@ class Turns:
         metrics.assembled(turn.assembled)
         return mapped
 
-    def _store_and_assemble(self, turn: Turn) -> tuple[history.Mapped, list[dict[str, Any]] | None]:
+    def _store_and_assemble(self, turn: Turn) -> tuple[Mapped, list[dict[str, Any]] | None]:
         try:
             mapped = self._store(turn)
         except NotFoundError:  # the id is another key's now: the name is resolved again, once
             if turn.after is not None:
                 raise
             engine = self.recap.recap.engine
-            resolved = history.resolve(engine, turn.name, turn.owner.fingerprint)
+            resolved = serving.resolve(engine, turn.name, turn.owner.fingerprint)
             if resolved.conversation_id == turn.conversation_id:
                 raise
             turn.conversation_id = resolved.conversation_id
@@ -164,15 +164,15 @@ class Turns:
         )
         return mapped, assembled.messages
 
-    def _store(self, turn: Turn) -> history.Mapped:
+    def _store(self, turn: Turn) -> Mapped:
         engine = self.recap.recap.engine
         with tracing.span("recap.read", {"recap.conversation_id": turn.conversation_id}) as span:
             if turn.after is not None:
-                mapped = history.store_after(
+                mapped = serving.store_after(
                     engine, self.ingest, turn.conversation_id, turn.owner, turn.after, turn.history
                 )
             else:
-                mapped = history.store_request(
+                mapped = serving.store_request(
                     engine, self.ingest, turn.conversation_id, turn.owner, turn.history, self.seen
                 )
             span.set_attributes(
@@ -406,7 +406,7 @@ class Turns:
     def _store_reply(self, turn: Turn, message: dict[str, Any], response: Any = None) -> int:
         if turn.reply_form is not None:  # another API's spelling of the reply
             message = turn.reply_form(message, response)
-        return history.store_reply(
+        return serving.store_reply(
             self.recap.recap.engine,
             self.ingest,
             turn.conversation_id,

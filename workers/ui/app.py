@@ -24,8 +24,8 @@ from starlette.templating import Jinja2Templates
 from recap.core.errors import RecapError
 from recap.core.redact import error_text, known_secrets
 from recap.core.request.native_items import described
+from recap.core.service.database import get_engine
 from recap.core.settings import Settings, get_settings
-from recap.core.storage.db import get_engine
 from recap.workers.ui import memory, routes
 from recap.workers.ui.auth import LoginLimiter, Sessions
 from recap.workers.ui.headers import SecurityHeaders

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from recap.core.results import Stats
-from recap.core.storage.profile import FixedParts
+from recap.core.values.profile import FixedParts
 
 # The parts of a request, in the bar's order; then what the window keeps beside the request.
 PARTS = ("system", "tools", "summary", "history", "media", "reasoning")

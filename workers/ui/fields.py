@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from recap.core.storage.console import SORTS
+from recap.core.values.console import SORTS
 from recap.core.values.limits import MESSAGE_ID_MAX, NAME_MAX_CHARS
 
 PAGE_SIZE = 25  # conversations per page by default
@@ -79,7 +79,7 @@ def size(text: str | None) -> int:
 
 
 def sort(text: str | None) -> str:
-    """``sort`` of the list: one of ``core.storage.console.SORTS``."""
+    """``sort`` of the list: one of ``core.values.console.SORTS``."""
     if not text:
         return SORT_DEFAULT
     if text not in SORTS:

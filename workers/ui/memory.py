@@ -1,6 +1,6 @@
 """The console's memory pages: the users with entries (``/ui/memory``) and one user's entries
 with the turn that wrote each (``/ui/memory/u/{user}``), read only. A session of a serve client
-key sees that key's users alone (their ids start with its scope, ``core.storage.memories``);
+key sees that key's users alone (their ids start with its scope, ``core.values.memory.serve_user``);
 another key's user is a 404, as its conversations are."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from recap.core.errors import InputError
-from recap.core.storage import memories
+from recap.core.service import memories
+from recap.core.values.memory import SERVE_PREFIX
 from recap.workers.ui.fields import FieldError
 from recap.workers.ui.routes import console_of, current, not_found, refused, render, to_login
 from recap.workers.ui.views import Scope
@@ -23,7 +24,7 @@ def prefix_of(scope: Scope) -> str | None:
     """The user ids a session may see start with this (None: all of them)."""
     if scope.operator:
         return None
-    return f"{memories.SERVE_PREFIX}{(scope.owner or '')[:16]}/"
+    return f"{SERVE_PREFIX}{(scope.owner or '')[:16]}/"
 
 
 def users(request: Request) -> Response:

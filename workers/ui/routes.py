@@ -21,7 +21,7 @@ from starlette.templating import Jinja2Templates
 from recap.core.errors import NotFoundError
 from recap.core.redact import error_text
 from recap.core.settings import Settings
-from recap.core.storage.console import SORTS
+from recap.core.values.console import SORTS
 from recap.workers.ui import fields, views
 from recap.workers.ui.auth import COOKIE, LoginLimiter, Session, Sessions
 from recap.workers.ui.fields import FieldError

@@ -1,6 +1,6 @@
 """What the console's pages show, read from the database with the functions the CLI uses.
 
-Reads only: the conversations list (``core.storage.console``, paginated in the database, with
+Reads only: the conversations list (``core.service.console``, paginated in the database, with
 ``core.service.conversation_stats`` for the rows of the page), and one conversation's page (the
 stats, the branch, the request as ``core.request.assembly.assemble`` builds it now and, when asked,
 as ``core.service.assemble`` builds it as of a chosen time, the compaction log, the provider
@@ -22,16 +22,16 @@ from sqlalchemy import Engine
 from recap.core import service
 from recap.core.counting import budget as budgets
 from recap.core.counting import tokens
-from recap.core.errors import InputError, NotFoundError, RecapError
+from recap.core.errors import InputError, RecapError
 from recap.core.redact import known_secrets, redact
 from recap.core.request import assembly
 from recap.core.results import Stats
-from recap.core.service import assembling, attaching
+from recap.core.service import assembling, console
+from recap.core.service.console import ConversationRead
 from recap.core.settings import Settings
-from recap.core.storage import activation, attachments, compressed, console, outputs, reads
-from recap.core.storage.db import session_scope
-from recap.core.storage.models import utcnow
-from recap.core.storage.profile import Profile, load_profile
+from recap.core.values.actions import Action
+from recap.core.values.console import ConversationRow, PressureInputs, Run
+from recap.core.values.profile import Profile
 from recap.core.values.records import Msg, SummaryRec
 from recap.core.values.request import RequestSpec
 from recap.workers.serve.auth import fingerprint
@@ -76,7 +76,7 @@ def owner_label(owner: str | None, labels: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class ListRow:
-    row: console.ConversationRow
+    row: ConversationRow
     owner: str
     stats: Stats | None
     problem: str | None = None
@@ -105,18 +105,17 @@ def list_view(
     page_size: int,
 ) -> ListView:
     """One page of the conversations list, each row with its stats."""
-    with session_scope(engine) as session:
-        found = console.list_conversations(
-            session.connection(),
-            search=search,
-            owner=scope.owner,
-            scoped=not scope.operator,
-            sort=sort,
-            descending=descending,
-            limit=page_size,
-            offset=(page - 1) * page_size,
-            pressure=pressure_inputs(settings),
-        )
+    found = console.list_conversations(
+        engine,
+        search=search,
+        owner=scope.owner,
+        scoped=not scope.operator,
+        sort=sort,
+        descending=descending,
+        limit=page_size,
+        offset=(page - 1) * page_size,
+        pressure=pressure_inputs(settings),
+    )
     labels = owner_labels(settings.serve_keys)
     rows = []
     for row in found.rows:
@@ -130,7 +129,7 @@ def list_view(
     return ListView(rows, found.total, page, pages, search, sort, descending)
 
 
-def pressure_inputs(settings: Settings) -> console.PressureInputs:
+def pressure_inputs(settings: Settings) -> PressureInputs:
     """What the list's pressure sort needs: each model's window and output reserve from the
     model map (as ``core.counting.budget`` reads them), and the budget's settings."""
 
@@ -146,7 +145,7 @@ def pressure_inputs(settings: Settings) -> console.PressureInputs:
         )
         return window, reserve
 
-    return console.PressureInputs(
+    return PressureInputs(
         window_of=window_of,
         safety_margin=settings.safety_margin,
         default_fixed_tokens=settings.default_fixed_tokens,
@@ -167,7 +166,7 @@ class ConversationView:
     bar: Bar
     items: list[Item]
     summaries: list[SummaryRec]
-    runs: list[console.Run]
+    runs: list[Run]
     branches: list[tuple[int, datetime | None]]
     chart: dict[str, Any]
     request: assembly.AssembledRequest | None
@@ -197,70 +196,14 @@ class AsOfView:
     bad_input: bool = False
 
 
-@dataclass(frozen=True)
-class _Read:
-    model: str
-    window_override: int | None
-    owner: str | None
-    loaded: reads.RequestBranch
-    summaries: list[SummaryRec]
-    profile: Profile | None
-    runs: list[console.Run]
-    readings: list[console.Reading]
-    created: dict[int, datetime]
-    cleared_at: dict[int, datetime]
-    branches: list[tuple[int, datetime | None]]
-    expanded: reads.RequestBranch | None = None  # the branch with its attachments expanded
-    provenance: dict[int, str] = field(default_factory=dict)  # attached items: where from
-    merges: list[dict[str, Any]] = field(default_factory=list)  # the branch's merges
-
-
-def _read(engine: Engine, conversation_id: str, leaf: int | None, settings: Settings) -> _Read:
-    with session_scope(engine) as session:
-        connection = session.connection()
-        exists, owner = console.owner_of(connection, conversation_id)
-        if not exists:
-            raise NotFoundError(f"unknown conversation {conversation_id!r}")
-        model, override = reads.conversation_head(session, conversation_id)
-        profile = load_profile(connection, conversation_id)
-        # a ready summary as the next request would choose it (used now, or still waiting)
-        now = utcnow()
-        context = activation.context_for(session, conversation_id, settings, model, profile, now)
-        loaded = reads.load_whole_branch(session, conversation_id, leaf, context)
-        expanded, expansion = attaching.expand_loaded(connection, conversation_id, loaded)
-        on_branch = {m.id for m in loaded.branch}
-        return _Read(
-            expanded=expanded,
-            provenance=dict(expansion.provenance) if expansion is not None else {},
-            merges=[
-                m.as_dict()
-                for m in attachments.merges_of(connection, conversation_id)
-                if m.instruction_id in on_branch
-            ],
-            model=model,
-            window_override=override,
-            owner=owner,
-            loaded=loaded,
-            summaries=compressed.load_summaries(session, conversation_id),
-            profile=profile,
-            runs=console.runs(connection, conversation_id),
-            readings=console.readings(connection, conversation_id),
-            created=console.message_times(connection, conversation_id),
-            cleared_at=console.clearing_times(connection, conversation_id),
-            branches=console.branch_heads(connection, conversation_id),
-        )
-
-
 def conversation_owner(engine: Engine, conversation_id: str) -> tuple[bool, str | None]:
     """Whether the conversation exists, and its owner's fingerprint."""
-    with session_scope(engine) as session:
-        return console.owner_of(session.connection(), conversation_id)
+    return console.conversation_owner(engine, conversation_id)
 
 
 def has_message(engine: Engine, conversation_id: str, message_id: int) -> bool:
     """Whether ``message_id`` is one of the conversation's messages."""
-    with session_scope(engine) as session:
-        return console.has_message(session.connection(), conversation_id, message_id)
+    return console.has_message(engine, conversation_id, message_id)
 
 
 def conversation_view(
@@ -272,7 +215,7 @@ def conversation_view(
 ) -> ConversationView:
     """Everything one conversation's page shows, for the branch ending at ``leaf``; with
     ``as_of`` (a time as typed), the request as of that time too."""
-    read = _read(engine, conversation_id, leaf, settings)
+    read = console.read_conversation(engine, conversation_id, leaf, settings)
     stats = service.conversation_stats(engine, conversation_id, settings, leaf)
     held_back = _held_back(read.loaded.branch, read.profile)
     request, problem = None, None
@@ -323,7 +266,7 @@ def conversation_view(
         request_json=_request_json(request, secrets),
         request_problem=problem,
         held_back=held_back,
-        latest_failed=bool(runs) and runs[0].action == console.FAILED,
+        latest_failed=bool(runs) and runs[0].action == Action.FAILED,
         summary_in_effect=in_effect,
         clearings=sum(1 for m in read.loaded.branch if m.id in read.loaded.clearings),
         pinned=len(read.loaded.pinned),
@@ -384,7 +327,7 @@ def as_of_view(
     return AsOfView(text, moment, request, _request_json(request, secrets), None)
 
 
-def _masked_run(run: console.Run, secrets: list[str]) -> console.Run:
+def _masked_run(run: Run, secrets: list[str]) -> Run:
     """A log row with its reason and error masked once more (they are stored masked)."""
     return replace(
         run,
@@ -417,7 +360,7 @@ def _held_back(branch: Sequence[Msg], profile: Profile | None) -> int:
 
 
 def preview_request(
-    read: _Read, settings: Settings, leaf: int | None, held_back: int
+    read: ConversationRead, settings: Settings, leaf: int | None, held_back: int
 ) -> assembly.AssembledRequest:
     """The request ``recap assemble`` would build now from the stored branch, with room held
     back for the host's own fixed parts; nothing is recorded."""
@@ -429,22 +372,15 @@ def preview_request(
         read.window_override is not None,
         read.profile,
         leaf,
-        utcnow(),
+        service.utcnow(),
     ).request
     loaded = read.expanded or read.loaded  # attachments expanded, as a request has them
-    missing = frozenset(
-        m.output_path
-        for m in loaded.branch
-        if m.output_path
-        and m.id in loaded.clearings
-        and not outputs.output_exists(m.output_path, settings.output_dir)
-    )
     stored = assembly.StoredBranch(
         branch=loaded.branch,
         summary=loaded.summary,
         clearings=loaded.clearings,
         pinned=loaded.pinned,
-        missing_outputs=missing,
+        missing_outputs=console.missing_outputs(loaded, settings),
     )
     target = assembly.Target(
         model=read.model,
@@ -457,7 +393,7 @@ def preview_request(
     return assembly.assemble(stored, target=target)
 
 
-def request_series(read: _Read, stats: Stats) -> dict[str, Any]:
+def request_series(read: ConversationRead, stats: Stats) -> dict[str, Any]:
     """The data of the request-tokens chart (``workers.ui.chart``)."""
     history = chart.History(
         branch=read.loaded.branch,
