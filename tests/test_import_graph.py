@@ -65,16 +65,20 @@ def edges() -> set[tuple[str, str]]:
     return found
 
 
-def test_the_lower_floors_import_no_storage() -> None:
-    """counting, request, decision, summaries and values never import core.storage."""
-    bad = [
+def storage_imports(folders: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(file, module) for every import of ``core.storage`` in ``folders``."""
+    return [
         (str(path.relative_to(ROOT)), module)
-        for folder in FLOORS
+        for folder in folders
         for path in files(folder)
         for module in imports_of(path)
         if module == "core.storage" or module.startswith("core.storage.")
     ]
-    assert bad == []
+
+
+def test_the_lower_floors_import_no_storage() -> None:
+    """counting, request, decision, summaries and values never import core.storage."""
+    assert storage_imports(FLOORS) == []
 
 
 DOORS = ("workers/serve", "workers/ui", "workers/cli", "recap/integrations")
@@ -83,14 +87,7 @@ DOORS = ("workers/serve", "workers/ui", "workers/cli", "recap/integrations")
 def test_serve_console_cli_and_adapters_never_import_core_storage() -> None:
     """serve, console, CLI and adapters never import core.storage: each operation they need on
     the database is one of ``core.service``, which opens its own session."""
-    bad = [
-        (str(path.relative_to(ROOT)), module)
-        for folder in DOORS
-        for path in files(folder)
-        for module in imports_of(path)
-        if module == "core.storage" or module.startswith("core.storage.")
-    ]
-    assert bad == []
+    assert storage_imports(DOORS) == []
 
 
 def test_the_bottom_floor_imports_only_errors() -> None:

@@ -29,7 +29,6 @@ from tests.support.serving import (
     Serve,
     new_id,
     reply_to,
-    running_serve,
     turn,
     wait_until,
 )
@@ -83,11 +82,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    from celery.contrib.testing.worker import start_worker
-
-    from recap.workers import enqueue
-    from recap.workers.app import app
-    from tests.support.celery_helpers import configured_app
+    from tests.support.serve_worker import serve_with_worker
 
     folder = tmp_path_factory.mktemp("memory")
     url = f"sqlite:///{folder / 'recap.db'}"
@@ -102,23 +97,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "RECAP_SUMMARY_API_KEY": "sk-memory-model-key-0123456789",
         "RECAP_OUTPUT_DIR": str(folder / "outputs"),
     }
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
-            patch.setenv(key, value)
-        get_settings.cache_clear()
-        enqueue.reset()
-        try:
-            with (
-                running_serve(url, folder / "serve", llm, **env) as serve,
-                configured_app(get_settings(), None),
-                start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
-                             loglevel="WARNING", shutdown_timeout=30),
-            ):  # fmt: skip
-                yield Stack(serve, llm, Recap(get_settings()), env["RECAP_BROKER_FOLDER"])
-        finally:
-            llm.stop()
-            enqueue.reset()
-            get_settings.cache_clear()
+    try:
+        with serve_with_worker(url, folder, llm, env) as serve:
+            yield Stack(serve, llm, Recap(get_settings()), env["RECAP_BROKER_FOLDER"])
+    finally:
+        llm.stop()
 
 
 def as_user(

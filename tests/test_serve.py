@@ -672,16 +672,10 @@ def test_concurrent_requests_for_one_conversation_never_fork(db_url: str, tmp_pa
 # --- 40 turns with a real worker -----------------------------------------------------------------
 
 
-def test_forty_turns_resent_stored_once_and_requests_shrink(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_forty_turns_resent_stored_once_and_requests_shrink(tmp_path: Path) -> None:
     """A client resending its whole history for 40 turns: every message stored once, and the
     upstream request shrinks once the worker (a real one, on the file broker) has summarized."""
-    from celery.contrib.testing.worker import start_worker
-
-    from recap.core.settings import get_settings
-    from recap.workers.app import app
-    from tests.support.celery_helpers import configured_app
+    from tests.support.serve_worker import serve_with_worker
 
     url = f"sqlite:///{tmp_path / 'recap.db'}"
     env = {
@@ -690,17 +684,9 @@ def test_forty_turns_resent_stored_once_and_requests_shrink(
         "RECAP_BROKER_URL": "filesystem://",
         "RECAP_BROKER_FOLDER": str(tmp_path / "broker"),
     }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    get_settings.cache_clear()
     llm = LLMServer(default=reply_to).start()
     try:
-        with (
-            running_serve(url, tmp_path / "serve", llm, **env) as serve,
-            configured_app(get_settings(), None),
-            start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
-                         loglevel="WARNING", shutdown_timeout=30),
-        ):  # fmt: skip
+        with serve_with_worker(url, tmp_path, llm, env) as serve:
             cid = new_id()
             messages: list[dict[str, Any]] = [SYSTEM]
             sizes: list[int] = []

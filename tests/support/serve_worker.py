@@ -47,18 +47,32 @@ def serve_and_worker(
         "RECAP_SUMMARY_API_KEY": "test-key",
         "RECAP_LLM_TIMEOUT": "60",
     }
-    monkeypatch = pytest.MonkeyPatch()
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    get_settings.cache_clear()
-    try:
-        with (
-            running_serve(url, folder / "serve", upstream, **env) as serve,
-            configured_app(get_settings(), None),
-            start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
-                         loglevel="WARNING", shutdown_timeout=30),
-        ):  # fmt: skip
-            yield serve
-    finally:
-        monkeypatch.undo()
+    with serve_with_worker(url, folder, upstream, env) as serve:
+        yield serve
+
+
+@contextlib.contextmanager
+def serve_with_worker(
+    url: str, folder: Path, upstream: LLMServer, env: dict[str, str]
+) -> Iterator[Serve]:
+    """Serve on ``url`` against ``upstream`` and a threads worker in this process, both with
+    ``env`` (set in this process for the block, with the settings and the senders' cached apps
+    renewed before and after)."""
+    from recap.workers import enqueue
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
         get_settings.cache_clear()
+        enqueue.reset()
+        try:
+            with (
+                running_serve(url, folder / "serve", upstream, **env) as serve,
+                configured_app(get_settings(), None),
+                start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
+                             loglevel="WARNING", shutdown_timeout=30),
+            ):  # fmt: skip
+                yield serve
+        finally:
+            enqueue.reset()
+            get_settings.cache_clear()
