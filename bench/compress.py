@@ -77,7 +77,7 @@ def pre_call_hook(connections: ThreadConnections) -> Iterator[None]:
     import litellm  # isort: skip
     from litellm.integrations.custom_logger import CustomLogger  # isort: skip
 
-    class Hook(CustomLogger):  # type: ignore[misc]  (litellm is not followed by mypy)
+    class Hook(CustomLogger):  # type: ignore[misc]  # litellm: not followed by mypy
         def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
             connections.at_call()
 
