@@ -14,8 +14,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
-
 OVERFLOW_CODE = "context_length_exceeded"
 BAD_GATEWAY = 502
 GATEWAY_TIMEOUT = 504
@@ -93,17 +91,11 @@ class Transport(Protocol):
 
 
 class UpstreamError(Exception):
-    """The upstream refused or failed a request: its status, message and code."""
+    """The upstream refused or failed a request: its status, message and code
+    (``upstream.is_context_overflow`` reads whether it says the request was too large)."""
 
     def __init__(self, status_code: int, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.message = message
         self.code = code
-
-    @property
-    def context_overflow(self) -> bool:
-        """The request does not fit the model's window, by litellm's reading of the message."""
-        return self.code == OVERFLOW_CODE or ExceptionCheckers.is_error_str_context_window_exceeded(
-            self.message
-        )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import httpx
 
@@ -27,6 +27,7 @@ from recap.workers.serve.chunks import usage_counts
 from recap.workers.serve.errors import UPSTREAM, ServeError, client_text
 from recap.workers.serve.replies import (
     BAD_GATEWAY,
+    OVERFLOW_CODE,
     ChunkStream,
     Reply,
     Transport,
@@ -35,9 +36,11 @@ from recap.workers.serve.replies import (
     outgoing,
 )
 from recap.workers.serve.validation.fields import PART_TYPES
-from recap.workers.serve.via_litellm import LitellmClient, is_openai_model
 
-__all__ = ["UpstreamError", "is_openai_model", "outgoing"]
+if TYPE_CHECKING:
+    from recap.workers.serve.via_litellm import LitellmClient
+
+__all__ = ["UpstreamError", "outgoing"]
 
 PASSED_PARAMS = frozenset(
     {
@@ -113,7 +116,9 @@ class Upstream:
             if base is not None and self.mode != "litellm"
             else None
         )
-        self._litellm = LitellmClient(settings)
+        self._litellm: LitellmClient | None = None  # made on first use (``via_litellm``)
+        if self._direct is None:  # every request goes through litellm: ready from the start
+            self._litellm_client()
         self._server = tracing.server_of(base)  # the calls' server.address and server.port
         if settings.upstream_dialect == "native" and base is None:
             raise RecapError("RECAP_UPSTREAM_DIALECT=native needs RECAP_UPSTREAM_API_BASE")
@@ -194,6 +199,13 @@ class Upstream:
         """The transport a request for ``model`` goes out on."""
         if self._direct is not None and self.is_direct(model):
             return self._direct
+        return self._litellm_client()
+
+    def _litellm_client(self) -> LitellmClient:
+        if self._litellm is None:
+            from recap.workers.serve.via_litellm import LitellmClient
+
+            self._litellm = LitellmClient(self.settings)
         return self._litellm
 
     @overload
@@ -276,8 +288,22 @@ class Upstream:
 
 
 def is_context_overflow(exc: BaseException) -> bool:
-    """The provider said the request does not fit its window."""
-    return isinstance(exc, UpstreamError) and exc.context_overflow
+    """The provider said the request does not fit its window: its code says so, or its
+    message does by litellm's reading."""
+    if not isinstance(exc, UpstreamError):
+        return False
+    if exc.code == OVERFLOW_CODE:
+        return True
+    from recap.workers.serve.via_litellm import says_overflow
+
+    return says_overflow(exc.message)
+
+
+def is_openai_model(model: str) -> bool:
+    """Whether litellm calls ``model`` as OpenAI (or Azure OpenAI) does."""
+    from recap.workers.serve import via_litellm
+
+    return via_litellm.is_openai_model(model)
 
 
 def as_serve_error(exc: BaseException, settings: Settings) -> ServeError:

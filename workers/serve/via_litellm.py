@@ -2,6 +2,12 @@
 calls, its replies and chunks read into plain values and its failures into ``UpstreamError``
 here, once, so nothing past the seam sees a litellm object.
 
+litellm takes about three seconds to import. `recap serve` imports this module at startup when
+every request goes through litellm (``RECAP_UPSTREAM_CLIENT=litellm``, or no
+``RECAP_UPSTREAM_API_BASE``); with a base URL in ``auto`` mode, when it first needs it (a request
+for a model it does not send directly, or an error message to read), never for the direct path
+alone.
+
 Two litellm habits are handled here too: a server that answers a streamed request with one JSON
 body is read as an empty stream by litellm (``answered_whole``, ``whole_reply_stream``), and
 litellm's own logging copies each request unless told not to (the environment below).
@@ -23,6 +29,7 @@ os.environ.setdefault("MAX_BASE64_LENGTH_FOR_LOGGING", "0")
 
 import httpx
 import litellm
+from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
 
 from recap.core.settings import Settings
 from recap.workers.serve import direct
@@ -54,6 +61,12 @@ def is_openai_model(model: str) -> bool:
     except Exception:  # a name litellm cannot place: not one it calls as OpenAI
         return False
     return provider in OPENAI_PROVIDERS
+
+
+def says_overflow(message: str) -> bool:
+    """Whether an error message says the request does not fit the model's window, by litellm's
+    reading of the providers' messages."""
+    return bool(ExceptionCheckers.is_error_str_context_window_exceeded(message))
 
 
 def upstream_error(exc: Exception) -> UpstreamError:
