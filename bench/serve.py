@@ -183,7 +183,7 @@ def _first_byte(
 
 
 class LitellmAlone:
-    """``workers.serve.upstream.complete`` (litellm, as `recap serve` configures it) on an event
+    """``workers.serve.via_litellm.complete`` (litellm, as `recap serve` configures it) on an event
     loop of its own, kept for every call so that litellm's cached client is reused."""
 
     def __init__(self, upstream: str, messages: list[dict[str, Any]]) -> None:
@@ -200,10 +200,10 @@ class LitellmAlone:
         return asyncio.run_coroutine_threadsafe(self._first_chunk(), self.loop).result()
 
     async def _first_chunk(self) -> float:
-        from recap.workers.serve import upstream
+        from recap.workers.serve import via_litellm
 
         started = time.perf_counter()
-        stream = await upstream.complete(MODEL, self.messages, {}, self.settings, stream=True)
+        stream = await via_litellm.complete(MODEL, self.messages, {}, self.settings, stream=True)
         chunks = stream.__aiter__()
         await chunks.__anext__()
         elapsed = time.perf_counter() - started

@@ -71,7 +71,7 @@ def test_streamed_lines_are_read_whatever_their_ending(ending: bytes, piece: int
         port = server.sockets[0].getsockname()[1]
         client = DirectClient(f"http://127.0.0.1:{port}/v1", None, 10.0)
         try:
-            stream = await client.complete("openai/m", [], {}, stream=True)
+            stream = await client.stream("openai/m", [], {})
             return [chunk.data["choices"][0]["delta"]["content"] async for chunk in stream]
         finally:
             await client.aclose()

@@ -38,6 +38,7 @@ from recap.workers.serve import (
     upstream,
 )
 from recap.workers.serve.errors import ServeError, bad_request, context_too_long, echoed, not_found
+from recap.workers.serve.replies import ChunkStream
 from recap.workers.serve.shapes import Shape
 from recap.workers.serve.streaming import ClientGone, Relay
 
@@ -73,7 +74,7 @@ class ConvertedRelay(Relay):
 
     def __init__(
         self,
-        stream: Any,
+        stream: ChunkStream,
         events: Events,
         encode: Callable[[Mapping[str, Any]], bytes],
         error: Callable[[BaseException], ServeError],
@@ -179,7 +180,7 @@ def responses_shape(
         usage = upstream.usage_of(response)
         return _dumps(responses_api.response_object(head, message, usage, finish_reason(response)))
 
-    def relay(stream: Any, storable: bool = True) -> Relay:
+    def relay(stream: ChunkStream, storable: bool = True) -> Relay:
         head.id = name(None)
         return ConvertedRelay(
             stream,
@@ -378,7 +379,7 @@ def messages_shape(state: routes.State, model: str, input_tokens: Callable[[], i
         )
         return _dumps(reply)
 
-    def relay(stream: Any, storable: bool = True) -> Relay:
+    def relay(stream: ChunkStream, storable: bool = True) -> Relay:
         events = messages_api.MessageEvents(message_id, model, input_tokens())
         return ConvertedRelay(
             stream,

@@ -19,21 +19,26 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import certifi
 import httpx
 import orjson
-from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
 
 from recap.workers.serve import bounded
+from recap.workers.serve.replies import (
+    BAD_GATEWAY,
+    GATEWAY_TIMEOUT,
+    OVERFLOW_CODE,
+    Chunk,
+    Reply,
+    UpstreamError,
+)
+
+__all__ = ["OVERFLOW_CODE", "Chunk", "DirectClient", "Reply", "UpstreamError"]
 
 PROVIDER_PREFIX = "openai/"
-OVERFLOW_CODE = "context_length_exceeded"
-BAD_GATEWAY = 502
-GATEWAY_TIMEOUT = 504
 MAX_ERROR_TEXT = 2_000  # characters of a non-JSON error body kept in the message
 CONNECTIONS = 100  # at most this many upstream requests at once (the rest wait for one)
 USER_AGENT = f"recap-serve aiohttp/{aiohttp.__version__}"  # what the upstream sees calling
@@ -45,23 +50,6 @@ EVENT_STREAM = "text/event-stream"
 # httpx logs every request's URL at INFO: one line per turn, and the base URL is a setting that
 # may carry credentials; failures reach the log through recap serve's own masked lines.
 logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
-class UpstreamError(Exception):
-    """The upstream refused or failed a request: its status, message and code."""
-
-    def __init__(self, status_code: int, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.code = code
-
-    @property
-    def context_overflow(self) -> bool:
-        """The request does not fit the model's window, by litellm's reading of the message."""
-        return self.code == OVERFLOW_CODE or ExceptionCheckers.is_error_str_context_window_exceeded(
-            self.message
-        )
 
 
 def error_from(status: int, body: bytes) -> UpstreamError:
@@ -78,22 +66,6 @@ def error_from(status: int, body: bytes) -> UpstreamError:
         return UpstreamError(status, message, str(code) if code is not None else None)
     text = body.decode("utf-8", "replace")[:MAX_ERROR_TEXT] or f"HTTP {status}"
     return UpstreamError(status, str(error) if error is not None else text)
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """One streamed chunk: its JSON as the upstream wrote it, and parsed."""
-
-    raw: bytes
-    data: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """A whole (non-streamed) reply: its JSON as the upstream wrote it, and parsed."""
-
-    raw: bytes
-    data: dict[str, Any]
 
 
 class Stream:
@@ -184,17 +156,44 @@ class DirectClient:
             )
         return self._session
 
-    async def complete(
+    async def reply(
         self,
         model: str,
         messages: Sequence[Mapping[str, Any]],
         params: Mapping[str, Any],
         *,
-        stream: bool,
         headers: Mapping[str, str] | None = None,
-    ) -> Reply | Stream | ReplyStream:
-        """One request: the reply, or its stream when ``stream`` (usage asked for either way);
-        ``headers`` go with it beside the client's own (the trace context)."""
+    ) -> Reply:
+        """One request's whole reply (usage asked for); ``headers`` go with it beside the
+        client's own (the trace context)."""
+        response = await self._post(model, messages, params, False, headers)
+        return parse_reply(await _read_all(response))
+
+    async def stream(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> Stream | ReplyStream:
+        """One request's reply as it streams (usage asked for); a server that ignores
+        ``stream`` answers with the whole reply: one chunk of it."""
+        response = await self._post(model, messages, params, True, headers)
+        if not response.headers.get("Content-Type", "").startswith(EVENT_STREAM):
+            return ReplyStream(parse_reply(await _read_all(response)))
+        return Stream(response)
+
+    async def _post(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        stream: bool,
+        headers: Mapping[str, str] | None,
+    ) -> aiohttp.ClientResponse:
+        """The request sent; its response once the status and headers are in (an error status
+        read and raised as an ``UpstreamError``)."""
         body: dict[str, Any] = {**params, "model": model.removeprefix(PROVIDER_PREFIX)}
         body["messages"] = messages
         if stream:
@@ -210,15 +209,9 @@ class DirectClient:
             raise UpstreamError(
                 BAD_GATEWAY, f"cannot reach the upstream ({type(exc).__name__})"
             ) from None
-        streamed = response.headers.get("Content-Type", "").startswith(EVENT_STREAM)
-        if response.status >= 400 or not stream or not streamed:
-            raw = await _read_all(response)
-            if response.status >= 400:
-                raise error_from(response.status, raw)
-            reply = parse_reply(raw)
-            # a server that ignores `stream` answers with the whole reply: one chunk of it
-            return ReplyStream(reply) if stream else reply
-        return Stream(response)
+        if response.status >= 400:
+            raise error_from(response.status, await _read_all(response))
+        return response
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -139,7 +139,7 @@ def native_shape(turn: NativeTurn, name: Callable[[int | None], str], store: boo
         answer = turn.answer(data, name(reply_id), store)
         return json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
 
-    def relay(completion: Any, storable: bool = True) -> Relay:
+    def relay(completion: upstream.Completion, storable: bool = True) -> Relay:
         def answer(data: dict[str, Any]) -> dict[str, Any]:
             return turn.answer(data, name(None), store)
 

@@ -23,6 +23,7 @@ from recap.core import recall
 from recap.core.counting import tokens
 from recap.core.settings import Settings
 from recap.workers.serve import metrics, upstream
+from recap.workers.serve.replies import Reply
 
 if TYPE_CHECKING:
     from recap.workers.serve.turns import Turn, Turns
@@ -58,12 +59,13 @@ def recall_calls(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-async def call_with_recall(turns: Turns, turn: Turn) -> Any:
+async def call_with_recall(turns: Turns, turn: Turn) -> Reply:
     """The turn's final reply: upstream rounds, each ``recap_recall`` call answered here."""
     settings = turns.settings
     plain = dict(turn.params)
     turn.params = {**plain, "tools": [*(plain.get("tools") or []), recall.tool_schema()]}
     response = await turns.call_once(turn, stream=False)  # compresses, retries on overflow
+    assert isinstance(response, Reply), "a chat-completions turn's whole reply"
     turn.usage_response = response
     messages = list(turn.sent)
     room = turn.room
@@ -117,7 +119,7 @@ async def call_with_recall(turns: Turns, turn: Turn) -> Any:
 
 async def _complete(
     turns: Turns, turn: Turn, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
-) -> Any:
+) -> Reply:
     try:
         return await turns.upstream.complete(turn.model, messages, params, stream=False)
     except Exception as exc:

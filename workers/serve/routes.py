@@ -24,10 +24,11 @@ from recap.core.values.serving import Mapped, Owner
 from recap.workers.serve import headers, reader, upstream
 from recap.workers.serve.auth import KeyRing
 from recap.workers.serve.errors import ServeError, bad_request, client_text, not_found, unauthorized
+from recap.workers.serve.replies import Reply
 from recap.workers.serve.shapes import Shape
 from recap.workers.serve.startup import upstream_models
 from recap.workers.serve.streaming import Relay, TurnStream
-from recap.workers.serve.turns import Turn, Turns, reply_headers
+from recap.workers.serve.turns import Answer, Turn, Turns, reply_headers, whole
 
 log = structlog.get_logger(__name__)
 
@@ -178,17 +179,19 @@ async def passthrough(
     """The request sent upstream as it came, nothing stored (the reply in ``shape``'s API)."""
     settings = state.turns.settings
     try:
-        response = await state.turns.upstream.complete(model, messages, params, stream=stream)
-        if not stream:
-            completion = state.turns.completion(response, storable=False)  # nothing stored
+        if stream:
+            chunks = await state.turns.upstream.complete(model, messages, params, stream=True)
+        else:
+            reply = await state.turns.upstream.complete(model, messages, params, stream=False)
+            completion = state.turns.completion(reply, storable=False)  # nothing stored
             body = shape.body(json.loads(completion.body), None) if shape else completion.body
             return Response(body, media_type=JSON_TYPE, headers=PASSTHROUGH)
     except Exception as exc:
         raise upstream.as_serve_error(exc, settings) from None
     if shape is not None:
-        relay = shape.relay(response, False)  # nothing of it is stored
+        relay = shape.relay(chunks, False)  # nothing of it is stored
     else:
-        relay = Relay(response, include_usage=usage, secrets=state.turns.secrets, storable=False)
+        relay = Relay(chunks, include_usage=usage, secrets=state.turns.secrets, storable=False)
     return TurnStream(relay, relay.close, headers=PASSTHROUGH)
 
 
@@ -213,7 +216,7 @@ async def stored_turn(
             handed_over = True
             return _stream_turn(turns, turn, response, usage, mapped, started, shape)
         try:  # the reply checked, and the client's answer built, before anything is stored
-            completion = turns.completion(response)
+            completion = turns.completion(whole(response))
             data = json.loads(completion.body) if shape else None
             body = shape.body(data, None) if shape else completion.body
         except Exception as exc:  # a reply the answer cannot be made of is the upstream's fault
@@ -263,7 +266,7 @@ async def _prepare(turns: Turns, turn: Turn) -> Mapped:
 def _stream_turn(
     turns: Turns,
     turn: Turn,
-    stream: Any,
+    stream: Answer,
     usage: bool,
     mapped: Mapped,
     started: float,
@@ -272,11 +275,11 @@ def _stream_turn(
     """The reply streamed through, stored once the upstream's stream has finished and before
     the client's ends (``Relay.on_finished``: the response id a client reads at the end names a
     stored reply, whatever it sends next); then its usage recorded."""
-    relay = (
-        shape.relay(stream, True)
-        if shape
-        else Relay(stream, include_usage=usage, secrets=turns.secrets)
-    )
+    if shape is not None:
+        relay = shape.relay(stream, True)
+    else:  # chat completions: never a native reply
+        assert not isinstance(stream, upstream.Completion | Reply), "a stream of chunks"
+        relay = Relay(stream, include_usage=usage, secrets=turns.secrets)
     storing: asyncio.Future[Any] | None = None
 
     async def store() -> None:

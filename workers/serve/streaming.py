@@ -18,8 +18,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from recap.core.redact import StreamMasker, mask_in_place
 from recap.workers.serve import direct, upstream
-from recap.workers.serve.direct import Chunk
 from recap.workers.serve.errors import UPSTREAM
+from recap.workers.serve.replies import Chunk, ChunkStream
 
 DONE = b"data: [DONE]\n\n"
 EVENT_STREAM = "text/event-stream"
@@ -55,7 +55,7 @@ class Relay:
 
     def __init__(
         self,
-        stream: Any,
+        stream: ChunkStream | None,  # None: a subclass relays a whole reply of its own
         *,
         include_usage: bool,
         secrets: Iterable[str] = (),
@@ -101,6 +101,7 @@ class Relay:
         """Each chunk checked and masked: the upstream's own bytes when nothing in it changed
         (else None), and its JSON object; sets ``reply`` once the stream has finished whole,
         raises when it did not."""
+        assert self.stream is not None, "a relay of chunks needs their stream"
         async for item in self.stream:
             if self.gone:
                 raise ClientGone()
@@ -241,8 +242,9 @@ class Relay:
 
     async def close(self) -> None:
         """Stop reading the upstream (a no-op once it finished)."""
-        with contextlib.suppress(Exception):
-            await self.stream.aclose()
+        if self.stream is not None:
+            with contextlib.suppress(Exception):
+                await self.stream.aclose()
 
 
 def _call_key(index: int, call: Any) -> tuple[Any, ...]:
@@ -252,14 +254,10 @@ def _call_key(index: int, call: Any) -> tuple[Any, ...]:
     return (index, "call", call.get("index", 0))
 
 
-def _parts(item: Any) -> tuple[bytes | None, dict[str, Any]]:
-    """A chunk of either path: the upstream's bytes (direct path) and its JSON object."""
-    if isinstance(item, Chunk):
-        return item.raw, dict(item.data)
-    data = item.model_dump(exclude_none=True)
-    if not isinstance(data, dict):
-        raise upstream.MalformedReply("a streamed chunk is not an object")
-    return None, data
+def _parts(item: Chunk) -> tuple[bytes | None, dict[str, Any]]:
+    """A chunk's bytes from the upstream (None when the transport has none of its own) and
+    its JSON object (a copy: checking masks it in place)."""
+    return item.raw or None, dict(item.data)
 
 
 def error_payload(message: str) -> bytes:

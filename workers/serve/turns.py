@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,13 +31,25 @@ from recap.core.service import Ingest, serving
 from recap.core.settings import Settings
 from recap.core.values.request import RequestSpec
 from recap.core.values.serving import Mapped, Owner, Resolved
-from recap.workers.serve import metrics, recall, upstream
+from recap.workers.serve import direct, metrics, recall, upstream
 from recap.workers.serve import tracing as serve_tracing
 from recap.workers.serve.errors import ServeError, client_text, context_too_long, not_found
 from recap.workers.serve.headers import encoded
 from recap.workers.serve.locks import ConversationLocks, ResolvedNames
+from recap.workers.serve.replies import Chunk, ChunkStream, Reply
 
 log = structlog.get_logger(__name__)
+
+Answer = upstream.Completion | Reply | ChunkStream  # a native reply, a chat reply, its stream
+Streamed = upstream.Completion | Mapping[str, Any] | Sequence[Chunk]  # a finished stream
+Stored = upstream.Completion | Reply | Mapping[str, Any]  # a stored reply, its usage to record
+
+
+def whole(answer: Answer) -> upstream.Completion | Reply:
+    """The answer to a request that asked for no stream: a whole reply."""
+    if isinstance(answer, upstream.Completion | Reply):
+        return answer
+    raise AssertionError("a stream answered a request that asked for none")
 
 
 @dataclass
@@ -58,7 +70,8 @@ class Turn:
     leaf_id: int | None = None
     sent: list[dict[str, Any]] = field(default_factory=list)
     room: int = 0  # tokens the assembled request leaves of its budget (workers.serve.recall)
-    usage_response: Any = None  # the reply whose usage is recorded, when not the final one
+    usage_response: Reply | None = None  # the reply whose usage is recorded, when not the final
+
     after: int | None = None  # ``history`` continues after this stored message (not resent)
     assembled: AssembledRequest | None = None  # Recap's last assembly for the turn
     recording: service.Recording | None = None  # what the assembly records, not yet written
@@ -229,13 +242,13 @@ class Turns:
         await self.assemble_for(turn)
         return turn.sent
 
-    async def call(self, turn: Turn, *, stream: bool) -> Any:
+    async def call(self, turn: Turn, *, stream: bool) -> Answer:
         """The upstream reply (or stream); a context overflow compresses once and retries."""
         if turn.native is None and recall.enabled(self.settings, stream):
             return await recall.call_with_recall(self, turn)
         return await self.call_once(turn, stream=stream)
 
-    async def call_once(self, turn: Turn, *, stream: bool) -> Any:
+    async def call_once(self, turn: Turn, *, stream: bool) -> Answer:
         """One upstream reply (or stream) for ``turn.sent``; a context overflow is answered by
         a smaller request (``refit``), sent once, or by the provider's error when nothing
         smaller could be made: the refused request is never sent again."""
@@ -252,7 +265,7 @@ class Turns:
         except Exception as exc:
             raise upstream.as_serve_error(exc, self.settings) from None
 
-    async def _send(self, turn: Turn, stream: bool) -> Any:
+    async def _send(self, turn: Turn, stream: bool) -> Answer:
         """``turn.sent`` upstream: in the turn's native dialect (a whole reply, streamed to the
         client from it), else as chat completions."""
         if turn.native is not None:
@@ -349,7 +362,7 @@ class Turns:
         """The known secrets every reply and error is masked of."""
         return self._secrets
 
-    async def finish(self, turn: Turn, response: Any) -> int:
+    async def finish(self, turn: Turn, response: upstream.Completion | Reply) -> int:
         """Store the reply and its usage (one trip to the thread pool); the reply's id. The
         reply is read and checked first (``upstream.read_reply``: a ``MalformedReply`` before
         anything is stored) unless it is a ``Completion`` already."""
@@ -357,21 +370,23 @@ class Turns:
         await self.recorded(turn)
         return await self.recap.run(self._finish, turn, completion)
 
-    def completion(self, response: Any, *, storable: bool = True) -> upstream.Completion:
+    def completion(
+        self, response: upstream.Completion | Reply, *, storable: bool = True
+    ) -> upstream.Completion:
         """The reply read, checked and masked (a ``MalformedReply`` when it is no reply, or
         with ``storable`` one that cannot be stored)."""
         if isinstance(response, upstream.Completion):
             return response
         return upstream.read_reply(response, self._secrets, storable=storable)
 
-    async def finish_stream(self, turn: Turn, chunks: Any) -> Any:
+    async def finish_stream(self, turn: Turn, chunks: Streamed) -> Stored:
         """Store the reply of a finished stream: the relay's whole reply, or the reply its
         ``chunks`` assemble (built on the thread pool, not the event loop); the reply, whose
         usage ``record_usage`` records."""
         await self.recorded(turn)
         return await self.recap.run(self._finish_stream, turn, chunks)
 
-    async def record_usage(self, turn: Turn, response: Any) -> None:
+    async def record_usage(self, turn: Turn, response: Stored) -> None:
         """The usage the provider reported for the turn, when it did (called once the turn's
         recording is written: ``stored_turn`` awaits it before letting the conversation go)."""
         await self.recap.run(self._record_usage, turn, response)
@@ -386,16 +401,12 @@ class Turns:
                 log.warning("serve_usage_not_recorded", error=self.error_text(exc))
         return reply_id
 
-    def _finish_stream(self, turn: Turn, chunks: Any) -> Any:
+    def _finish_stream(self, turn: Turn, chunks: Streamed) -> Stored:
         with tracing.span("recap.store", {"recap.conversation_id": turn.conversation_id}) as span:
             if isinstance(chunks, upstream.Completion):  # a native reply, streamed from its whole
                 span.set_attribute("recap.reply_id", self._store_reply(turn, chunks.message))
                 return chunks
-            response = (
-                chunks
-                if isinstance(chunks, dict)
-                else upstream.build_from_chunks(chunks, turn.sent)
-            )
+            response = chunks if isinstance(chunks, Mapping) else direct.build_from_chunks(chunks)
             message = upstream.read_reply(response, self._secrets).message
             for call in serve_tracing.streams_ended():  # the stream's call, with its usage
                 upstream.traced_reply(call, response)
@@ -416,7 +427,7 @@ class Turns:
             self.seen,
         )
 
-    def _record_usage(self, turn: Turn, response: Any) -> None:
+    def _record_usage(self, turn: Turn, response: Stored) -> None:
         source = turn.usage_response or response
         if isinstance(source, upstream.Completion):
             usage = source.usage

@@ -9,22 +9,12 @@ those come from settings alone, so a client can never send the upstream key else
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
-import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote price map at import
-# Recap registers no litellm logging callback: skip the copy of every request litellm makes for
-# one (a whole history per call, several milliseconds on a long conversation).
-os.environ.setdefault("MAX_BASE64_LENGTH_FOR_LOGGING", "0")
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import httpx
-import litellm
 
 from recap.core import tracing
 from recap.core.errors import InputError, RecapError
@@ -35,14 +25,22 @@ from recap.workers.serve import direct, metrics, native
 from recap.workers.serve import tracing as serve_tracing
 from recap.workers.serve.chunks import usage_counts
 from recap.workers.serve.errors import UPSTREAM, ServeError, client_text
+from recap.workers.serve.replies import (
+    BAD_GATEWAY,
+    OVERFLOW_CODE,
+    ChunkStream,
+    Reply,
+    Transport,
+    UpstreamError,
+    Usage,
+    outgoing,
+)
 from recap.workers.serve.validation.fields import PART_TYPES
 
-litellm.suppress_debug_info = True
-logging.getLogger("LiteLLM").setLevel(logging.WARNING)  # no line per call; errors still show
-litellm.telemetry = False
-# litellm's aiohttp transport stalls on small local upstreams (a delayed ACK per request);
-# httpx is as fast against real providers and has no such stall.
-litellm.disable_aiohttp_transport = True
+if TYPE_CHECKING:
+    from recap.workers.serve.via_litellm import LitellmClient
+
+__all__ = ["UpstreamError", "outgoing"]
 
 PASSED_PARAMS = frozenset(
     {
@@ -82,15 +80,6 @@ OWN_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "metada
 # turn without them gets its conversation's (``AssembledRequest.cache_params``); other
 # providers are sent neither.
 CACHE_PARAMS = ("prompt_cache_key", "prompt_cache_retention")
-OPENAI_PROVIDERS = frozenset({"openai", "azure", "text-completion-openai"})
-# recorded with the reply, never sent back upstream (provider items: the native path alone)
-NOT_RESENT_KEYS = (
-    "reasoning_content",
-    "provider_items",
-    "provider_items_left_out",
-    "provider_summary_items",
-)
-BAD_GATEWAY = 502
 INTERNAL = 500  # an upstream's (or litellm's reading of an upstream reply) is relayed as 502
 
 
@@ -107,29 +96,6 @@ def parameters(body: Mapping[str, Any]) -> dict[str, Any]:
 def resolve_model(name: str, settings: Settings) -> str:
     """The litellm model string for a requested name: ``RECAP_MODEL_MAP``'s, else the name."""
     return settings.model_map.get(name, name)
-
-
-@functools.lru_cache(maxsize=256)
-def is_openai_model(model: str) -> bool:
-    """Whether litellm calls ``model`` as OpenAI (or Azure OpenAI) does."""
-    try:
-        provider = litellm.get_llm_provider(model)[1]
-    except Exception:  # a name litellm cannot place: not one it calls as OpenAI
-        return False
-    return provider in OPENAI_PROVIDERS
-
-
-def outgoing(
-    messages: Sequence[Mapping[str, Any]], *, copy: bool = True
-) -> list[Mapping[str, Any]]:
-    """The messages as sent upstream: recorded reasoning stays out (each message copied unless
-    ``copy`` is false: the direct path only serializes them)."""
-    return [
-        {k: v for k, v in m.items() if k not in NOT_RESENT_KEYS}
-        if any(k in m for k in NOT_RESENT_KEYS)
-        else (dict(m) if copy else m)
-        for m in messages
-    ]
 
 
 class Upstream:
@@ -150,6 +116,9 @@ class Upstream:
             if base is not None and self.mode != "litellm"
             else None
         )
+        self._litellm: LitellmClient | None = None  # made on first use (``via_litellm``)
+        if self._direct is None:  # every request goes through litellm: ready from the start
+            self._litellm_client()
         self._server = tracing.server_of(base)  # the calls' server.address and server.port
         if settings.upstream_dialect == "native" and base is None:
             raise RecapError("RECAP_UPSTREAM_DIALECT=native needs RECAP_UPSTREAM_API_BASE")
@@ -226,6 +195,40 @@ class Upstream:
             return {k: v for k, v in params.items() if k not in CACHE_PARAMS}
         return {**hints, **params}
 
+    def transport_for(self, model: str) -> Transport:
+        """The transport a request for ``model`` goes out on."""
+        if self._direct is not None and self.is_direct(model):
+            return self._direct
+        return self._litellm_client()
+
+    def _litellm_client(self) -> LitellmClient:
+        if self._litellm is None:
+            from recap.workers.serve.via_litellm import LitellmClient
+
+            self._litellm = LitellmClient(self.settings)
+        return self._litellm
+
+    @overload
+    async def complete(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        *,
+        stream: Literal[False],
+    ) -> Reply: ...
+
+    @overload
+    async def complete(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        *,
+        stream: Literal[True],
+    ) -> ChunkStream: ...
+
+    @overload
     async def complete(
         self,
         model: str,
@@ -233,11 +236,22 @@ class Upstream:
         params: Mapping[str, Any],
         *,
         stream: bool,
-    ) -> Any:
-        """One upstream call: the reply, or its stream when ``stream``."""
+    ) -> Reply | ChunkStream: ...
+
+    async def complete(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        *,
+        stream: bool,
+    ) -> Reply | ChunkStream:
+        """One upstream call: the reply, or its stream when ``stream``; a failure is an
+        ``UpstreamError`` whichever transport made the call."""
         if any(name in params for name in CACHE_PARAMS):
             params = self.with_cache_hints(model, params, {})
-        is_direct = self._direct is not None and self.is_direct(model)
+        transport = self.transport_for(model)
+        is_direct = transport is self._direct
         call = tracing.model_call(
             model.removeprefix(direct.PROVIDER_PREFIX) if is_direct else model,
             provider="openai" if is_direct else None,
@@ -248,17 +262,12 @@ class Upstream:
         carried: dict[str, str] = {}  # the call's span as W3C traceparent, when tracing
         tracing.inject_span(call, carried)
         metrics.upstream_started()
+        sent = outgoing(messages, copy=False) if is_direct else messages
         try:
-            if is_direct:
-                assert self._direct is not None
-                sent = outgoing(messages, copy=False)
-                reply = await self._direct.complete(
-                    model, sent, params, stream=stream, headers=carried
-                )
+            if stream:
+                chunks = await transport.stream(model, sent, params, headers=carried)
             else:
-                reply = await complete(
-                    model, messages, params, self.settings, stream=stream, headers=carried
-                )
+                reply = await transport.reply(model, sent, params, headers=carried)
         except BaseException as exc:
             tracing.failed(call, exc)
             call.end()
@@ -266,7 +275,7 @@ class Upstream:
         metrics.upstream_answered(stream=stream)
         if stream:  # open while relayed: the stored reply ends it (``serve.tracing``)
             serve_tracing.streaming(call)
-            return reply
+            return chunks
         traced_reply(call, reply)
         call.end()
         return reply
@@ -278,83 +287,23 @@ class Upstream:
             await self.native.aclose()
 
 
-async def complete(
-    model: str,
-    messages: Sequence[Mapping[str, Any]],
-    params: Mapping[str, Any],
-    settings: Settings,
-    *,
-    stream: bool,
-    headers: Mapping[str, str] | None = None,
-) -> Any:
-    """One upstream call: a litellm ``ModelResponse``, or its stream when ``stream``;
-    ``headers`` (the trace context) go with the HTTP request."""
-    key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
-    # an empty value (compose passes unset variables as "") means litellm's own defaults
-    extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if stream else {}
-    if headers:
-        extra["extra_headers"] = dict(headers)
-    response = await litellm.acompletion(
-        model=model,
-        messages=outgoing(messages),
-        stream=stream,
-        api_base=settings.upstream_api_base or None,
-        api_key=key or None,
-        timeout=settings.llm_timeout,
-        max_retries=0,
-        num_retries=0,
-        **extra,
-        **params,
-    )
-    if stream and answered_whole(response):
-        return await whole_reply_stream(response, model, messages, params, settings)
-    return response
-
-
-JSON_TYPE = "application/json"
-
-
-def answered_whole(stream: Any) -> bool:
-    """Whether the upstream answered a streamed request with one JSON body (a server that
-    ignores ``stream``), by the content type litellm reports among the reply's headers
-    (``_hidden_params["additional_headers"]``; an event stream, an NDJSON stream or no
-    content type at all is a stream)."""
-    hidden = getattr(stream, "_hidden_params", None)
-    headers = hidden.get("additional_headers") if isinstance(hidden, dict) else None
-    found = headers.get("llm_provider-content-type") if isinstance(headers, dict) else None
-    return isinstance(found, str) and found.split(";")[0].strip().lower() == JSON_TYPE
-
-
-async def whole_reply_stream(
-    stream: Any,
-    model: str,
-    messages: Sequence[Mapping[str, Any]],
-    params: Mapping[str, Any],
-    settings: Settings,
-) -> direct.ReplyStream:
-    """A whole JSON reply to a streamed request, as the stream of one chunk the direct path
-    relays for it. litellm reads such a body as an empty stream (the reply's text is lost), so
-    the body is read here: from the HTTP response under litellm's stream when it is the
-    `openai` SDK's and still unread (every provider litellm calls through that SDK speaks
-    OpenAI's format), else by asking once more without ``stream`` (litellm's other handlers
-    keep no body to read)."""
-    response = getattr(getattr(stream, "completion_stream", None), "response", None)
-    try:
-        if isinstance(response, httpx.Response) and not response.is_stream_consumed:
-            return direct.ReplyStream(direct.parse_reply(await direct.read_body(response)))
-    finally:
-        with contextlib.suppress(Exception):
-            await stream.aclose()
-    reply = await complete(model, messages, params, settings, stream=False)
-    data = reply_data(reply)
-    return direct.ReplyStream(direct.Reply(json.dumps(data).encode(), data))
-
-
 def is_context_overflow(exc: BaseException) -> bool:
-    """The provider said the request does not fit its window."""
-    if isinstance(exc, direct.UpstreamError):
-        return exc.context_overflow
-    return isinstance(exc, litellm.exceptions.ContextWindowExceededError)
+    """The provider said the request does not fit its window: its code says so, or its
+    message does by litellm's reading."""
+    if not isinstance(exc, UpstreamError):
+        return False
+    if exc.code == OVERFLOW_CODE:
+        return True
+    from recap.workers.serve.via_litellm import says_overflow
+
+    return says_overflow(exc.message)
+
+
+def is_openai_model(model: str) -> bool:
+    """Whether litellm calls ``model`` as OpenAI (or Azure OpenAI) does."""
+    from recap.workers.serve import via_litellm
+
+    return via_litellm.is_openai_model(model)
 
 
 def as_serve_error(exc: BaseException, settings: Settings) -> ServeError:
@@ -396,17 +345,17 @@ class Completion:
 
     body: bytes
     message: dict[str, Any]
-    usage: tuple[int, int, int] | None
+    usage: Usage | None
 
 
-def traced_reply(call: Any, reply: Any) -> None:
+Replied = Reply | Mapping[str, Any]  # a reply, or a whole reply built from its chunks
+
+
+def traced_reply(call: Any, reply: Replied) -> None:
     """The reply's usage, model, id and finish reasons on its model call's span."""
     if not call.is_recording():
         return
-    try:
-        data = reply_data(reply)
-    except MalformedReply:
-        return
+    data = reply_data(reply)
     found_usage, found_choices = data.get("usage"), data.get("choices")
     usage = found_usage if isinstance(found_usage, dict) else {}
     choices = found_choices if isinstance(found_choices, list) else []
@@ -421,28 +370,19 @@ def traced_reply(call: Any, reply: Any) -> None:
     )
 
 
-def reply_data(response: Any) -> dict[str, Any]:
-    """A reply of either path as its JSON object."""
-    data = _data(response)
-    if data is not None:
-        return data
-    try:
-        dumped = response.model_dump(exclude_none=True)
-    except Exception as exc:  # a litellm object that cannot be read back
-        raise MalformedReply(f"the reply cannot be read ({type(exc).__name__})") from None
-    if not isinstance(dumped, dict):
-        raise MalformedReply("the reply is not a JSON object")
-    return dumped
+def reply_data(response: Replied) -> dict[str, Any]:
+    """A reply's JSON object."""
+    return response.data if isinstance(response, Reply) else dict(response)
 
 
-def read_reply(response: Any, secrets: Iterable[str], *, storable: bool = True) -> Completion:
+def read_reply(response: Replied, secrets: Iterable[str], *, storable: bool = True) -> Completion:
     """The reply checked and masked; a ``MalformedReply`` when it holds no whole message (or,
     with ``storable``, one the database cannot hold)."""
     data = reply_data(response)
     masked, changed = mask_strings(data, secrets)
     assert isinstance(masked, dict)
     message = message_of(masked, storable=storable)
-    if isinstance(response, direct.Reply) and not changed:
+    if isinstance(response, Reply) and not changed:
         body = response.raw  # the upstream's own bytes
     else:
         body = json.dumps(masked, separators=(",", ":"), ensure_ascii=False).encode()
@@ -542,37 +482,12 @@ def _calls(calls: Any) -> list[dict[str, Any]]:
 usage_from = usage_counts  # a usage object's counts, None when unreadable (workers.serve.chunks)
 
 
-def _data(response: Any) -> dict[str, Any] | None:
-    """A reply of the direct path as its JSON (``None`` for a litellm reply)."""
-    if isinstance(response, direct.Reply):
-        return response.data
-    return response if isinstance(response, dict) else None
-
-
-def reply_message(response: Any) -> dict[str, Any]:
+def reply_message(response: Replied) -> dict[str, Any]:
     """The assistant message of a reply (choice 0) in OpenAI format: content, tool calls and
     the provider's reasoning when it sent any; a ``MalformedReply`` when it holds none."""
     return message_of(reply_data(response))
 
 
-def usage_of(response: Any) -> tuple[int, int, int] | None:
+def usage_of(response: Replied) -> Usage | None:
     """Prompt, completion and cached tokens the provider reported, if it did readably."""
-    try:
-        data = reply_data(response)
-    except MalformedReply:
-        return None
-    return usage_from(data.get("usage"))
-
-
-def build_from_chunks(chunks: list[Any], messages: Sequence[Mapping[str, Any]]) -> Any:
-    """The whole reply of a finished stream, assembled from its chunks (by litellm for its own)."""
-    if not chunks or isinstance(chunks[0], direct.Chunk):
-        return direct.build_from_chunks(chunks)
-    return litellm.stream_chunk_builder(chunks, messages=list(messages))
-
-
-def reply_bytes(response: Any) -> bytes:
-    """A non-streamed reply as the client gets it: the upstream's own JSON on the direct path."""
-    if isinstance(response, direct.Reply):
-        return response.raw
-    return str(response.model_dump_json(exclude_none=True)).encode()
+    return usage_from(reply_data(response).get("usage"))
