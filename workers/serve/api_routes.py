@@ -201,41 +201,37 @@ async def responses(request: Request) -> Response:
     started = time.perf_counter()
     state = routes.state_of(request)
     settings = state.turns.settings
-    try:
-        owner = routes.authorize(request)
-        body = await routes.read_json(request, settings.serve_max_body_bytes)
-        dialect = _dialect(state, native.RESPONSES, body)
-        readable = native_routes.readable_responses_body(body) if dialect else body
-        chat = responses_api.chat_request(readable)
-        model = upstream.resolve_model(chat.model, settings)
-        named = routes.conversation_id(request, body)
-        previous = await _previous(state, chat, owner, named)
-        head = responses_api.Head("", chat.model, chat.echo, store=chat.store)
-        nt = native_responses.ResponsesTurn(body, model) if dialect else None
-        if not chat.store:
-            return await _unstored(state, chat, model, previous, head, nt)
-        cid = named or (previous.ref.conversation_id if previous is not None else None)
-        if cid is None:
-            first = responses_api.first_message(chat.messages)
-            cid = responses_api.derived_conversation(owner, first)
-        turn = routes.new_turn(
-            state, cid, owner, model, chat.with_system(), chat.params,
-            user=routes.user_header(request),
-        )  # fmt: skip
-        turn.after = previous.parent if previous is not None else None
+    owner = routes.authorize(request)
+    body = await routes.read_json(request, settings.serve_max_body_bytes)
+    dialect = _dialect(state, native.RESPONSES, body)
+    readable = native_routes.readable_responses_body(body) if dialect else body
+    chat = responses_api.chat_request(readable)
+    model = upstream.resolve_model(chat.model, settings)
+    named = routes.conversation_id(request, body)
+    previous = await _previous(state, chat, owner, named)
+    head = responses_api.Head("", chat.model, chat.echo, store=chat.store)
+    nt = native_responses.ResponsesTurn(body, model) if dialect else None
+    if not chat.store:
+        return await _unstored(state, chat, model, previous, head, nt)
+    cid = named or (previous.ref.conversation_id if previous is not None else None)
+    if cid is None:
+        first = responses_api.first_message(chat.messages)
+        cid = responses_api.derived_conversation(owner, first)
+    turn = routes.new_turn(
+        state, cid, owner, model, chat.with_system(), chat.params,
+        user=routes.user_header(request),
+    )  # fmt: skip
+    turn.after = previous.parent if previous is not None else None
 
-        def name(reply_id: int | None) -> str:  # the conversation as the client names it
-            if reply_id is not None:
-                return responses_api.response_id(turn.name, reply_id, exact=True)
-            assert turn.leaf_id is not None, "a stored turn's request has a leaf"
-            return responses_api.response_id(turn.name, turn.leaf_id, exact=False)
+    def name(reply_id: int | None) -> str:  # the conversation as the client names it
+        if reply_id is not None:
+            return responses_api.response_id(turn.name, reply_id, exact=True)
+        assert turn.leaf_id is not None, "a stored turn's request has a leaf"
+        return responses_api.response_id(turn.name, turn.leaf_id, exact=False)
 
-        turn.native = nt
-        shape = native_routes.native_shape(nt, name) if nt else responses_shape(state, head, name)
-        return await routes.stored_turn(state, turn, chat.stream, True, started, shape)
-    except ServeError as exc:
-        log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
-        return exc.response()
+    turn.native = nt
+    shape = native_routes.native_shape(nt, name) if nt else responses_shape(state, head, name)
+    return await routes.stored_turn(state, turn, chat.stream, True, started, shape)
 
 
 async def _previous(
@@ -399,44 +395,40 @@ async def messages(request: Request) -> Response:
     started = time.perf_counter()
     state = routes.state_of(request)
     settings = state.turns.settings
-    try:
-        owner = anthropic_owner(request)
-        body = await routes.read_json(request, settings.serve_max_body_bytes)
-        dialect = _dialect(state, native.MESSAGES, body)
-        chat = messages_api.chat_request(
-            native_routes.readable_messages_body(body) if dialect else body
+    owner = anthropic_owner(request)
+    body = await routes.read_json(request, settings.serve_max_body_bytes)
+    dialect = _dialect(state, native.MESSAGES, body)
+    chat = messages_api.chat_request(
+        native_routes.readable_messages_body(body) if dialect else body
+    )
+    model = upstream.resolve_model(chat.model, settings)
+    cid = routes.conversation_id(request, body)
+    nt = native_messages.MessagesTurn(body, model) if dialect else None
+    if cid is None and nt is not None:
+        shape = native_routes.native_shape(nt, lambda _r: "", False)
+        return await native_routes.passthrough(
+            state, nt, chat.messages, chat.params, chat.stream, shape
         )
-        model = upstream.resolve_model(chat.model, settings)
-        cid = routes.conversation_id(request, body)
-        nt = native_messages.MessagesTurn(body, model) if dialect else None
-        if cid is None and nt is not None:
-            shape = native_routes.native_shape(nt, lambda _r: "", False)
-            return await native_routes.passthrough(
-                state, nt, chat.messages, chat.params, chat.stream, shape
-            )
-        if cid is None:
-            shape = messages_shape(state, chat.model, lambda: 0)
-            return await routes.passthrough(
-                state, model, chat.messages, chat.params, chat.stream, True, shape
-            )
-        turn = routes.new_turn(
-            state, cid, owner, model, chat.messages, chat.params,
-            user=routes.user_header(request),
-        )  # fmt: skip
-        if nt is not None:
-            turn.native = nt
-            shape = native_routes.native_shape(nt, lambda _r: "")
-            return await routes.stored_turn(state, turn, chat.stream, True, started, shape)
-        turn.reply_form = anthropic_reply
-
-        def sent_tokens() -> int:
-            return turn.assembled.tokens.total if turn.assembled is not None else 0
-
-        shape = messages_shape(state, chat.model, sent_tokens)
+    if cid is None:
+        shape = messages_shape(state, chat.model, lambda: 0)
+        return await routes.passthrough(
+            state, model, chat.messages, chat.params, chat.stream, True, shape
+        )
+    turn = routes.new_turn(
+        state, cid, owner, model, chat.messages, chat.params,
+        user=routes.user_header(request),
+    )  # fmt: skip
+    if nt is not None:
+        turn.native = nt
+        shape = native_routes.native_shape(nt, lambda _r: "")
         return await routes.stored_turn(state, turn, chat.stream, True, started, shape)
-    except ServeError as exc:
-        log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
-        return messages_api.error_response(exc)
+    turn.reply_form = anthropic_reply
+
+    def sent_tokens() -> int:
+        return turn.assembled.tokens.total if turn.assembled is not None else 0
+
+    shape = messages_shape(state, chat.model, sent_tokens)
+    return await routes.stored_turn(state, turn, chat.stream, True, started, shape)
 
 
 async def count_tokens(request: Request) -> Response:

@@ -17,7 +17,15 @@ from recap.core.errors import RecapError
 from recap.core.redact import error_text, known_secrets
 from recap.core.settings import Settings, get_settings
 from recap.workers import tracing as workers_tracing
-from recap.workers.serve import api_routes, attach_routes, metrics, routes, startup, tracing
+from recap.workers.serve import (
+    api_routes,
+    attach_routes,
+    messages_api,
+    metrics,
+    routes,
+    startup,
+    tracing,
+)
 from recap.workers.serve.auth import KeyRing
 from recap.workers.serve.errors import SERVER, ServeError
 from recap.workers.serve.turns import Turns
@@ -26,6 +34,7 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"  # local only unless asked: the endpoint spends the upstream key
 DEFAULT_PORT = 8400
+MESSAGES_PATH = "/v1/messages"  # the Messages API: its errors in Anthropic's shape
 
 
 def create_app(settings: Settings | None = None, address: str | None = None) -> Starlette:
@@ -55,6 +64,15 @@ def create_app(settings: Settings | None = None, address: str | None = None) -> 
             recap.close()
             workers_tracing.flush()  # the last requests' spans, before the process exits
 
+    async def refused(request: Request, exc: Exception) -> Response:
+        """A request refused (``ServeError``, raised anywhere in a route): one log line and the
+        error in the API's own shape (Anthropic's for the Messages API, OpenAI's otherwise)."""
+        assert isinstance(exc, ServeError)
+        log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
+        if request.url.path.startswith(MESSAGES_PATH):
+            return messages_api.error_response(exc)
+        return exc.response()
+
     async def unexpected(request: Request, exc: Exception) -> Response:
         """Any other failure: an OpenAI-format 500 with a masked one-line message."""
         log.error("serve_error", path=request.url.path, error=error_text(exc, secrets))
@@ -78,6 +96,7 @@ def create_app(settings: Settings | None = None, address: str | None = None) -> 
         ],
         lifespan=lifespan,
         exception_handlers={
+            ServeError: refused,
             Exception: unexpected,
             404: api_routes.unknown_route,
             405: api_routes.unknown_route,

@@ -47,46 +47,42 @@ async def attach(request: Request) -> Response:
     state = routes.state_of(request)
     turns = state.turns
     name = str(request.path_params["name"])
+    owner = routes.authorize(request)
+    source, leaf = checked(await routes.read_json(request, turns.settings.serve_max_body_bytes))
+    if source == name:
+        raise bad_request("A conversation cannot attach itself.", param="source")
     try:
-        owner = routes.authorize(request)
-        source, leaf = checked(await routes.read_json(request, turns.settings.serve_max_body_bytes))
-        if source == name:
-            raise bad_request("A conversation cannot attach itself.", param="source")
-        try:
-            source_id = await turns.stored_id(owner, source)
-        except NotFoundError:
-            raise not_found(source) from None
-        key = (owner, name)
-        await turns.locks.acquire(key)
-        try:
-            target = await turns.lookup(owner, name)
-            if not target.exists:
-                raise not_found(name)
-            done = await turns.recap.attach(target.conversation_id, source=source_id, leaf=leaf)
-        except NotFoundError:  # the source's leaf (a name is the key's; its stored id is not)
-            if leaf is None:
-                raise not_found(name) from None
-            raise ServeError(
-                404,
-                f"No message {leaf} in conversation {echoed(source)} for this key.",
-                param="leaf",
-                code="message_not_found",
-            ) from None
-        except InputError as exc:
-            raise bad_request(str(exc)) from None
-        finally:
-            turns.locks.release(key)
-        log.info("serve_attached", conversation=name, source=source, leaf=done.leaf)
-        return JSONResponse(
-            {
-                "object": "recap.attachment",
-                "conversation": name,
-                "source": source,
-                "leaf": done.leaf,
-                "open_message_id": done.open_id,
-                "close_message_id": done.close_id,
-            }
-        )
-    except ServeError as exc:
-        log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
-        return exc.response()
+        source_id = await turns.stored_id(owner, source)
+    except NotFoundError:
+        raise not_found(source) from None
+    key = (owner, name)
+    await turns.locks.acquire(key)
+    try:
+        target = await turns.lookup(owner, name)
+        if not target.exists:
+            raise not_found(name)
+        done = await turns.recap.attach(target.conversation_id, source=source_id, leaf=leaf)
+    except NotFoundError:  # the source's leaf (a name is the key's; its stored id is not)
+        if leaf is None:
+            raise not_found(name) from None
+        raise ServeError(
+            404,
+            f"No message {leaf} in conversation {echoed(source)} for this key.",
+            param="leaf",
+            code="message_not_found",
+        ) from None
+    except InputError as exc:
+        raise bad_request(str(exc)) from None
+    finally:
+        turns.locks.release(key)
+    log.info("serve_attached", conversation=name, source=source, leaf=done.leaf)
+    return JSONResponse(
+        {
+            "object": "recap.attachment",
+            "conversation": name,
+            "source": source,
+            "leaf": done.leaf,
+            "open_message_id": done.open_id,
+            "close_message_id": done.close_id,
+        }
+    )

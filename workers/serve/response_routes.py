@@ -112,19 +112,15 @@ async def retrieve(request: Request) -> Response:
     """``GET /v1/responses/{response_id}``."""
     state = routes.state_of(request)
     value = str(request.path_params["response_id"])
+    owner = routes.authorize(request)
+    ref = await _stored(state, value, owner)
     try:
-        owner = routes.authorize(request)
-        ref = await _stored(state, value, owner)
-        try:
-            reply = await state.turns.recap.run(_read, state, ref, owner)
-        except NotFoundError:
-            raise response_not_found(value) from None
-        if request.query_params.get("stream", "").lower() in ("true", "1"):
-            return Response(replayed(value, reply), media_type="text/event-stream")
-        return JSONResponse(stored_object(value, reply))
-    except ServeError as exc:
-        log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
-        return exc.response()
+        reply = await state.turns.recap.run(_read, state, ref, owner)
+    except NotFoundError:
+        raise response_not_found(value) from None
+    if request.query_params.get("stream", "").lower() in ("true", "1"):
+        return Response(replayed(value, reply), media_type="text/event-stream")
+    return JSONResponse(stored_object(value, reply))
 
 
 async def delete(request: Request) -> Response:
@@ -132,15 +128,11 @@ async def delete(request: Request) -> Response:
     "response.deleted", "deleted": true}``."""
     state = routes.state_of(request)
     value = str(request.path_params["response_id"])
+    owner = routes.authorize(request)
+    ref = await _stored(state, value, owner)
     try:
-        owner = routes.authorize(request)
-        ref = await _stored(state, value, owner)
-        try:
-            await state.turns.recap.run(_forget, state, ref, owner)
-        except NotFoundError:
-            raise response_not_found(value) from None
-        log.info("serve_response_deleted", conversation_id=ref.conversation_id)
-        return JSONResponse({"id": value, "object": "response.deleted", "deleted": True})
-    except ServeError as exc:
-        log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
-        return exc.response()
+        await state.turns.recap.run(_forget, state, ref, owner)
+    except NotFoundError:
+        raise response_not_found(value) from None
+    log.info("serve_response_deleted", conversation_id=ref.conversation_id)
+    return JSONResponse({"id": value, "object": "response.deleted", "deleted": True})

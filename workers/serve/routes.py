@@ -23,7 +23,7 @@ from recap.core.service.database import ping
 from recap.core.values.serving import Mapped, Owner
 from recap.workers.serve import headers, reader, upstream
 from recap.workers.serve.auth import KeyRing
-from recap.workers.serve.errors import ServeError, bad_request, client_text, not_found, unauthorized
+from recap.workers.serve.errors import bad_request, client_text, not_found, unauthorized
 from recap.workers.serve.replies import Reply
 from recap.workers.serve.shapes import Shape
 from recap.workers.serve.startup import upstream_models
@@ -94,20 +94,16 @@ async def chat_completions(request: Request) -> Response:
     request passed through unchanged otherwise."""
     started = time.perf_counter()
     state = state_of(request)
-    try:
-        owner = authorize(request)
-        body = await read_json(request, state.turns.settings.serve_max_body_bytes)
-        checked = reader.check_chat_request(body)
-        cid = conversation_id(request, checked.conversation)
-        model = upstream.resolve_model(checked.model, state.turns.settings)
-        messages, params, stream = checked.messages, checked.params, checked.stream
-        if cid is None:
-            return await passthrough(state, model, messages, params, stream, checked.include_usage)
-        turn = new_turn(state, cid, owner, model, messages, params, user=user_header(request))
-        return await stored_turn(state, turn, stream, checked.include_usage, started)
-    except ServeError as exc:
-        log.info("serve_refused", status=exc.status, code=exc.code, error=exc.message)
-        return exc.response()
+    owner = authorize(request)
+    body = await read_json(request, state.turns.settings.serve_max_body_bytes)
+    checked = reader.check_chat_request(body)
+    cid = conversation_id(request, checked.conversation)
+    model = upstream.resolve_model(checked.model, state.turns.settings)
+    messages, params, stream = checked.messages, checked.params, checked.stream
+    if cid is None:
+        return await passthrough(state, model, messages, params, stream, checked.include_usage)
+    turn = new_turn(state, cid, owner, model, messages, params, user=user_header(request))
+    return await stored_turn(state, turn, stream, checked.include_usage, started)
 
 
 USER_HEADER = "X-Recap-User"
@@ -341,10 +337,7 @@ def _log_turn(turn: Turn, mapped: Mapped, started: float, outcome: str) -> None:
 async def models(request: Request) -> Response:
     """The model names ``RECAP_MODEL_MAP`` offers, else the upstream's own (any litellm model
     string works as well)."""
-    try:
-        authorize(request)
-    except ServeError as exc:
-        return exc.response()
+    authorize(request)
     settings = state_of(request).turns.settings
     names = sorted(settings.model_map) or await upstream_models(settings)
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "recap"} for name in names]
