@@ -128,6 +128,51 @@ def private_redis() -> Iterator[RedisServer]:
         reset()
 
 
+# The files that take longest (summed test time in a whole run, longest first), run first: the
+# workers (``--dist loadfile`` hands out whole files in collection order) then end on short files
+# together instead of one worker running a long file alone at the end.
+LONGEST_FIRST = (
+    "test_quality",
+    "test_hostile_cli",
+    "test_compress_worker",
+    "test_serve_hostile_apis",
+    "test_serve_hostile",
+    "test_console_browser",
+    "test_serve",
+    "test_scale",
+    "test_serve_apis",
+    "test_bad_input",
+    "test_serve_recall",
+    "test_failures",
+    "test_restarts",
+    "test_erasure_race",
+    "test_secrets",
+    "test_fidelity",
+    "test_serve_native",
+    "test_frameworks",
+    "test_metrics_serve",
+    "test_open_responses",
+    "test_serve_cache_key",
+    "test_rabbitmq",
+    "test_replay",
+    "test_write_contention",
+    "test_erasure_race_serve",
+    "test_provider_compaction",
+    "test_serve_tenancy",
+    "test_console_hardening",
+    "test_metrics_worker",
+    "test_frameworks_loop",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first (``LONGEST_FIRST``), each file's tests in their own order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    last = len(rank)
+    order = {id(item): n for n, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(item.path.stem, last), order[id(item)]))
+
+
 _booting: list[RabbitNode] = []  # launched at collection, taken by the fixture below
 
 
