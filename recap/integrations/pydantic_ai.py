@@ -8,15 +8,16 @@
     result = await agent.run("Where is my order?")  # no message_history: Recap holds it
 
 As a capability: before each model request step the run's messages that Recap has not recorded
-yet are added to the conversation (``before_model_request``); each attempt at the request is
-sent with Recap's assembly of the branch instead (the summary, the kept history, cleared results
-as placeholders, valid tool call/return pairs), planned with the attempt's real system prompt and
-instructions, tool definitions and ``max_tokens`` (``prepare_model_request``); the usage of each
-response is recorded for the request it answered (``after_model_request``), so the budget learns
-how the provider counts; a context-length error compresses now and makes one more attempt with
-the new assembly (``on_model_request_error``, ``RetryModelRequest``), never the same request
-again. The run's own history is left as the run made it. When the run ends its final response is
-recorded and ``compress_session`` enqueued (``after_run``).
+yet are added to the conversation (``before_model_request``; not a tool result whose call no
+earlier response made, which Pydantic AI drops from the request too); each attempt at the
+request is sent with Recap's assembly of the branch instead (the summary, the kept history,
+cleared results as placeholders, valid tool call/return pairs), planned with the attempt's real
+system prompt and instructions, tool definitions and ``max_tokens`` (``prepare_model_request``);
+the usage of each response is recorded for the request it answered (``after_model_request``), so
+the budget learns how the provider counts; a context-length error compresses now and makes one
+more attempt with the new assembly (``on_model_request_error``, ``RetryModelRequest``), never
+the same request again. The run's own history is left as the run made it. When the run ends its
+final response is recorded and ``compress_session`` enqueued (``after_run``).
 
 The same object is a plain history processor too (``capabilities=[ProcessHistory(history)]``;
 Pydantic AI 1.x took it as ``history_processors=[history]``): it records, assembles (with the
@@ -34,7 +35,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import RetryModelRequest
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    SystemPromptPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.tools import RunContext
 
 from recap.convert import pydantic_ai as convert
@@ -132,12 +141,13 @@ class RecapHistory(AbstractCapability[Any]):
         cid = self._name(ctx)
         run = self._run(ctx)
         reading = _reading_of(messages[run.seen :]) if run.assembled is not None else None
-        records = self._take(run, messages)
+        sendable = _sendable(messages)
+        records = self._take(run, sendable)
         parts: dict[str, Any] = {"system": run.system, "tools": None, "reserve": None}
         assembled = await self._async.run(self._assemble, cid, records, reading, parts)
         if not assembled.history:
             return messages
-        out = self._request(run, assembled, messages)
+        out = self._request(run, assembled, sendable)
         run.seen, run.assembled = len(out), assembled
         return out
 
@@ -187,7 +197,7 @@ class RecapHistory(AbstractCapability[Any]):
         cid = self.conversation_id or result.conversation_id
         if not cid:
             raise ValueError("RecapHistory needs a conversation: RecapHistory(conversation_id)")
-        rest = result.all_messages()[run.seen :]
+        rest = _sendable(result.all_messages())[run.seen :]
         reading = _reading_of(rest) if run.assembled is not None else None
         records = [m for m in convert.to_recap(rest) if m["role"] != "system"]
         await self._async.run(self._finish, cid, records, reading)
@@ -209,7 +219,7 @@ class RecapHistory(AbstractCapability[Any]):
         """Once per request step: record the run's messages Recap has not seen."""
         cid = self._name(ctx)
         run = self._run(ctx)
-        records = self._take(run, request_context.messages)
+        records = self._take(run, _sendable(request_context.messages))
         run.seen, run.retried, run.resend = len(request_context.messages), False, None
         await self._async.run(self._record, cid, records)
         return request_context
@@ -235,7 +245,9 @@ class RecapHistory(AbstractCapability[Any]):
             assembled = await self._async.run(self._loop.assemble, cid, **parts)
         run.assembled, run.parts = assembled, parts
         if assembled.history:
-            request_context.messages = self._request(run, assembled, request_context.messages)
+            request_context.messages = self._request(
+                run, assembled, _sendable(request_context.messages)
+            )
         return request_context
 
     async def after_model_request(
@@ -279,6 +291,33 @@ class RecapHistory(AbstractCapability[Any]):
     ) -> AgentRunResult[Any]:
         await self.finish(result, run_id=ctx.run_id)
         return result
+
+
+def _sendable(messages: Sequence[ModelMessage]) -> list[ModelMessage]:
+    """The run's messages without the tool results whose call no earlier response made, as
+    Pydantic AI drops them before each request (a history processor that drops the response
+    holding a call leaves its result behind, say): Recap's store takes no result without its
+    call. A request left with no parts stays, so the run's message positions hold."""
+    calls: set[str] = set()
+    out: list[ModelMessage] = []
+    for message in messages:
+        if isinstance(message, ModelResponse):
+            calls.update(p.tool_call_id for p in message.parts if isinstance(p, ToolCallPart))
+            out.append(message)
+            continue
+        parts = [p for p in message.parts if (call := _answered_call(p)) is None or call in calls]
+        out.append(message if len(parts) == len(message.parts) else replace(message, parts=parts))
+    return out
+
+
+def _answered_call(part: object) -> str | None:
+    """The id of the call a part answers, when it is stored as a tool message
+    (``convert.request_to_recap``)."""
+    if isinstance(part, ToolReturnPart) or (
+        isinstance(part, RetryPromptPart) and part.tool_name is not None
+    ):
+        return part.tool_call_id
+    return None
 
 
 def _normal(message: dict[str, Any]) -> dict[str, Any]:
