@@ -16,7 +16,8 @@ import pytest
 
 pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed")
 
-from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, ToolCallPart
+import pydantic_ai.messages
+from pydantic_ai import Agent, ModelMessage, ModelResponse, ModelRetry, TextPart, ToolCallPart
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.exceptions import ModelContextWindowExceededError, ModelHTTPError
 from pydantic_ai.messages import SystemPromptPart, ToolReturnPart, UserPromptPart
@@ -252,3 +253,78 @@ async def test_tool_definitions_and_max_tokens_count(recap: Recap) -> None:
     stats: Any = recap.stats(CID)
     assert stats.output_reserve == 700
     assert stats.fixed > 120  # the instructions and the tool schema, not the default
+
+
+RETRY_FEEDBACK = getattr(pydantic_ai.messages, "RetryFeedbackPart", None)
+
+
+@pytest.mark.skipif(RETRY_FEEDBACK is None, reason="this Pydantic AI has no RetryFeedbackPart")
+@pytest.mark.parametrize("as_processor", [False, True], ids=["capability", "processor"])
+async def test_an_output_retry_keeps_its_feedback_in_the_next_run(
+    recap: Recap, as_processor: bool
+) -> None:
+    """An output validator's ``ModelRetry`` (Pydantic AI's ``RetryFeedbackPart``) is stored and
+    comes back as that part, between the rejected answer and the accepted one, as it does in
+    the run's own history; a tool call retried (``ToolReturnPart(outcome="retried")``) keeps its
+    outcome. Before, the feedback was not stored, and the next run's model saw its rejected and
+    accepted answers as two responses in a row."""
+    seen: list[list[ModelMessage]] = []
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append(list(messages))
+        last = messages[-1].parts[-1]
+        said = str(getattr(last, "content", ""))
+        if isinstance(last, UserPromptPart) and said == "Fetch it":
+            call = ToolCallPart(tool_name="fetch", args={"key": "A1"}, tool_call_id="call_1")
+            return ModelResponse(parts=[call])
+        if getattr(last, "tool_call_id", None) == "call_1":  # the retried call's answer
+            call = ToolCallPart(tool_name="fetch", args={"key": "A2"}, tool_call_id="call_2")
+            return ModelResponse(parts=[call])
+        if isinstance(last, ToolReturnPart):
+            return ModelResponse(parts=[TextPart(content="draft")])
+        if "that is a draft" in said:  # the feedback, in the voice the model is shown it
+            return ModelResponse(parts=[TextPart(content="final")])
+        return ModelResponse(parts=[TextPart(content="ok")])
+
+    history = RecapHistory(CID, recap=recap)
+    capability = ProcessHistory(history) if as_processor else history
+    agent = Agent(FunctionModel(answer), capabilities=[capability], retries=2)
+
+    @agent.tool_plain(retries=2)
+    def fetch(key: str) -> str:
+        if key == "A1":
+            raise ModelRetry("no record A1, try A2")
+        return f"record {key}"
+
+    @agent.output_validator
+    def not_a_draft(output: str) -> str:
+        if output == "draft":
+            raise ModelRetry("that is a draft")
+        return output
+
+    first = await agent.run("Fetch it")
+    assert first.output == "final"
+    if as_processor:
+        await history.finish(first)
+    await agent.run("Thanks")
+
+    def shown(messages: list[ModelMessage]) -> list[tuple[str, str]]:
+        return [
+            (
+                type(part).__name__,
+                str(part.args_as_dict())
+                if isinstance(part, ToolCallPart)
+                else str(getattr(part, "content", "")),
+            )
+            for message in messages
+            for part in message.parts
+        ]
+
+    assert any(isinstance(p, RETRY_FEEDBACK) for m in first.all_messages() for p in m.parts)
+    final_request = seen[-2]  # what the model was shown when it answered "final"
+    assert "that is a draft" in str(shown(final_request))
+    # the next run's model is shown the first run as it was: feedback, retried call and all
+    assert shown(seen[-1])[: len(shown(final_request))] == shown(final_request)
+    stored = recap.export(CID).messages
+    kept = [m["pydantic_ai_part"]["part_kind"] for m in stored if "pydantic_ai_part" in m]
+    assert kept == ["tool-return", "retry-feedback"]

@@ -4,7 +4,12 @@ A ``ModelRequest`` holds several parts; each becomes one Recap message: a ``Syst
 system message, a ``UserPromptPart`` a user message (text, ``ImageUrl`` and image
 ``BinaryContent`` as ``image_url`` parts, other binary content as ``file`` parts with a data URL),
 a ``ToolReturnPart`` a tool message with its call id and tool name, a ``RetryPromptPart`` the tool
-message answering its call (or a user message when it answers none). A ``ModelResponse`` becomes
+message answering its call (or a user message when it answers none), a ``RetryFeedbackPart``
+(Pydantic AI's own feedback on an output it could not use) a user message of the text the model
+is shown. Where the OpenAI form loses something of a part (a ``RetryFeedbackPart``, which is not
+the user's voice; a ``ToolReturnPart`` whose outcome is not ``success``) the message also keeps
+the part as Pydantic AI serializes it (``PART_KEY``, not sent to a model and not counted), and
+``from_recap`` rebuilds that part from it. A ``ModelResponse`` becomes
 one assistant message: its text, its ``ToolCallPart``s as ``tool_calls`` (arguments as a JSON
 string, the call id kept), its ``ThinkingPart``s as ``reasoning_content`` (or as Anthropic
 ``thinking_blocks`` when they carry a signature from Anthropic). ``from_recap`` goes back,
@@ -18,6 +23,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+from pydantic_ai import messages as pai_messages
 from pydantic_ai.messages import (
     AudioUrl,
     BinaryContent,
@@ -41,6 +48,10 @@ from pydantic_ai.messages import (
 
 REASONING_KEY = "reasoning_content"
 BLOCKS_KEY = "thinking_blocks"
+PART_KEY = "pydantic_ai_part"  # a request part as Pydantic AI serializes it (see above)
+# Pydantic AI's own feedback on an unusable output (2.78 on; None before it)
+RETRY_FEEDBACK: type[Any] | None = getattr(pai_messages, "RetryFeedbackPart", None)
+_PARTS: TypeAdapter[Any] = TypeAdapter(ModelRequestPart)
 ANTHROPIC = "anthropic"
 
 
@@ -113,12 +124,21 @@ def request_to_recap(request: ModelRequest) -> list[dict[str, Any]]:
         elif isinstance(part, UserPromptPart):
             out.append({"role": "user", "content": _user_content(part.content)})
         elif isinstance(part, ToolReturnPart):
+            message = {
+                "role": "tool",
+                "tool_call_id": part.tool_call_id,
+                "name": part.tool_name,
+                "content": _tool_content(part.content),
+            }
+            if getattr(part, "outcome", "success") != "success":  # a retried or failed call
+                message[PART_KEY] = _PARTS.dump_python(part, mode="json")
+            out.append(message)
+        elif RETRY_FEEDBACK is not None and isinstance(part, RETRY_FEEDBACK):
             out.append(
                 {
-                    "role": "tool",
-                    "tool_call_id": part.tool_call_id,
-                    "name": part.tool_name,
-                    "content": _tool_content(part.content),
+                    "role": "user",
+                    "content": part.model_response(),
+                    PART_KEY: _PARTS.dump_python(part, mode="json"),
                 }
             )
         elif isinstance(part, RetryPromptPart):
@@ -224,6 +244,13 @@ def _response_from(message: Mapping[str, Any]) -> ModelResponse:
 
 
 def _request_part(message: Mapping[str, Any], names: Mapping[str, str]) -> ModelRequestPart:
+    kept = message.get(PART_KEY)
+    if isinstance(kept, Mapping):
+        try:  # the part as it was; another release's may not read back
+            part: ModelRequestPart = _PARTS.validate_python(kept)
+            return part
+        except ValidationError:
+            pass
     role = message.get("role")
     content = message.get("content")
     if role == "tool":
