@@ -442,6 +442,35 @@ def _pai_plain(messages: list[Any]) -> list[Any]:
     ]
 
 
+def test_langchain_invalid_tool_call_and_its_answer_through_the_store(recap: Recap) -> None:
+    """A call whose arguments did not parse (LangChain's ``invalid_tool_calls``) is stored as
+    the model wrote it, so the tool message answering it pairs with it (before, the call was
+    dropped and the store refused its answer as a result without a call), and it comes back as
+    an invalid tool call with the same arguments."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from recap.convert import langchain as convert
+
+    bad = {"name": "lookup", "args": '{"order": 12', "id": "call_9", "error": "bad JSON"}
+    conversation = [
+        HumanMessage("where is order 12?"),
+        AIMessage(
+            "", tool_calls=[LC_CALL], invalid_tool_calls=[{**bad, "type": "invalid_tool_call"}]
+        ),
+        ToolMessage("shipped", tool_call_id="call_1", name="lookup"),
+        ToolMessage("error: the arguments are not JSON", tool_call_id="call_9", status="error"),
+        AIMessage("order 12 shipped"),
+    ]
+    assembled = stored_and_assembled(recap, convert.to_recap_all(conversation))
+    back = convert.from_recap_all(assembled)
+    assert isinstance(back[1], AIMessage)
+    assert [c["id"] for c in back[1].tool_calls] == ["call_1"]
+    assert [(c["id"], c["name"], c["args"]) for c in back[1].invalid_tool_calls] == [
+        ("call_9", "lookup", '{"order": 12')
+    ]
+    assert [m.content for m in back[2:]] == [m.content for m in conversation[2:]]
+
+
 @pytest.mark.parametrize("row", range(len(pydantic_table())))
 def test_pydantic_ai_messages_both_ways(row: int) -> None:
     from recap.convert import pydantic_ai as convert

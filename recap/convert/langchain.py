@@ -1,12 +1,14 @@
 """LangChain messages (``langchain_core.messages``) and Recap's messages (OpenAI chat format).
 
 ``to_recap`` maps a ``HumanMessage``, ``AIMessage``, ``ToolMessage`` or ``SystemMessage`` to one
-Recap message: tool calls as OpenAI ``tool_calls`` (arguments as a JSON string, the call id kept),
+Recap message: tool calls as OpenAI ``tool_calls`` (arguments as a JSON string, the call id kept;
+an invalid tool call, whose arguments did not parse, with its arguments as the model wrote them),
 tool messages with their ``tool_call_id``, content blocks as OpenAI parts (LangChain's standard
 ``image``/``file`` blocks as ``image_url``/``file`` parts, data URLs for base64 data), reasoning
 (``reasoning`` blocks, ``additional_kwargs["reasoning_content"]``) as ``reasoning_content`` and
 Anthropic ``thinking`` blocks as ``thinking_blocks``. ``from_recap`` goes back: an assistant
-message is an ``AIMessage`` with ``tool_calls`` (arguments parsed), its reasoning in
+message is an ``AIMessage`` with ``tool_calls`` (arguments parsed; a call whose arguments are no
+JSON object one of its ``invalid_tool_calls``), its reasoning in
 ``additional_kwargs`` and its thinking blocks in its content.
 """
 
@@ -24,6 +26,7 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.messages.tool import invalid_tool_call, tool_call
 
 REASONING_KEY = "reasoning_content"
 BLOCKS_KEY = "thinking_blocks"
@@ -113,6 +116,17 @@ def to_recap(message: BaseMessage) -> dict[str, Any]:
             }
             for call in message.tool_calls
         ]
+        # a call whose arguments did not parse: sent to the provider as the model wrote it (as
+        # langchain-openai sends it), and a tool message may answer it
+        calls += [
+            {
+                "id": str(call["id"]),
+                "type": "function",
+                "function": {"name": call.get("name") or "", "arguments": call.get("args") or ""},
+            }
+            for call in message.invalid_tool_calls
+            if call.get("id")
+        ]
         if calls:
             out["tool_calls"] = calls
             if out["content"] == "":
@@ -138,12 +152,14 @@ def to_recap_all(messages: Iterable[BaseMessage]) -> list[dict[str, Any]]:
 # --- Recap to LangChain --------------------------------------------------------------------------
 
 
-def _arguments(text: str) -> dict[str, Any]:
+def _arguments(text: str) -> dict[str, Any] | None:
+    """A call's arguments as LangChain holds them; None when they are no JSON object (the call
+    is then an invalid tool call, as LangChain makes one of a reply it cannot parse)."""
     try:
         value = json.loads(text) if text else {}
     except json.JSONDecodeError:
-        return {"arguments": text}  # kept, even when a model wrote something unparsable
-    return value if isinstance(value, dict) else {"arguments": value}
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def from_recap(message: Mapping[str, Any]) -> AnyMessage:
@@ -156,17 +172,20 @@ def from_recap(message: Mapping[str, Any]) -> AnyMessage:
         if blocks:
             rest = [{"type": "text", "text": body}] if isinstance(body, str) and body else body
             body = blocks + (list(rest) if isinstance(rest, list) else [])
-        calls = [
-            {
-                "name": str((call.get("function") or {}).get("name") or ""),
-                "args": _arguments(str((call.get("function") or {}).get("arguments") or "")),
-                "id": str(call.get("id") or ""),
-                "type": "tool_call",
-            }
-            for call in message.get("tool_calls") or ()
-        ]
+        calls: list[Any] = []
+        invalid: list[Any] = []
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            name, text = str(function.get("name") or ""), str(function.get("arguments") or "")
+            cid, args = str(call.get("id") or ""), _arguments(text)
+            if args is None:
+                invalid.append(invalid_tool_call(name=name, args=text, id=cid, error=None))
+            else:
+                calls.append(tool_call(name=name, args=args, id=cid))
         extra = {REASONING_KEY: message[REASONING_KEY]} if message.get(REASONING_KEY) else {}
-        return AIMessage(content=body, tool_calls=calls, additional_kwargs=extra)
+        return AIMessage(
+            content=body, tool_calls=calls, invalid_tool_calls=invalid, additional_kwargs=extra
+        )
     if role == "tool":
         return ToolMessage(
             content=content if content is not None else "",
