@@ -11,6 +11,7 @@ must not go green without them.
 
 from __future__ import annotations
 
+import gc
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,6 +172,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     last = len(rank)
     order = {id(item): n for n, item in enumerate(items)}
     items.sort(key=lambda item: (rank.get(item.path.stem, last), order[id(item)]))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_after_module() -> Iterator[None]:
+    """Garbage collected after each test file, outside any event loop. An async HTTP client
+    left open (the OpenAI SDK's, made by a framework inside ``run_sync``) closes itself when
+    collected by scheduling ``aclose`` on the running loop; collected during a later file's
+    async test, that is the later test's loop, where closing connections of a loop that is gone
+    fails that test. Collected here, no loop is running and nothing is scheduled."""
+    yield
+    gc.collect()
 
 
 _booting: list[RabbitNode] = []  # launched at collection, taken by the fixture below

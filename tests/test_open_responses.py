@@ -275,14 +275,14 @@ def test_the_agents_sdk_runs_on_the_responses_api(serve: Serve) -> None:
     agents.set_tracing_disabled(True)
 
     async def both() -> tuple[str, str]:
-        client = AsyncOpenAI(base_url=serve.base_url, api_key=KEY_A, max_retries=0)
-        model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
-        agent = agents.Agent(name="a", instructions="Be brief.", model=model)
-        result = await agents.Runner.run(agent, "hello agents")
-        run = agents.Runner.run_streamed(agent, "hello streamed")
-        async for _event in run.stream_events():
-            pass
-        return str(result.final_output), str(run.final_output)
+        async with AsyncOpenAI(base_url=serve.base_url, api_key=KEY_A, max_retries=0) as client:
+            model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+            agent = agents.Agent(name="a", instructions="Be brief.", model=model)
+            result = await agents.Runner.run(agent, "hello agents")
+            run = agents.Runner.run_streamed(agent, "hello streamed")
+            async for _event in run.stream_events():
+                pass
+            return str(result.final_output), str(run.final_output)
 
     whole, streamed = asyncio.run(both())
     assert "hello agents" in whole and "hello streamed" in streamed
