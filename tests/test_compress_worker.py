@@ -546,6 +546,11 @@ def _finished(log: Path, task_id: str) -> bool:
 KILL_DEADLINE = 60.0  # from the kill to the summary, a second worker's start-up included
 
 
+@pytest.mark.parametrize(
+    "broker",
+    ["redis", pytest.param("rabbitmq", marks=pytest.mark.slow)],  # suite time: one broker
+    indirect=True,
+)
 def test_a_worker_killed_in_the_model_call_is_completed_once(
     tmp_path: Path, sqlite_url: str, broker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

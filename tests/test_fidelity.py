@@ -279,6 +279,7 @@ def test_the_worker_summarizes_before_assemble_drops_history(stack: Stack) -> No
     assert len(service.list_summaries(host.engine, cid)) >= 2
 
 
+@pytest.mark.slow  # tests/test_host_loop.py runs the 400-step turn in the suite
 def test_an_agent_turn_of_400_steps_with_a_worker_never_raises(stack: Stack) -> None:
     """The README's loop on a 16k window, a run enqueued after every step: the worker and the
     synchronous compress share the lease, no request raises or exceeds its budget, and every

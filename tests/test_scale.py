@@ -236,7 +236,10 @@ def lost_messages(engine: Engine, ids: list[str]) -> int:
     return lost
 
 
-@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+@pytest.mark.parametrize(
+    "broker",
+    ["redis", pytest.param("rabbitmq", marks=pytest.mark.slow)],  # suite time: one broker
+)
 def test_two_worker_processes_share_one_queue_under_load(
     broker: str, tmp_path: Path, postgres_url: str, request: pytest.FixtureRequest
 ) -> None:

@@ -156,6 +156,7 @@ def test_a_streamed_turn_goes_out_as_it_is(serve: Serve) -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.slow  # the recall through serve runs in the suite on the cleared output below
 def test_a_result_a_real_worker_cleared_is_recalled_through_serve(
     llm: LLMServer, tmp_path: Path, private_redis_db: str
 ) -> None:
