@@ -840,6 +840,7 @@ def test_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.slow  # test_serve.py's forty chat turns with a worker run by default
 def test_forty_responses_turns_shrink_after_the_worker_summarizes(
     tmp_path: Path, private_redis_db: str
 ) -> None:
