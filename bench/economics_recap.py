@@ -194,7 +194,11 @@ def _decide_after(
     if plan is not None:
         pressure = [
             ClearingRec(
-                i.message_id, plan.reason, i.tokens_reclaimed, i.stage, kept_chars=i.kept_chars
+                message_id=i.message_id,
+                reason=plan.reason,
+                tokens_reclaimed=i.tokens_reclaimed,
+                stage=i.stage,
+                kept_chars=i.kept_chars,
             )
             for i in plan
         ]
@@ -209,7 +213,13 @@ def _decide_after(
     span = replaced_tokens(split.older, clearings)
     previous = newest.tokens if newest is not None else 0
     size = min(summary_size(span + previous, run.window), split.summary_room or 2_000)
-    summary = SummaryRec(len(done.batches) + 1, split.cutoff_message_id, None, "", size)
+    summary = SummaryRec(
+        id=len(done.batches) + 1,
+        cutoff_message_id=split.cutoff_message_id,
+        previous_summary_id=None,
+        text="",
+        tokens=size,
+    )
     in_use = sent is not None and all(b.summary is None for b in done.batches[sent[1] :])
     if sent is not None and in_use:  # the chat's prefix, then the instruction
         meter.summarize(INSTRUCTION_TOKENS, size, on_prefix=sent[0], at=at)
@@ -218,7 +228,11 @@ def _decide_after(
     after = policy.post_summary_clearing(split.recent, clearings, knobs)
     batch = [
         ClearingRec(
-            i.message_id, after.reason, i.tokens_reclaimed, i.stage, kept_chars=i.kept_chars
+            message_id=i.message_id,
+            reason=after.reason,
+            tokens_reclaimed=i.tokens_reclaimed,
+            stage=i.stage,
+            kept_chars=i.kept_chars,
         )
         for i in after
     ]

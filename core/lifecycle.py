@@ -74,7 +74,7 @@ def expire(
     return erase.expire_idle(engine, settings.output_dir, idle_before=idle_before, limit=batch)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConversationInfo:
     """One conversation as ``recap conversations`` lists it."""
 

@@ -83,7 +83,7 @@ def anthropic_tool() -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Recalled:
     """What a reference stands for, one page of it."""
 
@@ -153,7 +153,14 @@ def recall(
     if offset and offset >= len(text):
         raise past_the_end(str(parsed), offset, len(text))
     page, following = _page(text, offset, cap)
-    return Recalled(str(parsed), refs.MESSAGE, page, offset, following, [message.id])
+    return Recalled(
+        ref=str(parsed),
+        kind=refs.MESSAGE,
+        text=page,
+        offset=offset,
+        next_offset=following,
+        message_ids=[message.id],
+    )
 
 
 def shown(ref: str) -> str:
@@ -225,7 +232,15 @@ def _part(message: Msg, parsed: refs.Ref, root: Path, cap: int) -> Recalled:
     if full is not None and len(json.dumps(full)) > cap:
         full = None
         description += f" (larger than the {cap}-character recall cap)"
-    return Recalled(str(parsed), refs.PART, description, 0, None, [message.id], full)
+    return Recalled(
+        ref=str(parsed),
+        kind=refs.PART,
+        text=description,
+        offset=0,
+        next_offset=None,
+        message_ids=[message.id],
+        part=full,
+    )
 
 
 def _span(
@@ -265,14 +280,28 @@ def _span(
     if not pieces:
         if offset:
             raise past_the_end(str(parsed), offset, position)
-        return Recalled(str(parsed), refs.SPAN, "", offset, None, [])
+        return Recalled(
+            ref=str(parsed),
+            kind=refs.SPAN,
+            text="",
+            offset=offset,
+            next_offset=None,
+            message_ids=[],
+        )
     begin = pieces[0][0]
     joined = "".join(text for _, text, _ in pieces)
     page = joined[offset - begin : offset - begin + cap]
     end = offset + len(page)
     more = not whole or end < position
     ids = [mid for _, _, mid in pieces]
-    return Recalled(str(parsed), refs.SPAN, page, offset, end if more else None, ids)
+    return Recalled(
+        ref=str(parsed),
+        kind=refs.SPAN,
+        text=page,
+        offset=offset,
+        next_offset=end if more else None,
+        message_ids=ids,
+    )
 
 
 def answer(

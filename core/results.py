@@ -42,7 +42,7 @@ class _Readable(Mapping[str, Any]):
         return tuple(f.name for f in fields(self))  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class Stats(_Readable):
     """Context pressure as the compression decision sees it (``recap stats``)."""
 
@@ -89,7 +89,7 @@ class UsageRecorded(_Readable):
     calibration: float
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class CompressResult(_Readable):
     """What one compression run did: the one result type from the run (``core.compression.run``)
     to the task's result, ``recap compress --json`` and ``Recap.compress``.
@@ -139,7 +139,7 @@ PUBLIC_COMPRESS_FIELDS = (
 )
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class SummaryInfo(_Readable):
     """One stored summary, as ``recap summaries`` lists it."""
 
@@ -184,7 +184,7 @@ class ExportedConversation(Mapping[str, Any]):
     __hash__ = None  # type: ignore[assignment]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class PinResult(_Readable):
     """A message's pin after ``Recap.pin`` / ``unpin`` (``recap pin``)."""
 

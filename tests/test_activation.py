@@ -117,7 +117,15 @@ def reference(m: Moment) -> bool:
 def test_activation_random_against_reference() -> None:
     rng = random.Random(41)
     rules = [ANTHROPIC_RULES, NO_CACHE, cache_rules("gpt-4o"), cache_rules("gpt-5")]
-    rules.append(CacheRules("x", 2.0, 0.05, 60.0, 0))
+    rules.append(
+        CacheRules(
+            provider="x",
+            write_price=2.0,
+            read_price=0.05,
+            lifetime_seconds=60.0,
+            min_prefix_tokens=0,
+        )
+    )
     for _ in range(3_000):
         without = rng.randrange(0, 200_000)
         m = Moment(
@@ -139,7 +147,13 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 def summary(sid: int, cutoff: int, tokens: int, *, pending: bool) -> SummaryRec:
     return SummaryRec(
-        sid, cutoff, None, "s", tokens, created_at=T0 + timedelta(minutes=sid), pending=pending
+        id=sid,
+        cutoff_message_id=cutoff,
+        previous_summary_id=None,
+        text="s",
+        tokens=tokens,
+        created_at=T0 + timedelta(minutes=sid),
+        pending=pending,
     )
 
 
@@ -160,7 +174,7 @@ STORED = [1_000] * 10  # 10k tokens over ten messages
 def test_choice_waits_warm_and_keeps_the_batch_back() -> None:
     in_use = summary(1, 2, 500, pending=False)
     ready = summary(2, 6, 500, pending=True)
-    after_run = {8: ClearingRec(8, "post_summary", 900)}
+    after_run = {8: ClearingRec(message_id=8, reason="post_summary", tokens_reclaimed=900)}
     chosen = choosing.choose([in_use, ready], PATH, STORED, after_run, 50_000, context(WARM))
     assert chosen.summary == in_use and chosen.waiting == ready and chosen.activated is None
     assert chosen.clearings == {}  # the run's clearings wait with their summary
@@ -168,7 +182,7 @@ def test_choice_waits_warm_and_keeps_the_batch_back() -> None:
 
 def test_choice_uses_it_cold_with_its_clearings() -> None:
     ready = summary(2, 6, 500, pending=True)
-    after_run = {8: ClearingRec(8, "post_summary", 900)}
+    after_run = {8: ClearingRec(message_id=8, reason="post_summary", tokens_reclaimed=900)}
     chosen = choosing.choose([ready], PATH, STORED, after_run, 50_000, context(400.0))
     assert chosen.summary == ready and chosen.activated == ready and chosen.reason == act.COLD
     assert chosen.clearings == after_run
@@ -190,7 +204,7 @@ def test_choice_in_use_and_without_context() -> None:
 
 
 def test_sent_tokens() -> None:
-    cleared = {9: ClearingRec(9, "idle", 400)}
+    cleared = {9: ClearingRec(message_id=9, reason="idle", tokens_reclaimed=400)}
     assert choosing.sent_tokens(PATH, STORED, None, cleared) == 9_600
     # the root, the summary, then messages 7..10 less the clearing
     assert choosing.sent_tokens(PATH, STORED, summary(1, 6, 300, pending=False), cleared) == (

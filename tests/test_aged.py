@@ -364,7 +364,13 @@ def test_describe_counts_each_stage() -> None:
         "cleared 1 and aged 2 old tool results, shortened the arguments of 3 old tool calls "
         "(10 tokens)"
     )
-    plan = ClearingPlan(PRESSURE, (PlannedClearing(1, 50, AGED), PlannedClearing(2, 70, gain=20)))
+    plan = ClearingPlan(
+        PRESSURE,
+        (
+            PlannedClearing(message_id=1, tokens_reclaimed=50, stage=AGED),
+            PlannedClearing(message_id=2, tokens_reclaimed=70, gain=20),
+        ),
+    )
     assert plan.describe() == "cleared 1 and aged 1 old tool results (70 tokens)"
 
 
@@ -372,7 +378,16 @@ def test_describe_counts_each_stage() -> None:
 
 
 def snapshot(branch: list[Msg], window: int, clearings: dict[int, ClearingRec]) -> policy.Snapshot:
-    return policy.Snapshot("c", MODEL, window, branch, None, clearings, None, NOW)
+    return policy.Snapshot(
+        conversation_id="c",
+        model=MODEL,
+        window_override=window,
+        branch=branch,
+        summary=None,
+        clearings=clearings,
+        profile=None,
+        now=NOW,
+    )
 
 
 def window_for(branch: list[Msg], history: int, knobs: policy.Knobs) -> int:

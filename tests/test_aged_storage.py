@@ -239,7 +239,16 @@ def _window_between(recap: Recap, cid: str, low: int, high: int) -> int:
     knobs = policy.Knobs.from_settings(recap.settings)
     for window in range(2_000, 400_000, 100):
         trigger = policy.pressure(
-            policy.Snapshot(cid, MODEL, window, head.branch, None, head.clearings, None, head.now),
+            policy.Snapshot(
+                conversation_id=cid,
+                model=MODEL,
+                window_override=window,
+                branch=head.branch,
+                summary=None,
+                clearings=head.clearings,
+                profile=None,
+                now=head.now,
+            ),
             knobs,
         ).trigger
         if low <= trigger < high:
@@ -255,7 +264,16 @@ def test_compress_ages_first_then_clears(engine: Engine, recap: Recap) -> None:
     results = _agent(recap, cid, 6, lines=2_500)  # outputs cut on the way in: saved files
     whole = _branch(engine, cid)
     history = policy.history_estimate(
-        policy.Snapshot(cid, MODEL, None, whole.branch, None, {}, None, utcnow())
+        policy.Snapshot(
+            conversation_id=cid,
+            model=MODEL,
+            window_override=None,
+            branch=whole.branch,
+            summary=None,
+            clearings={},
+            profile=None,
+            now=utcnow(),
+        )
     )
     knobs = policy.Knobs.from_settings(recap.settings)
     ageing = plan_clearings(

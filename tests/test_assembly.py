@@ -380,7 +380,7 @@ def test_cleared_result_placeholder(
     """A cleared result renders as its placeholder and counts its stored tokens less the saving."""
     base = chain("U:u1@10", "C:call_9@20", "T:call_9:a long output@500", "U:u2@10")
     branch = [*base[:2], base[2]._replace(output_path=output_path), base[3]]
-    clearings = {3: ClearingRec(3, "idle", tokens_reclaimed=460)}
+    clearings = {3: ClearingRec(message_id=3, reason="idle", tokens_reclaimed=460)}
     request = assemble(
         branch,
         model=MODEL,

@@ -85,8 +85,20 @@ def random_case(seed: int) -> dict[str, Any]:
     summary = None
     if rng.random() < 0.3 and len(branch) > 2:
         cutoff = rng.choice(branch[:-1]).id
-        summary = SummaryRec(7, cutoff, None, _text(rng, "summary"), 0)
-        summary = SummaryRec(7, cutoff, None, summary.text, _count_summary(summary.text, cutoff))
+        summary = SummaryRec(
+            id=7,
+            cutoff_message_id=cutoff,
+            previous_summary_id=None,
+            text=_text(rng, "summary"),
+            tokens=0,
+        )
+        summary = SummaryRec(
+            id=7,
+            cutoff_message_id=cutoff,
+            previous_summary_id=None,
+            text=summary.text,
+            tokens=_count_summary(summary.text, cutoff),
+        )
     return {
         "branch": branch,
         "clearings": clearings,
@@ -122,7 +134,7 @@ def _placeholder(message: Msg) -> dict[str, Any]:
 def _clearing(message: Msg) -> ClearingRec:
     """A clearing that reclaims exactly the difference to the placeholder, as the store does."""
     reclaimed = message.tokens - tokens.count_message(_placeholder(message), ENCODING)
-    return ClearingRec(message.id, "idle", reclaimed)
+    return ClearingRec(message_id=message.id, reason="idle", tokens_reclaimed=reclaimed)
 
 
 def _count_summary(text: str, cutoff: int) -> int:

@@ -186,7 +186,11 @@ def test_merge_locked_base_and_commit_parents(engine: Engine) -> None:
     main, peer_a, peer_b = branches(recap)
     # the base peer's tool result was cleared for this conversation's requests
     with session_scope(engine) as session:
-        apply_clearings(session, "m", ClearingPlan("test", (PlannedClearing(peer_a - 1, 10),)))
+        apply_clearings(
+            session,
+            "m",
+            ClearingPlan("test", (PlannedClearing(message_id=peer_a - 1, tokens_reclaimed=10),)),
+        )
     started = recap.merge("m", peers=[peer_a, peer_b], instruction="merge the two", leaf=main)
     assert started.parents == [main, peer_a, peer_b]
     body = joined(started.request)

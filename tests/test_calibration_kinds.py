@@ -197,7 +197,14 @@ def test_the_upper_residual_is_capped() -> None:
 
 def test_the_budget_plans_with_the_request_s_own_mix() -> None:
     fitted = cal.KindFactors((1.0, 1.6, 2.0, 2.0), 1.0)
-    reading = Reading(1_000, 1_200, 5, NOW, None, (*fitted.rates, fitted.upper))
+    reading = Reading(
+        estimated=1_000,
+        measured=1_200,
+        leaf_id=5,
+        at=NOW,
+        state=None,
+        kinds=(*fitted.rates, fitted.upper),
+    )
     single = budgets.calibration_factor(reading, leaf_id=5, now=NOW)
     assert single == pytest.approx(1.2)
     code = budgets.calibration_factor(reading, leaf_id=5, now=NOW, composition=(0, 100, 0, 0))
@@ -205,7 +212,9 @@ def test_the_budget_plans_with_the_request_s_own_mix() -> None:
     # a request poorer in code than the latest reading never plans below that reading's factor
     prose = budgets.calibration_factor(reading, leaf_id=5, now=NOW, composition=(100, 0, 0, 0))
     assert prose == pytest.approx(1.2)
-    plain = Reading(1_000, 1_200, 5, NOW)  # no rates fitted: the single factor
+    plain = Reading(
+        estimated=1_000, measured=1_200, leaf_id=5, at=NOW
+    )  # no rates fitted: the single factor
     assert budgets.calibration_factor(plain, leaf_id=5, now=NOW, composition=(0, 1, 0, 0)) == (
         pytest.approx(1.2)
     )
@@ -335,7 +344,12 @@ def test_a_request_heavy_in_a_kind_the_readings_hardly_held_is_not_planned_short
     assert fitted.factor(request) * sum(request) >= 0.99 * truth
     latest = samples[0]
     reading = Reading(
-        round(sum(latest.composition)), latest.measured, 5, NOW, None, fitted.values()
+        estimated=round(sum(latest.composition)),
+        measured=latest.measured,
+        leaf_id=5,
+        at=NOW,
+        state=None,
+        kinds=fitted.values(),
     )
     planned = budgets.calibration_factor(reading, leaf_id=5, now=NOW, composition=request)
     assert planned * sum(request) >= 0.99 * truth

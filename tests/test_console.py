@@ -144,7 +144,9 @@ def _pressure_case(engine: Engine) -> dict[str, Any]:
     _new(engine, "cleared", 12)
     ids = [m["id"] for m in service.export_conversation(engine, "cleared")["messages"]]
     with session_scope(engine) as session:
-        plan = ClearingPlan("idle", tuple(PlannedClearing(mid, 30) for mid in ids[2:8]))
+        plan = ClearingPlan(
+            "idle", tuple(PlannedClearing(message_id=mid, tokens_reclaimed=30) for mid in ids[2:8])
+        )
         apply_clearings(session, "cleared", plan)
     _new(engine, "measured", 11)
     client.assemble("measured", system="a host prompt " * 40, tools=[{"type": "function",
@@ -241,9 +243,15 @@ def test_timeline_states(
     ]
     stages = {"aged": AGED_STAGE, "arguments": ARGUMENTS, "aged+cleared": CLEARED_STAGE}
     clearings = {
-        mid: ClearingRec(mid, "pressure", 5, stages[reason], 5 if reason == "arguments" else 0)
+        mid: ClearingRec(
+            message_id=mid,
+            reason="pressure",
+            tokens_reclaimed=5,
+            stage=stages[reason],
+            arguments_tokens=5 if reason == "arguments" else 0,
+        )
         if reason in stages
-        else ClearingRec(mid, reason, 5)
+        else ClearingRec(message_id=mid, reason=reason, tokens_reclaimed=5)
         for mid, reason in cleared.items()
     }
     found = states(branch, summary_cutoff=cutoff, clearings=clearings, dropped=dropped)
@@ -272,7 +280,7 @@ def test_timeline_states_with_pins(
         _msg(4, "tool", 3),
         _msg(5, "user", 4),
     ]
-    clearings = {4: ClearingRec(4, "idle", 5)}
+    clearings = {4: ClearingRec(message_id=4, reason="idle", tokens_reclaimed=5)}
     found = states(
         branch, summary_cutoff=cutoff, clearings=clearings, dropped=dropped, pinned=pinned
     )
@@ -562,9 +570,19 @@ def test_the_chart_sums_what_was_sent_as_a_reference_does(seed: int) -> None:
         for n, cut in enumerate(sorted(rng.sample(range(1, size), min(3, size - 1))))
     ]
     cleared = rng.sample([m.id for m in branch[1:]], rng.randint(0, size // 2))
-    clearings = {mid: ClearingRec(mid, "idle", rng.randint(0, 10)) for mid in cleared}
+    clearings = {
+        mid: ClearingRec(message_id=mid, reason="idle", tokens_reclaimed=rng.randint(0, 10))
+        for mid in cleared
+    }
     cleared_at = {mid: created[mid] + timedelta(minutes=rng.randint(0, 30)) for mid in cleared}
-    history = History(branch, created, summaries, clearings, cleared_at, has_root_prompt=True)
+    history = History(
+        branch=branch,
+        created=created,
+        summaries=summaries,
+        clearings=clearings,
+        cleared_at=cleared_at,
+        has_root_prompt=True,
+    )
     calls = [i for i, m in enumerate(branch) if m.role == "assistant"]
     found = sent_then(history, calls)
     assert found == {i: _sent_reference(history, i) for i in calls}

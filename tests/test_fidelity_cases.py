@@ -238,7 +238,11 @@ def test_an_early_skip_reports_what_stats_shows(recap: Recap) -> None:
     result_id = recap.add(cid, {"role": "tool", "tool_call_id": "c1", "content": _words(2_000)})
     recap.add(cid, {"role": "user", "content": "thanks"})
     with session_scope(recap.engine) as session:
-        apply_clearings(session, cid, ClearingPlan("idle", (PlannedClearing(result_id, 3_000),)))
+        apply_clearings(
+            session,
+            cid,
+            ClearingPlan("idle", (PlannedClearing(message_id=result_id, tokens_reclaimed=3_000),)),
+        )
     result = recap.compress(cid)
     assert result["action"] == "skipped"
     assert result["tokens_before"] == recap.stats(cid)["history"]

@@ -262,7 +262,11 @@ def test_placeholder_does_not_reveal_whether_a_path_exists(
     """A cleared result whose row names an arbitrary path reads the same for a path that exists
     and one that does not: both are treated as gone."""
     with session_scope(sqlite_engine) as session:
-        apply_clearings(session, "c", ClearingPlan(IDLE, (PlannedClearing(stored["id"], 100),)))
+        apply_clearings(
+            session,
+            "c",
+            ClearingPlan(IDLE, (PlannedClearing(message_id=stored["id"], tokens_reclaimed=100),)),
+        )
     rendered = {}
     for path in ("/etc/passwd", "/etc/no-such-file"):
         tamper(sqlite_engine, stored["id"], path, stored["size"])

@@ -120,7 +120,9 @@ def fill(engine: Engine, cid: str, messages: list[dict[str, Any]]) -> Recap:
     assert done.action == "summarized", done
     exported = service.export_conversation(engine, cid)["messages"]
     results = [m["id"] for m in exported if m["role"] == "tool"]
-    plan = ClearingPlan("idle", tuple(PlannedClearing(mid, 10) for mid in results))
+    plan = ClearingPlan(
+        "idle", tuple(PlannedClearing(message_id=mid, tokens_reclaimed=10) for mid in results)
+    )
     with session_scope(engine) as session:
         assert apply_clearings(session, cid, plan).cleared == len(results)
     return client

@@ -445,7 +445,7 @@ def _branch(messages: list[dict[str, Any]], model: str = "gpt-4o") -> list[Msg]:
     """Messages as stored rows, through the real ingest checks (everything kept inline)."""
     encoding = tokens.encoding_name_for(model)
     ingest = Ingest(
-        Path("unused"),
+        root=Path("unused"),
         limits=Ingest.from_settings(get_settings()).limits,
         max_argument_chars=2000,
         media_inline_bytes=10**9,

@@ -54,7 +54,9 @@ def sent_request(turns: int = 8) -> tuple[SentRequest, list[Msg], list[dict[str,
     )
     assert len(built.messages) == len(stored)  # nothing left out: the ids follow the branch
     ids = (None, *(m.id for m in stored[1:]))
-    sent = SentRequest(MODEL, tuple(built.messages), ids, tuple(TOOLS), None)
+    sent = SentRequest(
+        model=MODEL, messages=tuple(built.messages), ids=ids, tools=tuple(TOOLS), summary_id=None
+    )
     return sent, stored, built.messages
 
 
@@ -113,7 +115,7 @@ def test_random_spans_against_a_reference() -> None:
         if rng.random() < 0.3:
             ids.insert(rng.randrange(1, len(ids) + 1), None)  # a stub or a context file
         messages = tuple({"role": "user", "content": f"m{i}"} for i in range(len(ids)))
-        sent = SentRequest(MODEL, messages, tuple(ids))
+        sent = SentRequest(model=MODEL, messages=messages, ids=tuple(ids))
         stored = [mid for mid in ids if mid is not None]
         start = rng.choice([0, 0, 0, rng.randrange(len(stored))])
         span = stored[start : start + rng.randrange(0, len(stored) + 1)]

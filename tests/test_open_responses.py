@@ -179,7 +179,9 @@ def test_random_replies_and_streams_are_valid(seed: int) -> None:
     cut at the output cap or broken off, is valid, and the stream ends in the whole reply."""
     rng = random.Random(seed)
     deltas, message = random_reply(rng)
-    head = responses_api.Head("resp_fuzz", "m", random_echo(rng), store=rng.random() < 0.5)
+    head = responses_api.Head(
+        id="resp_fuzz", model="m", echo=random_echo(rng), store=rng.random() < 0.5
+    )
     finish = rng.choice(["stop", "length", "tool_calls", None])
     usage = rng.choice([None, (12, 5, rng.randint(0, 12))])
     whole = responses_api.response_object(head, message, usage, finish)
@@ -240,7 +242,7 @@ def test_the_error_event_is_openais() -> None:
     at the top): the schema's nests them in an ``error`` object, which the `openai` client
     takes for a failed request and raises on, before the ``response.failed`` that follows. That
     member is the one difference; the failed response itself is valid."""
-    events = response_events.ResponseEvents(responses_api.Head("resp_e", "m", {}))
+    events = response_events.ResponseEvents(responses_api.Head(id="resp_e", model="m", echo={}))
     error, failed = events.failed(ServeError(502, "gone", code="upstream"))
     schema = spec.component("ErrorStreamingEvent")
     assert spec.errors(schema, error) == ["(root): 'error' is a required property"]

@@ -40,9 +40,21 @@ TWO_RESULTS = RunShape(
     ("shape", "keep", "gap_keep", "cost", "cleared"),
     [
         # no result: 10 uncached, then 25 uncached and 10 cached
-        (RunShape([10, 5, 20, 5], {}, [], [1, 3]), 0, 0, 12.5 + 32.25, (0, 0)),
+        (
+            RunShape(tokens=[10, 5, 20, 5], placeholder={}, results=[], ends=[1, 3]),
+            0,
+            0,
+            12.5 + 32.25,
+            (0, 0),
+        ),
         # a result may go as soon as it arrives when none is kept: no cached prefix is lost
-        (RunShape([10, 5, 100], {2: 10}, [2], [1, 3]), 0, 0, 12.5 + 19.75, (0, 1)),
+        (
+            RunShape(tokens=[10, 5, 100], placeholder={2: 10}, results=[2], ends=[1, 3]),
+            0,
+            0,
+            12.5 + 19.75,
+            (0, 1),
+        ),
         # keep 1: A may go at the third request, before the fourth reads the shorter prefix
         (TWO_RESULTS, 1, 1, 12.5 + 132.25 + 145.25 + 19.25, (0, 0, 1, 1)),
         # keep 3: nothing may go
@@ -120,7 +132,7 @@ def _random_shape(rng: random.Random) -> RunShape:
     placeholder = {p: v for p, v in placeholder.items() if rng.random() < 0.8}
     ends = sorted(rng.sample(range(1, size + 1), rng.randint(1, min(5, size))))
     gap = rng.choice([None, *range(len(ends))])
-    return RunShape(tokens, placeholder, results, ends, gap)
+    return RunShape(tokens=tokens, placeholder=placeholder, results=results, ends=ends, gap_at=gap)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -210,7 +210,9 @@ def test_cleared_result_with_an_expired_file_still_assembles(
     record["messages"][6]["tool_call_id"] = "call_2"
     assert recap("import", str(import_file(tmp_path, record)), "--json").code == 0
     with session_scope(sqlite_engine) as session:
-        apply_clearings(session, "a", ClearingPlan(IDLE, (PlannedClearing(3, 100),)))
+        apply_clearings(
+            session, "a", ClearingPlan(IDLE, (PlannedClearing(message_id=3, tokens_reclaimed=100),))
+        )
     saved = files_under(tmp_path / "outputs")
     size = saved[0].stat().st_size
     before = recap("assemble", "a", "--max-input-tokens", "128000", "--json").json()

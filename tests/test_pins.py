@@ -218,7 +218,7 @@ def test_no_clearing_takes_a_pinned_result(engine: Engine) -> None:
         cleared = {int(r[0]) for r in connection.execute(select(CLEARINGS.c.message_id))}
     assert results[0] not in cleared and results[1] in cleared
     # a plan made before the pin is written without it
-    plan = ClearingPlan("pressure", (PlannedClearing(results[0], 10),))
+    plan = ClearingPlan("pressure", (PlannedClearing(message_id=results[0], tokens_reclaimed=10),))
     with session_scope(engine) as session:
         assert apply_clearings(session, "c", plan).cleared == 0
 
@@ -227,7 +227,9 @@ def test_a_clearing_recorded_before_the_pin_does_not_apply_while_pinned(engine: 
     stored = _agent(engine, "c")
     result = next(m for m in stored if m["role"] == "tool")
     with session_scope(engine) as session:
-        plan = ClearingPlan("idle", (PlannedClearing(result["id"], 50),))
+        plan = ClearingPlan(
+            "idle", (PlannedClearing(message_id=result["id"], tokens_reclaimed=50),)
+        )
         assert apply_clearings(session, "c", plan).cleared == 1
     client = client_for(engine)
     assert result["content"] not in contents(client.assemble("c"))
@@ -353,7 +355,13 @@ def test_history_counts_the_pins_a_summary_covers(
     pinned: tuple[int, ...], summary_cutoff: int | None, expected_extra: int
 ) -> None:
     branch = talk(6, 300)
-    summary = SummaryRec(1, summary_cutoff, None, "s", 50) if summary_cutoff else None
+    summary = (
+        SummaryRec(
+            id=1, cutoff_message_id=summary_cutoff, previous_summary_id=None, text="s", tokens=50
+        )
+        if summary_cutoff
+        else None
+    )
     plain = policy.history_estimate(snapshot_of(branch, (), summary=summary))
     held = policy.history_estimate(snapshot_of(branch, pinned, summary=summary))
     assert held - plain == expected_extra

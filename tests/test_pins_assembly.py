@@ -26,7 +26,13 @@ BIG = 100_000
 
 def summary(cutoff: int, text: str = "the story so far") -> SummaryRec:
     """A summary counted as the request sends it (so that totals can be recounted)."""
-    return SummaryRec(7, cutoff, None, text, _count_summary(text, cutoff))
+    return SummaryRec(
+        id=7,
+        cutoff_message_id=cutoff,
+        previous_summary_id=None,
+        text=text,
+        tokens=_count_summary(text, cutoff),
+    )
 
 
 def pinned_of(branch: list[Msg], *ids: int) -> list[Msg]:
@@ -117,7 +123,7 @@ def test_a_pin_overrides_a_clearing_and_unpinning_restores_it() -> None:
     assert labels(held)[7] == "cleared"  # the unpinned one still is
     assert build(branch, (), clearings=clearings).messages == plain.messages
     # the record that an old turn's thinking is not sent stays whatever is pinned
-    reasoning = {5: ClearingRec(5, REASONING_CLEARING, 0)}
+    reasoning = {5: ClearingRec(message_id=5, reason=REASONING_CLEARING, tokens_reclaimed=0)}
     assert pin_rules.effective_clearings(reasoning, {5}) == reasoning
 
 

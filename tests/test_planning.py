@@ -119,7 +119,7 @@ def test_split(
 
 def test_split_counts_cleared_results_at_their_placeholder_size() -> None:
     """A cleared result's reclaimed tokens do not count toward the recent budget."""
-    cleared = {6: ClearingRec(6, "idle", 2_900)}
+    cleared = {6: ClearingRec(message_id=6, reason="idle", tokens_reclaimed=2_900)}
     split = plan_split(AGENT, recent_budget=1_000, recent_cap=1_500, clearings=cleared)
     assert split is not None and split.cutoff_message_id == 4
 
@@ -311,7 +311,12 @@ SUMMARY_AT_3 = SummaryRec(id=1, cutoff_message_id=3, previous_summary_id=None, t
     [
         (None, {}, [2, 3, 4, 5, 6, 7], 3_100),  # the root system prompt is never pending
         (SUMMARY_AT_3, {}, [4, 5, 6, 7], 100 + 40 + 2_000),  # the root is still sent
-        (SUMMARY_AT_3, {5: ClearingRec(5, "idle", 400)}, [4, 5, 6, 7], 100 + 40 + 1_600),
+        (
+            SUMMARY_AT_3,
+            {5: ClearingRec(message_id=5, reason="idle", tokens_reclaimed=400)},
+            [4, 5, 6, 7],
+            100 + 40 + 1_600,
+        ),
     ],
 )
 def test_pending_and_request_tokens(

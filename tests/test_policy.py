@@ -71,13 +71,45 @@ def test_output_reserve(
     ("reading", "leaf", "now", "factor"),
     [
         (None, 10, NOW, 1.0),
-        (budget.Reading(1_000, 1_150, 10, NOW), 10, NOW, 1.15),
-        (budget.Reading(1_000, 1_150, 10, NOW), 200, NOW, 1.15),  # a few turns on: kept
-        (budget.Reading(1_000, 1_150, 10, NOW), 10 + 1_100, NOW, 1.075),  # half-way to far
-        (budget.Reading(1_000, 1_150, 10, NOW), 10 + 5_000, NOW, 1.0),  # far: ignored
-        (budget.Reading(1_000, 1_150, 10, NOW - timedelta(days=4)), 10, NOW, 1.075),  # stale
-        (budget.Reading(1_000, 1_150, 10, NOW - timedelta(days=30)), 10, NOW, 1.0),
-        (budget.Reading(1_000, 9_000, 10, NOW), 10, NOW, 2.0),  # clamped
+        (budget.Reading(estimated=1_000, measured=1_150, leaf_id=10, at=NOW), 10, NOW, 1.15),
+        (
+            budget.Reading(estimated=1_000, measured=1_150, leaf_id=10, at=NOW),
+            200,
+            NOW,
+            1.15,
+        ),  # a few turns on: kept
+        (
+            budget.Reading(estimated=1_000, measured=1_150, leaf_id=10, at=NOW),
+            10 + 1_100,
+            NOW,
+            1.075,
+        ),  # half-way to far
+        (
+            budget.Reading(estimated=1_000, measured=1_150, leaf_id=10, at=NOW),
+            10 + 5_000,
+            NOW,
+            1.0,
+        ),  # far: ignored
+        (
+            budget.Reading(estimated=1_000, measured=1_150, leaf_id=10, at=NOW - timedelta(days=4)),
+            10,
+            NOW,
+            1.075,
+        ),  # stale
+        (
+            budget.Reading(
+                estimated=1_000, measured=1_150, leaf_id=10, at=NOW - timedelta(days=30)
+            ),
+            10,
+            NOW,
+            1.0,
+        ),
+        (
+            budget.Reading(estimated=1_000, measured=9_000, leaf_id=10, at=NOW),
+            10,
+            NOW,
+            2.0,
+        ),  # clamped
     ],
 )
 def test_calibration_decays(
@@ -120,7 +152,9 @@ def snap(
     clearings: dict[int, ClearingRec] | None = None,
     failures: tuple[policy.Failure, ...] = (),
 ) -> policy.Snapshot:
-    profile = Profile(parts, "h" if parts else None, None, reading)
+    profile = Profile(
+        parts=parts, content_hash="h" if parts else None, reserve_override=None, reading=reading
+    )
     return policy.Snapshot(
         conversation_id="c",
         model="gpt-4o-mini",
@@ -153,7 +187,11 @@ def test_the_host_s_tools_count() -> None:
         (10, None, policy.SKIP),  # 2,000 of 7,107 tokens
         (35, None, policy.SKIP),  # 7,000: just under the trigger
         (36, None, policy.SUMMARIZE),  # 7,200: over it
-        (35, budget.Reading(1_000, 1_150, 71, NOW), policy.SUMMARIZE),  # 8,050 measured
+        (
+            35,
+            budget.Reading(estimated=1_000, measured=1_150, leaf_id=71, at=NOW),
+            policy.SUMMARIZE,
+        ),  # 8,050 measured
     ],
 )
 def test_trigger_uses_calibration(turns: int, reading: budget.Reading | None, action: str) -> None:
@@ -279,7 +317,12 @@ def test_a_clearing_again_is_weighed_against_a_summary_by_what_each_rewrites(
 ) -> None:
     branch = steps_of_sizes(sizes)
     results = [m for m in branch if m.role == "tool"][:cleared_before]
-    clearings = {m.id: ClearingRec(m.id, "pressure", m.tokens - 20, "cleared") for m in results}
+    clearings = {
+        m.id: ClearingRec(
+            message_id=m.id, reason="pressure", tokens_reclaimed=m.tokens - 20, stage="cleared"
+        )
+        for m in results
+    }
     decision = policy.decide(snap(branch, window=window, clearings=clearings), KNOBS)
     assert decision.action == action, (name, decision.reason)
     if action == policy.SUMMARIZE:

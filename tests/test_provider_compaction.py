@@ -518,7 +518,14 @@ def test_chat_completions_never_carry_the_items() -> None:
 
     item = {"type": "compaction", "id": "c1", "encrypted_content": "e" * 400}
     stored = dumps([provider_item("openai", MODEL_A, item, 0, kind="compaction")])
-    summary = SummaryRec(1, 5, None, "what happened", 10, provider_items=stored)
+    summary = SummaryRec(
+        id=1,
+        cutoff_message_id=5,
+        previous_summary_id=None,
+        text="what happened",
+        tokens=10,
+        provider_items=stored,
+    )
     same, same_tokens = summary_part(summary, "o200k_base", MODEL_A)
     other, other_tokens = summary_part(summary, "o200k_base", MODEL_B)
     plain, plain_tokens = summary_part(summary, "o200k_base", MODEL_A, text_only=True)

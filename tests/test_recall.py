@@ -73,7 +73,11 @@ def test_cleared_placeholder_names_its_ref_and_recall_gives_the_output_back(
     tool = next(m for m in messages if m["role"] == "tool")
     assert tool["content"] != output  # cut on the way in
     with session_scope(engine) as session:
-        apply_clearings(session, "r", ClearingPlan("idle", (PlannedClearing(tool["id"], 100),)))
+        apply_clearings(
+            session,
+            "r",
+            ClearingPlan("idle", (PlannedClearing(message_id=tool["id"], tokens_reclaimed=100),)),
+        )
     sent = client.assemble("r").messages
     placeholder = next(m["content"] for m in sent if m["role"] == "tool")
     assert f"ref=m{tool['id']}" in placeholder

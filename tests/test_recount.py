@@ -125,7 +125,11 @@ def test_a_cleared_result_keeps_its_placeholder_cost(moved: tuple[Engine, str]) 
     stored = rows(engine, cid)
     tool_id = sorted(stored)[3]  # the first tool result
     with session_scope(engine) as session:
-        apply_clearings(session, cid, ClearingPlan("idle", (PlannedClearing(tool_id, 100),)))
+        apply_clearings(
+            session,
+            cid,
+            ClearingPlan("idle", (PlannedClearing(message_id=tool_id, tokens_reclaimed=100),)),
+        )
     placeholder_cost = stored[tool_id][0] - 100
     recount.set_model(engine, cid, NEW)
     recount.recount_conversation(engine, cid)

@@ -74,7 +74,7 @@ def test_a_child_that_keeps_dying_is_restarted_then_given_up_on() -> None:
     policy = RestartPolicy(first_delay=0.01, max_delay=0.05, fast_seconds=60, max_fast_deaths=3)
     command = [sys.executable, "-c", "raise SystemExit(3)"]
     with structlog.testing.capture_logs() as logs:
-        code = Supervisor({"broken": command}, policy=policy).run()
+        code = Supervisor(commands={"broken": command}, policy=policy).run()
     assert code == 3
     events = [entry["event"] for entry in logs]
     assert events.count("worker_child_started") == 4  # the first start and three restarts

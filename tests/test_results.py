@@ -58,7 +58,15 @@ def test_compress_result_keys(key: str, present: bool) -> None:
 
 def test_summary_info_fields() -> None:
     """A summary's row is read by attribute and by key alike; unknown keys are KeyError."""
-    row = SummaryInfo(1, 5, None, 40, "m", 0.5, "2026-01-01T00:00:00")
+    row = SummaryInfo(
+        id=1,
+        cutoff_message_id=5,
+        previous_summary_id=None,
+        tokens=40,
+        model="m",
+        identifier_retention=0.5,
+        created_at="2026-01-01T00:00:00",
+    )
     assert row.tokens == row["tokens"] == 40
     with pytest.raises(KeyError):
         row["nope"]

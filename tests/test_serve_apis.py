@@ -204,7 +204,7 @@ def test_response_ids_round_trip(conversation: str, message_id: int, exact: bool
 
 def test_responses_reply_and_stream_agree() -> None:
     """A reply's items whole, and the stream of the same reply ending in the same response."""
-    head = responses_api.Head("resp_x", "m", {"instructions": "s"})
+    head = responses_api.Head(id="resp_x", model="m", echo={"instructions": "s"})
     message = {
         "role": "assistant",
         "content": "hello",
@@ -369,7 +369,7 @@ def test_anthropic_reply_and_stream_agree() -> None:
         "cache_read_input_tokens": 2,
         "cache_creation_input_tokens": 0,
     }
-    events = messages_api.MessageEvents("msg_1", "m", input_tokens=9)
+    events = messages_api.MessageEvents(message_id="msg_1", model="m", input_tokens=9)
     out = events.start()
     for delta in [
         {"reasoning_content": "hm"},

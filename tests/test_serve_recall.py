@@ -61,7 +61,9 @@ def _cleared_history(serve: Serve, cid: str) -> tuple[list[dict[str, Any]], int]
     messages.append(as_message(turn(serve, cid, messages, tools=TOOLS).parse()))
     result = next(m for m in serve.branch(cid) if m["role"] == "tool")
     with session_scope(serve.engine) as session:
-        plan = ClearingPlan("idle", (PlannedClearing(result["id"], 100),))
+        plan = ClearingPlan(
+            "idle", (PlannedClearing(message_id=result["id"], tokens_reclaimed=100),)
+        )
         assert apply_clearings(session, cid, plan).cleared == 1
     return messages, int(result["id"])
 

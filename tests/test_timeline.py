@@ -81,12 +81,16 @@ BASE = [SYSTEM, msg(2, "user"), call(3, "a"), result(4, "a"), msg(5, "assistant"
         ("all full", {}, {1: "full", 2: "full", 3: "full", 4: "full", 5: "full", 6: "full"}),
         (
             "cleared result",
-            {"clearings": {4: ClearingRec(4, "idle", 450)}},
+            {"clearings": {4: ClearingRec(message_id=4, reason="idle", tokens_reclaimed=450)}},
             {1: "full", 2: "full", 3: "full", 4: "cleared", 5: "full", 6: "full"},
         ),
         (
             "summarized span, system prompt still sent",
-            {"summary": SummaryRec(9, 4, None, "the story", 20)},
+            {
+                "summary": SummaryRec(
+                    id=9, cutoff_message_id=4, previous_summary_id=None, text="the story", tokens=20
+                )
+            },
             {1: "full", 2: "summarized", 3: "summarized", 4: "summarized", 5: "full", 6: "full"},
         ),
         (
@@ -101,7 +105,12 @@ BASE = [SYSTEM, msg(2, "user"), call(3, "a"), result(4, "a"), msg(5, "assistant"
         ),
         (
             "a pinned message",
-            {"summary": SummaryRec(9, 4, None, "the story", 20), "pinned": [2]},
+            {
+                "summary": SummaryRec(
+                    id=9, cutoff_message_id=4, previous_summary_id=None, text="the story", tokens=20
+                ),
+                "pinned": [2],
+            },
             {1: "full", 2: "pinned", 3: "summarized", 4: "summarized", 5: "full", 6: "full"},
         ),
     ],
@@ -117,7 +126,10 @@ def test_aged_media_and_the_tokens_each_state_costs() -> None:
     with_media = msg(2, "user", 800, content=None, content_parts=({"type": "text", "text": "a"},))
     with_media = with_media._replace(content_parts=({"type": "text", "text": "a"}, image))
     branch = [SYSTEM, with_media, call(3, "a"), result(4, "a"), msg(5, "assistant"), msg(6, "user")]
-    clearings = {2: ClearingRec(2, media.RECORDED, 700), 4: ClearingRec(4, "idle", 450)}
+    clearings = {
+        2: ClearingRec(message_id=2, reason=media.RECORDED, tokens_reclaimed=700),
+        4: ClearingRec(message_id=4, reason="idle", tokens_reclaimed=450),
+    }
     request = assembling.assemble(
         branch, model=MODEL, window=100_000, safety_margin=0.0, clearings=clearings
     )
@@ -133,7 +145,10 @@ def test_aged_media_and_the_tokens_each_state_costs() -> None:
 def test_summary_spans_follow_each_other() -> None:
     """Each summary on the branch spans the messages after the previous one's cutoff."""
     branch = [SYSTEM, *(msg(n, "user" if n % 2 == 0 else "assistant") for n in range(2, 12))]
-    first, second = SummaryRec(1, 5, None, "one", 10), SummaryRec(2, 9, 1, "two", 12)
+    first, second = (
+        SummaryRec(id=1, cutoff_message_id=5, previous_summary_id=None, text="one", tokens=10),
+        SummaryRec(id=2, cutoff_message_id=9, previous_summary_id=1, text="two", tokens=12),
+    )
     request = assembling.assemble(branch, model=MODEL, window=100_000, safety_margin=0.0,
                                 summary=second)  # fmt: skip
     spans = derive(branch, request, summaries=[second, first]).summaries
@@ -206,7 +221,11 @@ def test_timeline_follows_the_branch_and_clearings(sqlite_engine: Engine) -> Non
     exported = service.export_conversation(sqlite_engine, "b")["messages"]
     tool_id = next(m["id"] for m in exported if m["role"] == "tool")
     with session_scope(sqlite_engine) as session:
-        apply_clearings(session, "b", ClearingPlan("idle", (PlannedClearing(tool_id, 700),)))
+        apply_clearings(
+            session,
+            "b",
+            ClearingPlan("idle", (PlannedClearing(message_id=tool_id, tokens_reclaimed=700),)),
+        )
     fork = client.add("b", {"role": "user", "content": "another way"}, parent_id=exported[2]["id"])
     main = lifecycle.timeline(sqlite_engine, "b", client.settings, leaf=exported[-1]["id"])
     row = next(m for m in main.messages if m.id == tool_id)

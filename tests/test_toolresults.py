@@ -258,7 +258,9 @@ def test_plan_clearings(
 def test_plan_skips_results_already_cleared() -> None:
     """A result already cleared is not planned again."""
     branch = agent_run([("bash", BIG)] * 6)
-    assert cleared_ids(branch, {3: ClearingRec(3, IDLE, 100)}) == [5, 7]
+    assert cleared_ids(
+        branch, {3: ClearingRec(message_id=3, reason=IDLE, tokens_reclaimed=100)}
+    ) == [5, 7]
 
 
 def test_protected_tool_found_through_its_call() -> None:

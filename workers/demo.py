@@ -28,7 +28,7 @@ WORKER_THREADS = 4
 POLL_SECONDS = 0.05  # how often the file broker and the result files are looked at (not 1 s)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TurnRow:
     """One turn of the replay: what the next request costs with and without Recap."""
 

@@ -54,7 +54,7 @@ class ContextTooLongError(LLMError):
     sent_tokens: int | None = None  # what the refused request took, input and output, if known
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Completion:
     """The text of one reply and what it cost."""
 

@@ -78,7 +78,7 @@ TOOL_DESCRIPTION_WORDS = (  # about 150 tokens: the prose of a typical agent too
 ARGUMENT_DESCRIPTION = "The {key} to use for this call, exactly as the action expects it."
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ConversationReport:
     """What Recap would have done with one conversation."""
 

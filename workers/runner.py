@@ -179,10 +179,10 @@ def main(argv: Sequence[str]) -> int:
     plan = json.loads(argv[0])
     configure_logging(json_output=bool(plan["log_json"]), level=str(plan["log_level"]))
     commands = {str(name): [str(a) for a in command] for name, command in plan["commands"].items()}
-    return Supervisor(commands).run()
+    return Supervisor(commands=commands).run()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Child:
     """One supervised process and its recent history."""
 
@@ -194,7 +194,7 @@ class Child:
     restart_at: float | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Supervisor:
     """Start each command as a child, restart the ones that die, stop all on a signal."""
 
@@ -208,7 +208,9 @@ class Supervisor:
         import structlog
 
         self.log = structlog.get_logger("recap.worker")
-        self.children = [Child(name, command) for name, command in self.commands.items()]
+        self.children = [
+            Child(name=name, command=command) for name, command in self.commands.items()
+        ]
         for child in self.children:
             self._start(child)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

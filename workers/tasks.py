@@ -163,11 +163,15 @@ def _run(
         events.log.warning(
             "compress_session_rejected", conversation_id=conversation_id, error=reason
         )
-        result = compress.Outcome(Action.FAILED, reason, 0, 0)
+        result = compress.Outcome(
+            action=Action.FAILED, reason=reason, tokens_before=0, tokens_after=0
+        )
     except Exception as exc:  # an unexpected error still ends as one masked FAILURE
         reason = error_text(exc, secrets)
         events.log.exception("compress_session_error", conversation_id=conversation_id)
-        result = compress.Outcome(Action.FAILED, reason, 0, 0)
+        result = compress.Outcome(
+            action=Action.FAILED, reason=reason, tokens_before=0, tokens_after=0
+        )
     return {k: redact(v, secrets) if isinstance(v, str) else v for k, v in result.as_dict().items()}
 
 
@@ -185,9 +189,16 @@ def _unknown(settings: Settings, conversation_id: str, exc: NotFoundError) -> co
         events.log.warning(
             "compress_session_rejected", conversation_id=conversation_id, error=reason
         )
-        return compress.Outcome(Action.FAILED, reason, 0, 0)
+        return compress.Outcome(
+            action=Action.FAILED, reason=reason, tokens_before=0, tokens_after=0
+        )
     events.log.info("compress_session_unknown_conversation", conversation_id=conversation_id)
-    return compress.Outcome(Action.SKIPPED, f"{reason}: deleted, or never stored", 0, 0)
+    return compress.Outcome(
+        action=Action.SKIPPED,
+        reason=f"{reason}: deleted, or never stored",
+        tokens_before=0,
+        tokens_after=0,
+    )
 
 
 @task_received.connect

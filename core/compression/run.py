@@ -126,7 +126,7 @@ class Run:
         self.parts.reporter.emit(self.settings, event, **fields)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PassResult:
     """One pass: its outcome, the summary row to insert, and (after a summary) the messages the
     request now carries after the new cutoff, with their clearings."""
@@ -262,14 +262,26 @@ def one_pass(run: Run) -> PassResult:
         if early is not None:
             decision, leaf, size = early
             return PassResult(
-                Outcome(Action.SKIPPED, decision.reason, size, size, leaf_message_id=leaf)
+                outcome=Outcome(
+                    action=Action.SKIPPED,
+                    reason=decision.reason,
+                    tokens_before=size,
+                    tokens_after=size,
+                    leaf_message_id=leaf,
+                )
             )
     snapshot = snapshot_for(run)
     decision = policy.decide(snapshot, run.knobs, force=run.force)
     before = decision.pressure.history
-    base = Outcome(Action.SKIPPED, "", before, before, leaf_message_id=snapshot.leaf_id)
+    base = Outcome(
+        action=Action.SKIPPED,
+        reason="",
+        tokens_before=before,
+        tokens_after=before,
+        leaf_message_id=snapshot.leaf_id,
+    )
     if decision.action == policy.SKIP:  # nothing to do: no started event, nothing written
-        return PassResult(replace(base, reason=decision.reason))
+        return PassResult(outcome=replace(base, reason=decision.reason))
     started = {k: v for k, v in _event_fields(run, base).items() if k != "action"}
     run.emit(report.STARTED, **started, forced=run.force, urgent=decision.urgent)
     # the chat's last request as sent (for a summary): built before this run's clearings
@@ -282,11 +294,11 @@ def one_pass(run: Run) -> PassResult:
         if decision.action == policy.CLEAR and applied.steps:
             reason = applied.describe()
             return PassResult(
-                replace(base, action=Action.CLEARED, reason=reason, tokens_after=after)
+                outcome=replace(base, action=Action.CLEARED, reason=reason, tokens_after=after)
             )
         base = replace(base, tokens_after=after)
     if decision.action != policy.SUMMARIZE or decision.split is None:
-        return PassResult(replace(base, reason=decision.reason))
+        return PassResult(outcome=replace(base, reason=decision.reason))
     return summarize(run, replace(snapshot, clearings=decision.clearings), decision, base, chat)
 
 
@@ -303,7 +315,7 @@ def summarize(
         result = summarizer.summarize(snapshot, split)
     except SummaryFailed as exc:  # a provider's error can quote the key: masked here
         reason = redact(str(exc), known_secrets(run.settings))
-        return PassResult(replace(base, action=Action.FAILED, reason=reason, error=reason))
+        return PassResult(outcome=replace(base, action=Action.FAILED, reason=reason, error=reason))
     return _validated(run, snapshot, split, result, base)
 
 
@@ -337,7 +349,7 @@ def _validated(
     )
     if problem is not None:
         reason = f"summary rejected: {problem}"
-        return PassResult(replace(base, action=Action.FAILED, reason=reason, error=reason))
+        return PassResult(outcome=replace(base, action=Action.FAILED, reason=reason, error=reason))
     factor = policy.budget_of(snapshot, run.knobs).calibration
     after = base.tokens_after - math.ceil(replaced * factor) + math.ceil(summary_tokens * factor)
     outcome = replace(
@@ -364,7 +376,12 @@ def _validated(
     }
     outcome = replace(outcome, reason=outcome.reason + provider.attach(run, snapshot, split, row))
     return PassResult(
-        outcome, row, split.recent, snapshot.clearings, snapshot.pinned_ids, snapshot.sources
+        outcome=outcome,
+        row=row,
+        recent=split.recent,
+        clearings=snapshot.clearings,
+        pinned=snapshot.pinned_ids,
+        sources=snapshot.sources,
     )
 
 
@@ -486,7 +503,7 @@ def _passes_unless_deleted(run: Run, held: lease.Lease, started: float) -> Outco
         recreated=now is not None,
         duration_ms=_ms(started),
     )
-    return Outcome(Action.SKIPPED, reason, 0, 0)
+    return Outcome(action=Action.SKIPPED, reason=reason, tokens_before=0, tokens_after=0)
 
 
 def _current_incarnation(run: Run) -> str | None:
@@ -505,7 +522,12 @@ def _merge(first: Outcome | None, later: Outcome) -> Outcome:
 
 
 def _busy(run: Run, started: float) -> Outcome:
-    outcome = Outcome(Action.BUSY, "another run holds this conversation; it will re-check", 0, 0)
+    outcome = Outcome(
+        action=Action.BUSY,
+        reason="another run holds this conversation; it will re-check",
+        tokens_before=0,
+        tokens_after=0,
+    )
     run.emit(report.COMPLETED, **_event_fields(run, outcome), duration_ms=_ms(started))
     return outcome
 
@@ -521,8 +543,14 @@ def _log_retry(run: Run, exc: RetryLater, started: float) -> None:
         error=reason,
         duration_ms=_ms(started),
     )
-    outcome = Outcome(Action.RETRY, f"retrying in {exc.delay:.1f} s", 0, 0, error=reason)
-    write_run(run, PassResult(outcome), held=None, duration_ms=_ms(started))
+    outcome = Outcome(
+        action=Action.RETRY,
+        reason=f"retrying in {exc.delay:.1f} s",
+        tokens_before=0,
+        tokens_after=0,
+        error=reason,
+    )
+    write_run(run, PassResult(outcome=outcome), held=None, duration_ms=_ms(started))
 
 
 def _log_retry_if_possible(run: Run, exc: RetryLater, started: float) -> None:

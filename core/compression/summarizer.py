@@ -43,7 +43,7 @@ class OutOfTime(SummaryFailed):
     """
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SummaryText:
     """A summarizer's result, before it is stored."""
 

@@ -49,7 +49,7 @@ CALIBRATION_FAR_MESSAGES = 2_000
 SAME_FACTOR = 1e-7
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Budget:
     """The numbers one request is planned with; ``fixed`` is in estimated tokens."""
 
@@ -96,7 +96,13 @@ def request_budget(
     if window <= 0:
         raise ValueError(f"the window must be positive, got {window}")
     factor = min(max(calibration, CALIBRATION_MIN), CALIBRATION_MAX)
-    return Budget(window, safety_margin, max(output_reserve, 0), max(fixed, 0), factor)
+    return Budget(
+        window=window,
+        safety_margin=safety_margin,
+        output_reserve=max(output_reserve, 0),
+        fixed=max(fixed, 0),
+        calibration=factor,
+    )
 
 
 def output_reserve(

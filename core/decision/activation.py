@@ -45,7 +45,7 @@ user may stop, or come back after the cache has expired, when the summary is use
 saving that takes longer than that to pay back is a bet on a future that often does not come."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CacheRules:
     """How one provider prices and keeps a cached prefix, relative to plain input tokens."""
 
@@ -56,11 +56,23 @@ class CacheRules:
     min_prefix_tokens: int = 1_024  # a shorter prefix is not cached
 
 
-NO_CACHE = CacheRules("none", 1.0, 1.0, 0.0, 0)
-ANTHROPIC_RULES = CacheRules(ANTHROPIC, 1.25, 0.1, 300.0)
-OPENAI_RULES = CacheRules(OPENAI, 1.0, 0.5, 300.0)  # gpt-4o family: cached input at half price
-GEMINI_RULES = CacheRules(GEMINI, 1.0, 0.25, 300.0)
-DEEPSEEK_RULES = CacheRules(DEEPSEEK, 1.0, 0.1, 3_600.0, 64)
+NO_CACHE = CacheRules(
+    provider="none", write_price=1.0, read_price=1.0, lifetime_seconds=0.0, min_prefix_tokens=0
+)
+ANTHROPIC_RULES = CacheRules(
+    provider=ANTHROPIC, write_price=1.25, read_price=0.1, lifetime_seconds=300.0
+)
+OPENAI_RULES = CacheRules(
+    provider=OPENAI, write_price=1.0, read_price=0.5, lifetime_seconds=300.0
+)  # gpt-4o family: cached input at half price
+GEMINI_RULES = CacheRules(provider=GEMINI, write_price=1.0, read_price=0.25, lifetime_seconds=300.0)
+DEEPSEEK_RULES = CacheRules(
+    provider=DEEPSEEK,
+    write_price=1.0,
+    read_price=0.1,
+    lifetime_seconds=3_600.0,
+    min_prefix_tokens=64,
+)
 RULES: dict[str, CacheRules] = {
     ANTHROPIC: ANTHROPIC_RULES,
     OPENAI: OPENAI_RULES,
@@ -90,9 +102,19 @@ def cache_rules(model: str | None, *, retention: str | None = None) -> CacheRule
     read = next((price for prefix, price in OPENAI_READ_PRICE if own.startswith(prefix)), None)
     rules = OPENAI_RULES
     if read is not None:
-        rules = CacheRules(OPENAI, 1.0, read, rules.lifetime_seconds)
+        rules = CacheRules(
+            provider=OPENAI,
+            write_price=1.0,
+            read_price=read,
+            lifetime_seconds=rules.lifetime_seconds,
+        )
     if retention == "24h":
-        rules = CacheRules(OPENAI, 1.0, rules.read_price, EXTENDED_LIFETIME_SECONDS)
+        rules = CacheRules(
+            provider=OPENAI,
+            write_price=1.0,
+            read_price=rules.read_price,
+            lifetime_seconds=EXTENDED_LIFETIME_SECONDS,
+        )
     return rules
 
 
@@ -108,7 +130,7 @@ AT_ONCE, UNCACHED, COLD, NEEDED, SHORT, PAYS, WAITS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Moment:
     """What the choice looks at, in estimated tokens of the history as sent."""
 

@@ -38,7 +38,7 @@ CACHED_PRICE = 0.1  # reading it costs a tenth
 REPLAY_CLOCK = datetime(2026, 1, 1, tzinfo=UTC)  # the decision's clock: no failures to age
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Moment:
     """What a policy sees before one request."""
 
@@ -52,7 +52,7 @@ class Moment:
 Policy = Callable[[Moment], "list[int] | ClearingPlan"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunCost:
     """Totals of one replayed run under one policy."""
 
@@ -152,7 +152,7 @@ class _Renderer:
         return self._cache[key]
 
 
-CLEARED_STATE = ClearingRec(0, IDLE)  # a result as its placeholder (``_state``)
+CLEARED_STATE = ClearingRec(message_id=0, reason=IDLE)  # a result as its placeholder (``_state``)
 
 
 def _state(message: Msg, clearings: Mapping[int, ClearingRec]) -> ClearingRec | None:
@@ -174,7 +174,13 @@ def replay(branch: Sequence[Msg], policy: Policy, *, encoding: str, gap_at: int 
         sent = branch[:end]
         after_gap = step == gap_at
         current = _rendered(sent, clearings, renderer)
-        moment = Moment(step, sent, dict(clearings), after_gap, sum(c for _, c in current))
+        moment = Moment(
+            step=step,
+            branch=sent,
+            clearings=dict(clearings),
+            after_gap=after_gap,
+            history_tokens=sum(c for _, c in current),
+        )
         chosen = policy(moment)
         if isinstance(chosen, ClearingPlan):
             clearings = with_plan(clearings, chosen)
@@ -182,7 +188,7 @@ def replay(branch: Sequence[Msg], policy: Policy, *, encoding: str, gap_at: int 
             result.argument_steps += chosen.count(ARGUMENTS)
         else:
             for message_id in chosen:
-                clearings.setdefault(message_id, ClearingRec(message_id, IDLE))
+                clearings.setdefault(message_id, ClearingRec(message_id=message_id, reason=IDLE))
         current = _rendered(sent, clearings, renderer)
         texts = [text for text, _ in current]
         cost, cached, total = priced(
@@ -236,7 +242,7 @@ def middle_step(branch: Sequence[Msg]) -> int:
 # --- the limit: the best schedule, knowing the whole run ---------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunShape:
     """A run as plain numbers, one entry per message, for ``oracle``."""
 

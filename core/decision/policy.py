@@ -80,7 +80,7 @@ RECENT_SHARE_OF_TRIGGER_MAX = 0.5  # the recent part never takes more than half 
 REASON_QUOTE_CHARS = 200  # a cooldown's reason quotes the last failure up to this length
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Knobs:
     """The settings the decision reads (see the README's configuration table)."""
 
@@ -127,7 +127,7 @@ class Failure:
         return REJECTED_NOT_SMALLER not in self.reason
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Snapshot:
     """What the decision may look at: no message text."""
 
@@ -159,7 +159,7 @@ class Snapshot:
         return frozenset(m.id for m in self.pinned)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Pressure:
     """The numbers of one decision, in provider tokens unless named otherwise."""
 
@@ -178,7 +178,7 @@ class Pressure:
         return self.history > self.trigger
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Decision:
     """What to do now; ``clear`` may come with ``summarize`` and ``rest`` (cleared first)."""
 
@@ -258,11 +258,11 @@ def pressure(snapshot: Snapshot, knobs: Knobs, history: int | None = None) -> Pr
     estimate = history_estimate(snapshot) if history is None else history
     available = plan.available
     return Pressure(
-        plan,
-        estimate,
-        plan.history(estimate),
-        available,
-        int(knobs.trigger_ratio * max(available, 0)),
+        budget=plan,
+        history_estimate=estimate,
+        history=plan.history(estimate),
+        available=available,
+        trigger=int(knobs.trigger_ratio * max(available, 0)),
     )
 
 
@@ -285,7 +285,9 @@ def decide(snapshot: Snapshot, knobs: Knobs, *, force: bool = False) -> Decision
     the pressure, with no clearing first and no cooldown."""
     p = pressure(snapshot, knobs)
     if not force and not p.over_trigger:
-        return Decision(SKIP, f"under the trigger ({p.history} of {p.trigger} tokens)", p)
+        return Decision(
+            action=SKIP, reason=f"under the trigger ({p.history} of {p.trigger} tokens)", pressure=p
+        )
     urgent = p.ratio >= knobs.urgent_ratio
     pending = pending_messages(snapshot.branch, snapshot.summary)
     clearings: Mapping[int, ClearingRec] = snapshot.clearings
@@ -298,7 +300,14 @@ def decide(snapshot: Snapshot, knobs: Knobs, *, force: bool = False) -> Decision
             reason = plan.describe()
             clearings = with_plan(clearings, plan)
             if p.history - p.budget.history(saved) <= p.trigger:
-                cleared = Decision(CLEAR, reason, p, plan, urgent=urgent, clearings=clearings)
+                cleared = Decision(
+                    action=CLEAR,
+                    reason=reason,
+                    pressure=p,
+                    clear=plan,
+                    urgent=urgent,
+                    clearings=clearings,
+                )
                 return _cheaper_rewrite(snapshot, knobs, p, cleared, pending)
         else:
             plan = None
@@ -390,7 +399,14 @@ def _summarize(
             span = replaced_tokens(split.older, clearings, pins)
     if split is None:
         reason = "nothing older than the recent turns to summarize"
-        return Decision(fallback, reason, p, plan, urgent=urgent, clearings=clearings)
+        return Decision(
+            action=fallback,
+            reason=reason,
+            pressure=p,
+            clear=plan,
+            urgent=urgent,
+            clearings=clearings,
+        )
     split = dataclasses.replace(split, summary_room=summary_room(p, split, clearings, pins))
     # over the room, the next request leaves the span out with nothing covering it: however
     # small, it is summarized (a summary that does not reduce is rejected by the run)
@@ -399,11 +415,28 @@ def _summarize(
             f"the {span} tokens before the recent turns are below the smallest span worth "
             f"summarizing ({knobs.min_summary_span_tokens})"
         )
-        return Decision(fallback, reason, p, plan, urgent=urgent, clearings=clearings)
+        return Decision(
+            action=fallback,
+            reason=reason,
+            pressure=p,
+            clear=plan,
+            urgent=urgent,
+            clearings=clearings,
+        )
     resting = None if force or urgent else cooldown_reason(snapshot, knobs)
     if resting is not None:
-        return Decision(REST, resting, p, plan, urgent=urgent, clearings=clearings)
-    return Decision(SUMMARIZE, "", p, plan, split, urgent=urgent, clearings=clearings)
+        return Decision(
+            action=REST, reason=resting, pressure=p, clear=plan, urgent=urgent, clearings=clearings
+        )
+    return Decision(
+        action=SUMMARIZE,
+        reason="",
+        pressure=p,
+        clear=plan,
+        split=split,
+        urgent=urgent,
+        clearings=clearings,
+    )
 
 
 SUMMARY_ROOM_FLOOR = 256  # the least a summary is asked to fit in: less keeps nothing useful
@@ -543,4 +576,6 @@ def early_skip(head: Snapshot, knobs: Knobs, history_bound: int) -> Decision | N
     p = pressure(head, knobs, history=history_bound)
     if p.over_trigger:
         return None
-    return Decision(SKIP, f"under the trigger ({p.history} of {p.trigger} tokens)", p)
+    return Decision(
+        action=SKIP, reason=f"under the trigger ({p.history} of {p.trigger} tokens)", pressure=p
+    )

@@ -269,14 +269,20 @@ def _result_step(
         saved = aged_reclaimable(message, aged_chars) if aged_chars > 0 else 0
         if saved <= 0:
             return None  # a small result stays full until it is cleared
-        return PlannedClearing(message.id, saved, AGED, kept_chars=aged_chars)
+        return PlannedClearing(
+            message_id=message.id, tokens_reclaimed=saved, stage=AGED, kept_chars=aged_chars
+        )
     if current is None:
         saved = reclaimable(message)
-        return PlannedClearing(message.id, saved) if saved > 0 else None
+        return PlannedClearing(message_id=message.id, tokens_reclaimed=saved) if saved > 0 else None
     if current.aged and stage == CLEARED:
         saved = reclaimable(message)
         gain = saved - current.tokens_reclaimed
-        return PlannedClearing(message.id, saved, gain=gain) if gain > 0 else None
+        return (
+            PlannedClearing(message_id=message.id, tokens_reclaimed=saved, gain=gain)
+            if gain > 0
+            else None
+        )
     return None  # cleared or shortened already, or aged already
 
 
@@ -306,7 +312,9 @@ def _argument_steps(
             continue
         saved = argument_saving(message)
         if saved > 0:
-            steps.append(PlannedClearing(message.id, saved, ARGUMENTS))
+            steps.append(
+                PlannedClearing(message_id=message.id, tokens_reclaimed=saved, stage=ARGUMENTS)
+            )
     return steps
 
 

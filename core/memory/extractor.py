@@ -72,7 +72,7 @@ class ExtractionFailed(Exception):
     """The extraction cannot succeed by trying again (a fatal model error, a bad answer)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Extraction:
     """What an extractor decided, and what it cost."""
 

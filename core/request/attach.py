@@ -90,7 +90,14 @@ class _State:
         if source is None:
             skipped.add(pointer.close_id)
             self.blocks.append(
-                Block(pointer.open_id, pointer.close_id, pointer.source, pointer.leaf, (), True)
+                Block(
+                    open_id=pointer.open_id,
+                    close_id=pointer.close_id,
+                    source=pointer.source,
+                    leaf=pointer.leaf,
+                    items=(),
+                    fallback=True,
+                )
             )
             return [opener._replace(content=fallback_text(pointer.source), content_parts=None)]
         self.opened.add(pointer.open_id)
@@ -104,13 +111,13 @@ class _State:
         ids = tuple(m.id for m in items)
         self.blocks.append(
             Block(
-                pointer.open_id,
-                pointer.close_id,
-                pointer.source,
-                pointer.leaf,
-                ids,
-                False,
-                pointer.locked,
+                open_id=pointer.open_id,
+                close_id=pointer.close_id,
+                source=pointer.source,
+                leaf=pointer.leaf,
+                items=ids,
+                fallback=False,
+                locked=pointer.locked,
             )
         )
         if pointer.locked:

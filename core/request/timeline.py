@@ -45,7 +45,7 @@ FULL, AGED, CLEARED, SUMMARIZED, PINNED, OMITTED = (
 STATES = (FULL, AGED, CLEARED, SUMMARIZED, PINNED, OMITTED)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MessageState:
     """One message of the branch and how the request holds it."""
 
@@ -75,7 +75,7 @@ class MessageState:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SummarySpan:
     """A summary on the branch and the messages it covers (after the previous one's cutoff)."""
 
@@ -107,7 +107,7 @@ class SummarySpan:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Timeline:
     """A branch's messages with their states, its summaries with their spans, and the
     request's totals: ``request_tokens`` and ``budget`` in provider tokens (``estimated_*``:

@@ -193,7 +193,7 @@ def _own_factor(
     return composition, min(max(factor, tokens.CALIBRATION_MIN), tokens.CALIBRATION_MAX)
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, kw_only=True)
 class _Read:
     """What ``assemble``'s read session copied out: the model and limits the request is built
     for, the branch as read, and what recording it needs."""
@@ -292,18 +292,18 @@ def _read_for_request(  # noqa: PLR0913 - the request and how it is planned, eac
         thinking_turns=settings.thinking_turns,
     )
     return _Read(
-        target,
-        loaded,
-        leaf,
-        recounted,
-        forgotten,
-        profile,
-        stored_model,
-        plan.calibration,
-        incarnation,
-        expansion,
-        remembered,
-        head,
+        target=target,
+        loaded=loaded,
+        leaf=leaf,
+        recounted=recounted,
+        forgotten=forgotten,
+        profile=profile,
+        stored_model=stored_model,
+        calibration=plan.calibration,
+        incarnation=incarnation,
+        expansion=expansion,
+        memories=remembered,
+        head=head,
     )
 
 

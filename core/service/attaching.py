@@ -22,7 +22,7 @@ from recap.core.values.attach import MERGE, Expansion
 Peer = int | str  # a branch head of the same conversation, or another conversation (its head)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Attached:
     """An attachment made: its markers and the source branch it names."""
 
@@ -36,7 +36,7 @@ class Attached:
         return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class MergeStarted:
     """A merge waiting for its reply: the request to send, the instruction message the reply
     goes after, and the commit's parents-to-be (the previous head first, then each peer's)."""
@@ -72,7 +72,13 @@ def attach(
     with session_scope(engine) as session:
         pointers, _ = attachments.attach(session, conversation_id, [found])
     p = pointers[0]
-    return Attached(conversation_id, p.open_id, p.close_id, p.source, p.leaf)
+    return Attached(
+        conversation_id=conversation_id,
+        open_id=p.open_id,
+        close_id=p.close_id,
+        source=p.source,
+        leaf=p.leaf,
+    )
 
 
 def open_merge(
@@ -132,8 +138,23 @@ def open_merge(
         )
         attachments.set_merge(connection, [p.open_id for p in pointers], merge_id)
     parents = [*([head] if head is not None else []), *(f.leaf for f in found if f.leaf)]
-    made = [Attached(conversation_id, p.open_id, p.close_id, p.source, p.leaf) for p in pointers]
-    return MergeStarted(None, merge_id, instruction_id, parents, made)
+    made = [
+        Attached(
+            conversation_id=conversation_id,
+            open_id=p.open_id,
+            close_id=p.close_id,
+            source=p.source,
+            leaf=p.leaf,
+        )
+        for p in pointers
+    ]
+    return MergeStarted(
+        request=None,
+        merge_id=merge_id,
+        instruction_id=instruction_id,
+        parents=parents,
+        attached=made,
+    )
 
 
 def _check_head(connection: Connection, conversation_id: str, head: int | None) -> None:

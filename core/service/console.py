@@ -64,7 +64,7 @@ def has_message(engine: Engine, conversation_id: str, message_id: int) -> bool:
         return console.has_message(session.connection(), conversation_id, message_id)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ConversationRead:
     """What one conversation's page is built from, read in one session."""
 

@@ -213,6 +213,9 @@ def _record_media(
         ):
             return
         for reason, done in ((media.RECORDED, request.media_aged), (SHORTENED, request.shortened)):
-            items = tuple(PlannedClearing(mid, reclaimed) for mid, reclaimed in done)
+            items = tuple(
+                PlannedClearing(message_id=mid, tokens_reclaimed=reclaimed)
+                for mid, reclaimed in done
+            )
             if items:
                 apply_clearings(session, conversation.id, ClearingPlan(reason, items))

@@ -27,7 +27,7 @@ from recap.core.values.records import ClearingRec, SummaryRec
 ClearingsBefore = Callable[[datetime], dict[int, ClearingRec]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Context:
     """What the choice knows beside the branch: the model's cache rules, the setting, the idle
     time since the last request was assembled and that request's leaf, and how to read the
@@ -42,7 +42,7 @@ class Context:
     fixed: int = 0  # the fixed parts the host last sent, inside the request's budget
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Choice:
     """The summary and clearings a request is built from; ``activated`` the ready summary it
     uses for the first time (to record), ``waiting`` the one it leaves for later."""
@@ -89,13 +89,13 @@ def choose(
     on_path = set(path)
     newest = applicable_summary(summaries, on_path)
     if newest is None or not newest.pending:
-        return Choice(newest, clearings)
+        return Choice(summary=newest, clearings=clearings)
     in_use = applicable_summary([s for s in summaries if not s.pending], on_path)
     earlier = clearings
     if context is not None and newest.created_at is not None:
         earlier = context.clearings_before(newest.created_at)
     if context is None:
-        return Choice(in_use, earlier, waiting=newest, reason=rules.WAITS)
+        return Choice(summary=in_use, clearings=earlier, waiting=newest, reason=rules.WAITS)
     grown = 0
     if context.sent_leaf in on_path:
         at = list(path).index(context.sent_leaf) + 1
@@ -111,8 +111,8 @@ def choose(
     )
     decided = rules.activate(moment)
     if decided.use:
-        return Choice(newest, clearings, activated=newest, reason=decided.reason)
-    return Choice(in_use, earlier, waiting=newest, reason=decided.reason)
+        return Choice(summary=newest, clearings=clearings, activated=newest, reason=decided.reason)
+    return Choice(summary=in_use, clearings=earlier, waiting=newest, reason=decided.reason)
 
 
 def context_for(

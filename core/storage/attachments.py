@@ -372,7 +372,7 @@ def commit_merges(
     return merge_id
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MergeRow:
     """A merge as stored: its commit's parents are ``parents`` (the previous head first)."""
 
@@ -410,11 +410,11 @@ def merges_of(connection: Connection, conversation_id: str) -> list[MergeRow]:
         peers = _json_list(row[4])
         out.append(
             MergeRow(
-                int(row[0]),
-                int(row[1]),
-                row[2],
-                row[3],
-                [(str(p[0]), p[1]) for p in peers],
+                id=int(row[0]),
+                instruction_id=int(row[1]),
+                commit_id=row[2],
+                base_head=row[3],
+                peers=[(str(p[0]), p[1]) for p in peers],
             )
         )
     return out

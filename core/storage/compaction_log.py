@@ -191,7 +191,7 @@ FAILED_RUNS_LIMIT = 1_000  # one screen of an operator's list; more means a wide
 SETTLING_ACTIONS = SETTLING
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FailedRun:
     """The latest failed compression run of a conversation, as an operator lists it."""
 
@@ -245,6 +245,12 @@ def failed_runs(
     if conversation_ids is not None:
         statement = statement.where(run.c.conversation_id.in_(list(conversation_ids)))
     return [
-        FailedRun(str(cid), as_utc(at) or at, str(reason), int(count) + 1, task_id)
+        FailedRun(
+            conversation_id=str(cid),
+            at=as_utc(at) or at,
+            reason=str(reason),
+            attempts=int(count) + 1,
+            task_id=task_id,
+        )
         for cid, at, reason, task_id, count in session.connection().execute(statement)
     ]

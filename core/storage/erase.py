@@ -45,7 +45,7 @@ MEDIA_NAME_RE = re.compile(re.escape(media.REF_SCHEME) + r"([0-9a-f]{32})")
 _c, _m = CONVERSATIONS.c, MESSAGES.c
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Deleted:
     """What one delete removed."""
 
@@ -100,7 +100,7 @@ def delete_conversation(
             if last is not None and store.as_utc(last) >= idle_before:  # type: ignore[operator]
                 return None
         names = _own_files(connection, conversation_id, root)
-        done = Deleted(conversation_id)
+        done = Deleted(conversation_id=conversation_id)
         # summaries elsewhere that may quote it (core.storage.attachments.forget_source)
         forgotten = attachments.forget_source(connection, conversation_id)
         if forgotten:
@@ -189,7 +189,7 @@ def conversation_exists(engine: Engine, conversation_id: str) -> bool:
 # --- retention ---------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Expired:
     """What one retention batch deleted."""
 
@@ -245,7 +245,7 @@ def expire_idle(engine: Engine, root: Path, *, idle_before: datetime, limit: int
 # --- listing -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConversationRow:
     """One conversation of a listing page."""
 

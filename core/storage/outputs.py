@@ -283,7 +283,7 @@ def export_parts(message: dict[str, Any], root: Path, *, full: bool) -> dict[str
 # --- ingest ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Ingest:
     """The ingest step: oversized tool outputs and call arguments become previews plus a file."""
 

@@ -93,7 +93,14 @@ def pin(
         pinned = load_pins(connection, conversation_id)
         total = pinned_tokens(connection, conversation_id)
         if message_id in pinned:
-            return PinResult(conversation_id, message_id, True, False, total, max_tokens)
+            return PinResult(
+                conversation_id=conversation_id,
+                message_id=message_id,
+                pinned=True,
+                changed=False,
+                pinned_tokens=total,
+                max_pinned_tokens=max_tokens,
+            )
         if total + size > max_tokens:
             raise PinLimitError(
                 f"pinning message {message_id} ({size} tokens) would put the pinned messages of "
@@ -111,7 +118,14 @@ def pin(
             .on_conflict_do_nothing(index_elements=["message_id"])
         )
         connection.execute(statement)
-        return PinResult(conversation_id, message_id, True, True, total + size, max_tokens)
+        return PinResult(
+            conversation_id=conversation_id,
+            message_id=message_id,
+            pinned=True,
+            changed=True,
+            pinned_tokens=total + size,
+            max_pinned_tokens=max_tokens,
+        )
 
 
 def unpin(engine: Engine, conversation_id: str, message_id: int, *, max_tokens: int) -> PinResult:
@@ -126,4 +140,11 @@ def unpin(engine: Engine, conversation_id: str, message_id: int, *, max_tokens: 
         )
         changed = bool(connection.execute(statement).rowcount)
         total = pinned_tokens(connection, conversation_id)
-        return PinResult(conversation_id, message_id, False, changed, total, max_tokens)
+        return PinResult(
+            conversation_id=conversation_id,
+            message_id=message_id,
+            pinned=False,
+            changed=changed,
+            pinned_tokens=total,
+            max_pinned_tokens=max_tokens,
+        )

@@ -75,11 +75,26 @@ def profile_of(row: Sequence[Any]) -> Profile:
     if row[7] is not None and row[8] is not None:
         fitted = calibration.KindFactors.decode(row[15])
         kinds = fitted.values() if fitted is not None else None
-        reading = Reading(int(row[7]), int(row[8]), row[9], as_utc(row[10]), row[11], kinds)
+        reading = Reading(
+            estimated=int(row[7]),
+            measured=int(row[8]),
+            leaf_id=row[9],
+            at=as_utc(row[10]),
+            state=row[11],
+            kinds=kinds,
+        )
     sent = None
     if row[12] is not None:
         sent = Sent(int(row[12]), row[13], row[14], kinds_of.decode(row[16]))
-    return Profile(parts, row[4], row[6], reading, sent, as_utc(row[5]), row[17])
+    return Profile(
+        parts=parts,
+        content_hash=row[4],
+        reserve_override=row[6],
+        reading=reading,
+        sent=sent,
+        assembled_at=as_utc(row[5]),
+        spec_hash=row[17],
+    )
 
 
 def load_spec(connection: Connection, conversation_id: str) -> str | None:

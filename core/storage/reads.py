@@ -86,7 +86,7 @@ _ROWS = select(*COLUMNS).where(  # one id range and two single rows, each an ind
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestBranch:
     """What one request is assembled from, read in one session."""
 

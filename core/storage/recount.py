@@ -42,7 +42,7 @@ from recap.core.values.records import ARGUMENTS, CLEARED, Msg
 RECOUNT_BATCH = 500  # rows per transaction: a few ms of counting, a short write lock on SQLite
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Change:
     """One row's new count, and what it was counted with."""
 
@@ -85,11 +85,11 @@ def change_for(message: Msg, basis: str, model: str) -> Change | None:
     raw = message.to_openai()
     count = tokens.count_message(raw, encoding, model=model)
     return Change(
-        message.id,
-        count,
-        tokens.count_basis(raw, encoding, model=model),
-        count - message.tokens,
-        tokens.count_reasoning(raw, encoding, model=model),
+        message_id=message.id,
+        tokens=count,
+        basis=tokens.count_basis(raw, encoding, model=model),
+        delta=count - message.tokens,
+        reasoning=tokens.count_reasoning(raw, encoding, model=model),
     )
 
 
@@ -273,5 +273,7 @@ def record(
         if not lock_conversation(session, conversation_id, incarnation=incarnation):
             return
         write(session.connection(), changes)
-        items = tuple(PlannedClearing(mid, saved) for mid, saved in dropped)
+        items = tuple(
+            PlannedClearing(message_id=mid, tokens_reclaimed=saved) for mid, saved in dropped
+        )
         apply_clearings(session, conversation_id, ClearingPlan(REASONING_CLEARING, items))

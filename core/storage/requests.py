@@ -36,7 +36,7 @@ SCOPE_SALT = b"recap-serve-scope:"  # a scoped id's digest is no plain hash of w
 MAX_ID_CHARS = 255  # the conversations.id column
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Seen:
     """A conversation's last request: its messages as sent, as checked, and their hashes; once
     stored, their ids, and the hash and id of the reply stored after them."""
@@ -114,7 +114,7 @@ def checked_and_hashed(messages: Sequence[Any], previous: Seen | None) -> Seen:
         )
     else:
         pending = check_tool_pairing(checked, "messages")
-    return Seen(list(messages), checked, hashes, open_calls=pending)
+    return Seen(sent=list(messages), checked=checked, hashes=hashes, open_calls=pending)
 
 
 def known_path(request: Seen, previous: Seen | None) -> list[int]:

@@ -77,9 +77,9 @@ def stored_reply(
     created = store.as_utc(row[-2])
     assert created is not None, "a stored message has its time"
     return StoredReply(
-        reply_id,
-        store.to_msg(row).to_openai(),
-        created,
-        str(row[-1]),
-        (int(usage[0]), int(usage[1]), int(usage[2])) if usage is not None else None,
+        id=reply_id,
+        message=store.to_msg(row).to_openai(),
+        created_at=created,
+        model=str(row[-1]),
+        usage=(int(usage[0]), int(usage[1]), int(usage[2])) if usage is not None else None,
     )

@@ -44,7 +44,7 @@ _AFTER = select(*reads.COLUMNS).where(  # the rows stored since a read: one inde
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HeldRead:
     """What one read of a conversation held, at ``version``."""
 
@@ -121,7 +121,14 @@ def load_request_branch(
     loaded = reads.request_branch(
         rows, path, tokens, summaries, clearings, budget, pins, root=root, activating=activating
     )
-    held_now = HeldRead(version, tree, summaries, clearings, rows.held(), pins)
+    held_now = HeldRead(
+        version=version,
+        tree=tree,
+        summaries=summaries,
+        clearings=clearings,
+        rows=rows.held(),
+        pins=pins,
+    )
     reuse.put(conversation_id, held_now)
     return loaded
 

@@ -59,7 +59,7 @@ def summary_at(connection: Connection, conversation_id: str, cutoff: int) -> int
     return int(value) if value is not None else None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Written:
     """What a run's write transaction did."""
 
@@ -112,10 +112,10 @@ def write_run(  # noqa: PLR0913 - the run's writes, each named
                 if clear_after:
                     applied = sweep.apply_clearings(session, conversation_id, clear_after, now=now)
                 written = Written(
-                    new_id,
-                    False,
-                    applied.steps,
-                    applied.tokens_reclaimed,
+                    summary_id=new_id,
+                    conflict=False,
+                    cleared=applied.steps,
+                    tokens_reclaimed=applied.tokens_reclaimed,
                     steps=applied.describe(),
                 )
         compaction_log.record_run(connection, log_row(written))  # a skip after a skip: counted

@@ -136,7 +136,7 @@ def apply_clearings(
 # --- the idle sweep ----------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SweepBatch:
     """One batch of the sweep: what it cleared, the last result it looked at, whether more are
     left to look at."""
@@ -443,7 +443,7 @@ def _sweep_statement(dialect: str, keep_last: int, has_protected: bool) -> Any:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SweepResult:
     """A whole sweep (or one task run of it), as ``recap sweep --json`` prints it."""
 

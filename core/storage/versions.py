@@ -118,7 +118,7 @@ Basis = tuple[str, int, int, int]  # a basis, its rows' count, highest id and to
 _HEAD = 7 + OTHERS  # where the incarnation, the attachments and the profile start in a row
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestVersion:
     """The conversation's model and window override, and its request version: equal versions
     mean the stored rows the request is assembled from are the same; versions equal but for

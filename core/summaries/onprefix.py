@@ -37,7 +37,7 @@ PREVIOUS_IN_REQUEST = (
 QUOTE_CHARS = 160  # how much of the last summarized message the marker quotes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SentRequest:
     """The chat's last request as it was sent: its model, messages (cache marks included) and
     tools, the stored id of each message (None for the system prompt, the summary, a stub or

@@ -83,7 +83,7 @@ def request_history_tokens(
 # --- the split ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Split:
     """Where a summary cuts: ``older`` is summarized, ``recent`` stays in full."""
 
@@ -214,7 +214,11 @@ def plan_split(
         if turns <= recent_cap:
             budget = max(budget, turns)
     cut = _choose_cut(users, steps, suffix, budget, recent_cap)
-    return Split(tuple(messages[:cut]), tuple(messages[cut:]), messages[cut].role == "user")
+    return Split(
+        older=tuple(messages[:cut]),
+        recent=tuple(messages[cut:]),
+        at_user=messages[cut].role == "user",
+    )
 
 
 def _choose_cut(

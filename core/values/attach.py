@@ -39,7 +39,7 @@ class Source:
 SourceLoader = Callable[[Pointer], Source | None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Block:
     """One attachment as expanded into a request: where it came from, the ids of the items it
     brought (root first), and whether it fell back to the single unavailable item."""

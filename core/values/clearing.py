@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from recap.core.values.records import AGED, ARGUMENTS, CLEARED
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlannedClearing:
     """One step to record for a message: its stage, what the message's state after it saves
     against the stored count (the row's ``tokens_reclaimed``), and what the step itself saves

@@ -12,7 +12,7 @@ from datetime import datetime
 SORTS = ("activity", "id", "messages", "tokens", "pressure", "failures")  # the list's sorts
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConversationRow:
     """One line of the conversations list."""
 
@@ -36,7 +36,7 @@ class Page:
     pressures: dict[str, float | None] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PressureInputs:
     """What the pressure sort needs beside the rows (``core.counting.budget``'s inputs):
     ``window_of(model)`` gives a model's window and its output reserve when the window comes
@@ -49,7 +49,7 @@ class PressureInputs:
     now: datetime | None = None  # the clock the calibration's age weight reads (default: now)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Run:
     """One compaction-log row as the conversation page shows it."""
 

@@ -13,7 +13,7 @@ from typing import Any
 HASH_BYTES = 16  # 128 bits: a collision between two versions of one host's parts is not a risk
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Reading:
     """The latest provider reading of a conversation: Recap's count of the request it measured
     (the one last assembled for that leaf) and the prompt tokens reported for it."""
@@ -54,7 +54,7 @@ class Sent:
     composition: tuple[float, ...] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
     """One conversation's stored profile as plain values."""
 

@@ -51,7 +51,7 @@ class Msg(NamedTuple):
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SummaryRec:
     """A stored summary: it stands in for its branch up to ``cutoff_message_id``."""
 
@@ -80,7 +80,7 @@ AGED, CLEARED, ARGUMENTS = "aged", "cleared", "arguments"
 STAGES = (AGED, CLEARED, ARGUMENTS)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClearingRec:
     """How a message renders from now on (its recorded steps merged: ``merge_step``).
 
@@ -124,25 +124,45 @@ def merge_step(
         raise ValueError(f"unknown clearing stage {stage!r} (expected one of {STAGES})")
     if current is None:
         if stage == ARGUMENTS:
-            return ClearingRec(message_id, reason, tokens_reclaimed, ARGUMENTS, tokens_reclaimed)
+            return ClearingRec(
+                message_id=message_id,
+                reason=reason,
+                tokens_reclaimed=tokens_reclaimed,
+                stage=ARGUMENTS,
+                arguments_tokens=tokens_reclaimed,
+            )
         chars = kept_chars if stage == AGED else None
-        return ClearingRec(message_id, reason, tokens_reclaimed, stage, 0, chars)
+        return ClearingRec(
+            message_id=message_id,
+            reason=reason,
+            tokens_reclaimed=tokens_reclaimed,
+            stage=stage,
+            arguments_tokens=0,
+            kept_chars=chars,
+        )
     arguments = current.arguments_tokens
     if stage == ARGUMENTS:
         if arguments or current.stage == ARGUMENTS:  # recorded already
             return current
         return ClearingRec(
-            message_id,
-            current.reason,
-            current.tokens_reclaimed + tokens_reclaimed,
-            current.stage,
-            tokens_reclaimed,
-            current.kept_chars,
+            message_id=message_id,
+            reason=current.reason,
+            tokens_reclaimed=current.tokens_reclaimed + tokens_reclaimed,
+            stage=current.stage,
+            arguments_tokens=tokens_reclaimed,
+            kept_chars=current.kept_chars,
         )
     if current.stage == CLEARED or (current.stage == AGED and stage == AGED):
         return current  # the furthest step is recorded already
     chars = kept_chars if stage == AGED else None
-    return ClearingRec(message_id, reason, tokens_reclaimed + arguments, stage, arguments, chars)
+    return ClearingRec(
+        message_id=message_id,
+        reason=reason,
+        tokens_reclaimed=tokens_reclaimed + arguments,
+        stage=stage,
+        arguments_tokens=arguments,
+        kept_chars=chars,
+    )
 
 
 def steps_of(clearings: Iterable[ClearingRec]) -> int:

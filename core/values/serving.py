@@ -40,7 +40,7 @@ class Resolved:
     exists: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StoredReply:
     """A stored reply as ``GET /v1/responses/{id}`` reads it back: the message (OpenAI chat
     format), when it was stored, the conversation's model, and the provider's usage of the

@@ -186,7 +186,7 @@ def relay_mismatches(reply: RandomReply, secrets: list[str]) -> list[str]:
         arguments,
     ):
         problems.append(f"stored reply {message}")
-    events = response_events.ResponseEvents(responses_api.Head("resp_x", "m", {}))
+    events = response_events.ResponseEvents(responses_api.Head(id="resp_x", model="m", echo={}))
     items = ([e for c in out for e in events.feed(c)] + events.finish())[-1]["response"]["output"]
     said = [
         (i["type"], i["content"][0]["text"] if i["type"] != "function_call" else i["arguments"])
@@ -196,7 +196,7 @@ def relay_mismatches(reply: RandomReply, secrets: list[str]) -> list[str]:
     if said != expected + [("function_call", a) for a in arguments]:
         problems.append(f"responses items {said}")
     blocks: dict[int, str] = {}
-    anthropic = messages_api.MessageEvents("msg_x", "m")
+    anthropic = messages_api.MessageEvents(message_id="msg_x", model="m")
     for data in out:
         for event in anthropic.feed(data):
             if event["type"] == "content_block_delta":

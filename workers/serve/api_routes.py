@@ -209,7 +209,7 @@ async def responses(request: Request) -> Response:
     model = upstream.resolve_model(chat.model, settings)
     named = routes.conversation_id(request, body)
     previous = await _previous(state, chat, owner, named)
-    head = responses_api.Head("", chat.model, chat.echo, store=chat.store)
+    head = responses_api.Head(id="", model=chat.model, echo=chat.echo, store=chat.store)
     nt = native_responses.ResponsesTurn(body, model) if dialect else None
     if not chat.store:
         return await _unstored(state, chat, model, previous, head, nt)
@@ -376,7 +376,9 @@ def messages_shape(state: routes.State, model: str, input_tokens: Callable[[], i
         return _dumps(reply)
 
     def relay(stream: ChunkStream, storable: bool = True) -> Relay:
-        events = messages_api.MessageEvents(message_id, model, input_tokens())
+        events = messages_api.MessageEvents(
+            message_id=message_id, model=model, input_tokens=input_tokens()
+        )
         return ConvertedRelay(
             stream,
             events,

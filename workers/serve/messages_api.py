@@ -80,7 +80,7 @@ def canonical_reply(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "tool_calls": fixed}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ChatRequest:
     """A Messages request as chat completions."""
 
@@ -117,7 +117,7 @@ def chat_request(body: Mapping[str, Any], *, count: bool = False) -> ChatRequest
     params.update(output_params(body.get("output_config")))
     messages = system_messages(body.get("system")) + history(body.get("messages"))
     rules.check_converted(messages)
-    return ChatRequest(model, messages, params, stream, tools)
+    return ChatRequest(model=model, messages=messages, params=params, stream=stream, tools=tools)
 
 
 def output_params(config: Any) -> dict[str, Any]:
@@ -392,7 +392,7 @@ def message_object(
 # --- the stream --------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MessageEvents:
     """Chat-completions chunks (as JSON objects) in, Anthropic stream events out."""
 

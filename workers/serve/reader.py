@@ -70,7 +70,7 @@ async def read_object(request: Request, limit: int) -> dict[str, Any]:
 # --- the chat-completions request -------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ChatRequest:
     """A checked chat-completions request."""
 
@@ -103,7 +103,14 @@ def check_chat_request(body: Mapping[str, Any]) -> ChatRequest:
     params = parameters(body)
     for name, value in params.items():
         PARAM_CHECKS.get(name, anything)(value, name)
-    return ChatRequest(model, messages, stream, bool(include), params, named)
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        stream=stream,
+        include_usage=bool(include),
+        params=params,
+        conversation=named,
+    )
 
 
 def _optional(body: Mapping[str, Any], name: str, kind: type, what: str) -> Any:

@@ -54,7 +54,7 @@ def checked_reference(value: str) -> responses_api.Reference:
 def stored_object(value: str, reply: StoredReply) -> dict[str, Any]:
     """The response object of a stored reply, under the id it was asked by."""
     created = int(reply.created_at.timestamp())
-    head = responses_api.Head(value, reply.model, {}, created_at=created)
+    head = responses_api.Head(id=value, model=reply.model, echo={}, created_at=created)
     output = responses_api.output_items(head, reply.message)
     usage = responses_api.usage_object(reply.usage)
     response = head.response(output, status="completed", usage=usage)
@@ -67,7 +67,7 @@ def replayed(value: str, reply: StoredReply) -> bytes:
     ids and final response as ``stored_object`` gives."""
     created = int(reply.created_at.timestamp())
     events = response_events.ResponseEvents(
-        responses_api.Head(value, reply.model, {}, created_at=created)
+        responses_api.Head(id=value, model=reply.model, echo={}, created_at=created)
     )
     message = reply.message
     delta: dict[str, Any] = {

@@ -106,7 +106,7 @@ def derived_conversation(owner: str, first: Mapping[str, Any]) -> str:
     return CONVERSATION_PREFIX + digest[:DERIVED_ID_CHARS]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ChatRequest:
     """A Responses request as chat completions: the system part (``instructions``), the
     messages, the parameters to pass on, and what only Recap reads."""
@@ -379,7 +379,7 @@ def usage_object(usage: tuple[int, int, int] | None) -> dict[str, Any] | None:
     }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Head:
     """What every form of one response shares: its id, model and the request's echoed fields."""
 

@@ -52,7 +52,7 @@ def whole(answer: Answer) -> upstream.Completion | Reply:
     raise AssertionError("a stream answered a request that asked for none")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Turn:
     """A stored request, as read from the client and then placed on the tree.
 

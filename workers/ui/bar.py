@@ -30,7 +30,7 @@ class Segment:
     estimated: int | None = None  # Recap's own count, before calibration (parts only)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Bar:
     """One stacked bar over the window, with its trigger and urgent lines."""
 

@@ -22,7 +22,7 @@ from recap.core.values.records import ClearingRec, Msg, SummaryRec
 POINTS_MAX = 400  # model calls one chart plots; a longer branch is sampled evenly
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class History:
     """What the chart is drawn from: the branch and when each of its records was written."""
 

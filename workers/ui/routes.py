@@ -34,7 +34,7 @@ PAGE_SIZES = (10, 25, 50, 100, fields.PAGE_SIZE_MAX)
 DEFAULT_PORTS = {"http": 80, "https": 443}  # an Origin names its port only when it is another
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Console:
     """What the endpoints share: settings, the engine, the sessions, the templates."""
 

@@ -37,7 +37,7 @@ SHOWN_PER_RUN = 200
 DETAIL_CHARS = 4_000  # what an opened entry shows of a long message (the rest: recap export)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Entry:
     """One message of the branch as the timeline shows it (its text is made when shown)."""
 
@@ -74,7 +74,7 @@ class Entry:
         return _clip(message_text(self.message), DETAIL_CHARS)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Band:
     """A summary and the messages it covers on this branch."""
 
@@ -192,7 +192,9 @@ def timeline(
     )
     ends = {s.cutoff_message_id: s for s in on_branch}
     items: list[Item] = []
-    band: Band | None = Band(on_branch[0], in_effect=on_branch[0] is effect) if on_branch else None
+    band: Band | None = (
+        Band(summary=on_branch[0], in_effect=on_branch[0] is effect) if on_branch else None
+    )
     for message in branch:
         entry = _entry(message, found[message.id], clearings, (created or {}).get(message.id))
         if provenance and message.id in provenance:
@@ -207,7 +209,9 @@ def timeline(
             following = [
                 s for s in on_branch if positions[s.cutoff_message_id] > positions[message.id]
             ]
-            band = Band(following[0], in_effect=following[0] is effect) if following else None
+            band = (
+                Band(summary=following[0], in_effect=following[0] is effect) if following else None
+            )
     if band is not None:  # a summary past the leaf cannot be on the branch; nothing is left open
         items.append(band)
     return _bounded(items)
@@ -252,4 +256,4 @@ def _entry(
     clearing = clearings.get(message.id)
     reclaimed = clearing.tokens_reclaimed if clearing is not None and name != PINNED else 0
     sent = 0 if name in (SUMMARIZED, OMITTED) else max(message.tokens - reclaimed, 0)
-    return Entry(message, name, sent, reason, created)
+    return Entry(message=message, state=name, sent_tokens=sent, reason=reason, created_at=created)

@@ -82,7 +82,7 @@ class ListRow:
     problem: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ListView:
     rows: list[ListRow]
     total: int
@@ -126,7 +126,15 @@ def list_view(
             stats, problem = None, str(exc)
         rows.append(ListRow(row, owner_label(row.owner, labels), stats, problem))
     pages = max(1, -(-found.total // page_size))
-    return ListView(rows, found.total, page, pages, search, sort, descending)
+    return ListView(
+        rows=rows,
+        total=found.total,
+        page=page,
+        pages=pages,
+        search=search,
+        sort=sort,
+        descending=descending,
+    )
 
 
 def pressure_inputs(settings: Settings) -> PressureInputs:
@@ -156,7 +164,7 @@ def pressure_inputs(settings: Settings) -> PressureInputs:
 # --- one conversation -----------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ConversationView:
     id: str
     owner: str
@@ -182,7 +190,7 @@ class ConversationView:
     merges: list[dict[str, Any]] = field(default_factory=list)  # each commit and its parents
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AsOfView:
     """The request as it would have been built at a chosen time (``recap assemble --as-of``),
     or why there is none: a time that does not read as one (``bad_input``), or a time before
@@ -311,7 +319,9 @@ def as_of_view(
     try:
         moment = parse_time(text)
     except InputError as exc:
-        return AsOfView(text, None, None, "", str(exc), bad_input=True)
+        return AsOfView(
+            text=text, moment=None, request=None, request_json="", problem=str(exc), bad_input=True
+        )
     try:
         request = service.assemble(
             engine,
@@ -323,8 +333,14 @@ def as_of_view(
             reserve_tokens=held_back,
         )
     except RecapError as exc:  # no message by then, or its tail did not fit: said, not raised
-        return AsOfView(text, moment, None, "", str(exc))
-    return AsOfView(text, moment, request, _request_json(request, secrets), None)
+        return AsOfView(text=text, moment=moment, request=None, request_json="", problem=str(exc))
+    return AsOfView(
+        text=text,
+        moment=moment,
+        request=request,
+        request_json=_request_json(request, secrets),
+        problem=None,
+    )
 
 
 def _masked_run(run: Run, secrets: list[str]) -> Run:

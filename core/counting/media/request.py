@@ -17,7 +17,7 @@ Loader = Callable[[str], str | None]
 """Gives a stored part's base64 text back by its content name, or None when it is gone."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MediaPolicy:
     """What of the media is sent in full: the last ``keep_turns`` user turns, within the caps."""
 

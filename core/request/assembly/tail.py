@@ -235,7 +235,9 @@ def _shorten_tail(
     less: dict[int, int] = {}  # tokens taken off the unit at each position
     for position, item, size in found:
         if size > cap:
-            added[item.id] = ClearingRec(item.id, shorten.SHORTENED, item.tokens - cap)
+            added[item.id] = ClearingRec(
+                message_id=item.id, reason=shorten.SHORTENED, tokens_reclaimed=item.tokens - cap
+            )
             less[position] = less.get(position, 0) + size - cap
     if less:
         tail = [
