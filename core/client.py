@@ -203,7 +203,8 @@ class Recap:
         worker holds the lease this waits for it, then checks again). Returns the object
         ``recap compress --json`` prints, typed. Call it on ``BudgetError`` or on the provider's
         context-overflow error, then retry the request once."""
-        from recap.core.compression.run import compress_now, installed_parts
+        from recap.core.compression.inplace import compress_now
+        from recap.core.compression.run import installed_parts
 
         parts = self.parts or installed_parts()
         return compress_now(self.engine, self.settings, conversation_id, leaf, force, parts=parts)

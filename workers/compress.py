@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from recap.core.compression import run
+from recap.core.compression import inplace, run
 from recap.core.compression.run import COMPACTION_LOG as COMPACTION_LOG
 from recap.core.compression.run import DELETED_REASON as DELETED_REASON
 from recap.core.compression.run import Outcome as Outcome
@@ -28,5 +28,5 @@ def worker_parts() -> Parts:
 
 
 compress_session = partial(run.compress_session, parts=PARTS)
-compress_now = partial(run.compress_now, parts=PARTS)
-run_with_retries = partial(run.run_with_retries, parts=PARTS)
+compress_now = partial(inplace.compress_now, parts=PARTS)
+run_with_retries = partial(inplace.run_with_retries, parts=PARTS)

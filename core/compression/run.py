@@ -74,15 +74,11 @@ __all__ = [  # what the workers' wiring (workers.compress) and the host API impo
     "Outcome",
     "Parts",
     "RetryLater",
-    "compress_now",
     "compress_session",
-    "run_with_retries",
 ]
 
 COMPACTION_LOG = table_of(CompactionLog)
 MAX_PASSES = 3  # the first pass plus up to two re-checks when new turns arrived meanwhile
-BUSY_FIRST_PAUSE = 0.05  # a host waiting for a worker's run checks the lease this soon
-BUSY_MAX_PAUSE = 1.0  # and then at most this far apart
 
 Clock = Callable[[], datetime]
 Snapshot = policy.Snapshot  # what a run decides from (no message text) and summarizes with
@@ -261,25 +257,11 @@ def one_pass(run: Run) -> PassResult:
         early = early_skip(run)
         if early is not None:
             decision, leaf, size = early
-            return PassResult(
-                outcome=Outcome(
-                    action=Action.SKIPPED,
-                    reason=decision.reason,
-                    tokens_before=size,
-                    tokens_after=size,
-                    leaf_message_id=leaf,
-                )
-            )
+            return PassResult(outcome=_unchanged(Action.SKIPPED, decision.reason, size, leaf))
     snapshot = snapshot_for(run)
     decision = policy.decide(snapshot, run.knobs, force=run.force)
     before = decision.pressure.history
-    base = Outcome(
-        action=Action.SKIPPED,
-        reason="",
-        tokens_before=before,
-        tokens_after=before,
-        leaf_message_id=snapshot.leaf_id,
-    )
+    base = _unchanged(Action.SKIPPED, "", before, snapshot.leaf_id)
     if decision.action == policy.SKIP:  # nothing to do: no started event, nothing written
         return PassResult(outcome=replace(base, reason=decision.reason))
     started = {k: v for k, v in _event_fields(run, base).items() if k != "action"}
@@ -503,7 +485,7 @@ def _passes_unless_deleted(run: Run, held: lease.Lease, started: float) -> Outco
         recreated=now is not None,
         duration_ms=_ms(started),
     )
-    return Outcome(action=Action.SKIPPED, reason=reason, tokens_before=0, tokens_after=0)
+    return _unchanged(Action.SKIPPED, reason)
 
 
 def _current_incarnation(run: Run) -> str | None:
@@ -521,13 +503,19 @@ def _merge(first: Outcome | None, later: Outcome) -> Outcome:
     return replace(first, tokens_after=later.tokens_after)
 
 
-def _busy(run: Run, started: float) -> Outcome:
-    outcome = Outcome(
-        action=Action.BUSY,
-        reason="another run holds this conversation; it will re-check",
-        tokens_before=0,
-        tokens_after=0,
+def _unchanged(action: Action, reason: str, tokens: int = 0, leaf: int | None = None) -> Outcome:
+    """An outcome that changed nothing: ``tokens`` before and after, at ``leaf``."""
+    return Outcome(
+        action=action,
+        reason=reason,
+        tokens_before=tokens,
+        tokens_after=tokens,
+        leaf_message_id=leaf,
     )
+
+
+def _busy(run: Run, started: float) -> Outcome:
+    outcome = _unchanged(Action.BUSY, "another run holds this conversation; it will re-check")
     run.emit(report.COMPLETED, **_event_fields(run, outcome), duration_ms=_ms(started))
     return outcome
 
@@ -543,13 +531,7 @@ def _log_retry(run: Run, exc: RetryLater, started: float) -> None:
         error=reason,
         duration_ms=_ms(started),
     )
-    outcome = Outcome(
-        action=Action.RETRY,
-        reason=f"retrying in {exc.delay:.1f} s",
-        tokens_before=0,
-        tokens_after=0,
-        error=reason,
-    )
+    outcome = replace(_unchanged(Action.RETRY, f"retrying in {exc.delay:.1f} s"), error=reason)
     write_run(run, PassResult(outcome=outcome), held=None, duration_ms=_ms(started))
 
 
@@ -567,59 +549,3 @@ def _log_retry_if_possible(run: Run, exc: RetryLater, started: float) -> None:
 
 def _ms(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
-
-
-def compress_now(
-    engine: Engine,
-    settings: Settings,
-    conversation_id: str,
-    leaf_message_id: int | None = None,
-    force: bool = False,
-    *,
-    sleep: Callable[[float], None] = time.sleep,
-    parts: Parts | None = None,
-) -> CompressResult:
-    """``run_with_retries`` for a host that needs the next request to fit: when another run
-    holds the lease, wait for it to let go (at most a lease's lifetime), then run once more."""
-    again = partial(run_with_retries, engine, settings, conversation_id, leaf_message_id, force)
-    result = again(parts=parts)
-    if result.action != Action.BUSY:
-        return result
-    give_up = time.monotonic() + settings.lease_seconds
-    pause = BUSY_FIRST_PAUSE
-    while time.monotonic() < give_up:
-        sleep(pause)
-        pause = min(pause * 2, BUSY_MAX_PAUSE)
-        if lease.is_free(engine, conversation_id, utcnow()):
-            result = again(parts=parts)
-            if result.action != Action.BUSY:
-                return result
-    return result
-
-
-def run_with_retries(
-    engine: Engine,
-    settings: Settings,
-    conversation_id: str,
-    leaf_message_id: int | None = None,
-    force: bool = False,
-    *,
-    sleep: Callable[[float], None] = time.sleep,
-    parts: Parts | None = None,
-) -> CompressResult:
-    """``compress_session`` in this process, retrying in place (the CLI has no Celery to do it)."""
-    for attempt in range(settings.max_attempts):
-        try:
-            return compress_session(
-                engine,
-                settings,
-                conversation_id,
-                leaf_message_id,
-                force,
-                attempt=attempt,
-                trigger="manual" if force else "cli",
-                parts=parts,
-            )
-        except RetryLater as exc:
-            sleep(exc.delay)
-    raise AssertionError("unreachable: the last attempt never raises RetryLater")
