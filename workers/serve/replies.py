@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import httpx
+
 OVERFLOW_CODE = "context_length_exceeded"
 BAD_GATEWAY = 502
 GATEWAY_TIMEOUT = 504
@@ -99,3 +101,12 @@ class UpstreamError(Exception):
         self.status_code = status_code
         self.message = message
         self.code = code
+
+
+def failure_text(exc: BaseException) -> str:
+    """What went wrong upstream, in one text before masking: a connection that failed (httpx's
+    errors, which litellm lets through too), else the exception's message."""
+    if isinstance(exc, httpx.HTTPError):
+        return f"the connection to the upstream failed ({type(exc).__name__})"
+    text = getattr(exc, "message", None)
+    return text if isinstance(text, str) and text else str(exc) or type(exc).__name__

@@ -33,6 +33,7 @@ from recap.workers.serve.replies import (
     Transport,
     UpstreamError,
     Usage,
+    failure_text,
     outgoing,
 )
 from recap.workers.serve.validation.fields import PART_TYPES
@@ -321,11 +322,7 @@ def as_serve_error(exc: BaseException, settings: Settings) -> ServeError:
 
 def describe_failure(exc: BaseException, secrets: Iterable[str]) -> str:
     """One line for a client about an upstream failure: masked, no traceback, no path."""
-    if isinstance(exc, httpx.HTTPError):  # litellm lets some of httpx's errors through
-        return f"the connection to the upstream failed ({type(exc).__name__})"
-    text = getattr(exc, "message", None)
-    text = text if isinstance(text, str) and text else str(exc) or type(exc).__name__
-    return client_text(redact(text, secrets))
+    return client_text(redact(failure_text(exc), secrets))
 
 
 class MalformedReply(Exception):

@@ -39,6 +39,7 @@ from recap.workers.serve.replies import (
     Chunk,
     Reply,
     UpstreamError,
+    failure_text,
     outgoing,
 )
 
@@ -75,16 +76,10 @@ def upstream_error(exc: Exception) -> UpstreamError:
     context-window error."""
     if isinstance(exc, UpstreamError):
         return exc
-    if isinstance(exc, httpx.HTTPError):  # litellm lets some of httpx's errors through
-        return UpstreamError(
-            BAD_GATEWAY, f"the connection to the upstream failed ({type(exc).__name__})"
-        )
-    status = getattr(exc, "status_code", None)
+    status = None if isinstance(exc, httpx.HTTPError) else getattr(exc, "status_code", None)
     status = status if isinstance(status, int) and 400 <= status < 600 else BAD_GATEWAY
-    text = getattr(exc, "message", None)
-    text = text if isinstance(text, str) and text else str(exc) or type(exc).__name__
     overflow = isinstance(exc, litellm.exceptions.ContextWindowExceededError)
-    return UpstreamError(status, text, OVERFLOW_CODE if overflow else None)
+    return UpstreamError(status, failure_text(exc), OVERFLOW_CODE if overflow else None)
 
 
 def _plain(value: Any, what: str) -> dict[str, Any]:
